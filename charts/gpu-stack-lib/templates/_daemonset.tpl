@@ -1,0 +1,91 @@
+{{/*
+gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's scheduling merged in. Call with dict:
+  ctx          the operand chart's context
+  name         the workload's (and app label's) name
+  operand      the suffix of its nvidia.com/gpu.deploy.<operand> switch label; empty for pods that are not GPU
+               operands (NFD), which then get no GPU node affinity
+  roles        node roles it serves (container, vm-passthrough, vm-vgpu)
+  match        optional extra node selector requirements (e.g. nvidia.com/mig.capable In [true])
+  pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
+               `runtimeClass: true` for pods that run under the nvidia runtime class
+  podAnnotations  optional extra pod annotations (e.g. a config checksum)
+Scheduling is merged here and nowhere else: global tolerations + the operand's, global nodeSelector under the
+operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
+*/}}
+{{- define "gpu-stack-lib.podTemplate" -}}
+{{- $ctx := .ctx -}}
+{{- $v := $ctx.Values -}}
+{{- $g := $v.global -}}
+{{- $pod := deepCopy .pod -}}
+{{- $containers := $pod.containers -}}
+{{- $inits := $pod.initContainers | default list -}}
+{{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
+{{- if $pod.runtimeClass }}{{ $_ := set $pod "runtimeClassName" $g.runtimeClassName }}{{ end -}}
+{{- $pod = omit $pod "runtimeClass" "volumes" "initContainers" -}}
+{{- with $inits }}{{ $_ := set $pod "initContainers" . }}{{ end -}}
+{{- with $volumes }}{{ $_ := set $pod "volumes" . }}{{ end -}}
+{{- if .operand -}}
+{{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (dict "nodeAffinity" (include "gpu-stack-lib.nodeAffinity" . | fromYaml))) -}}
+{{- end -}}
+{{- with concat ($g.tolerations | default list) ($pod.tolerations | default list) ($v.tolerations | default list) | uniq }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- with mergeOverwrite (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
+{{- with $v.priorityClassName | default $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
+{{- with include "gpu-stack-lib.pullSecrets" $ctx | fromYamlArray }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
+{{- $annotations := mergeOverwrite (deepCopy ($g.podAnnotations | default dict)) (deepCopy ($v.podAnnotations | default dict)) (deepCopy (.podAnnotations | default dict)) -}}
+metadata:
+  labels:
+    {{- include "gpu-stack-lib.podLabels" (dict "ctx" $ctx "name" .name) | nindent 4 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  {{- toYaml $pod | nindent 2 }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.daemonset: an operand DaemonSet, or nothing when none of its roles exists under
+global.sandboxWorkloads. Takes gpu-stack-lib.podTemplate's dict, plus:
+  updateStrategy  optional; else the operand's updateStrategy, else global.updateStrategy
+*/}}
+{{- define "gpu-stack-lib.daemonset" -}}
+{{- $args := omit . "updateStrategy" -}}
+{{- $roles := list -}}
+{{- if .operand }}{{ $roles = (include "gpu-stack-lib.activeRoles" (dict "ctx" .ctx "roles" .roles) | fromJson).roles }}{{ $_ := set $args "roles" $roles }}{{ end -}}
+{{- if or $roles (not .operand) -}}
+{{- $v := .ctx.Values -}}
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  {{- include "gpu-stack-lib.metadata" (dict "ctx" .ctx "name" .name "component" .operand) | nindent 2 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
+  updateStrategy:
+    {{- toYaml (.updateStrategy | default $v.updateStrategy | default $v.global.updateStrategy) | nindent 4 }}
+  template:
+    {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
+{{- end }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.deployment: a Deployment (cluster-level components such as the NFD master). Takes
+gpu-stack-lib.podTemplate's dict (usually without `operand`), plus:
+  replicas     replica count (default 1)
+  component    optional app.kubernetes.io/component
+*/}}
+{{- define "gpu-stack-lib.deployment" -}}
+{{- $args := omit . "replicas" "component" -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  {{- include "gpu-stack-lib.metadata" (dict "ctx" .ctx "name" .name "component" .component) | nindent 2 }}
+spec:
+  replicas: {{ .replicas | default 1 }}
+  selector:
+    matchLabels:
+      {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
+  template:
+    {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
+{{- end }}

@@ -1,0 +1,75 @@
+{{/*
+gpu-stack-lib.rbac: a ServiceAccount and, when rules are given, a ClusterRole / Role bound to it.
+dict "ctx" . "name" NAME ["clusterRules" (list RULE ...)] ["rules" (list RULE ...)]
+Cluster-scoped names carry the release namespace so two releases in two namespaces do not collide.
+*/}}
+{{- define "gpu-stack-lib.rbac" -}}
+{{- $meta := dict "ctx" .ctx "name" .name -}}
+{{- $clusterName := printf "%s-%s" .name .ctx.Release.Namespace | trunc 63 | trimSuffix "-" -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+{{- with include "gpu-stack-lib.pullSecrets" .ctx }}
+imagePullSecrets:
+  {{- . | nindent 2 }}
+{{- end }}
+{{- if .clusterRules }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ $clusterName }}
+  labels:
+    {{- include "gpu-stack-lib.labels" $meta | nindent 4 }}
+rules:
+  {{- toYaml .clusterRules | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ $clusterName }}
+  labels:
+    {{- include "gpu-stack-lib.labels" $meta | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ $clusterName }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .name }}
+    namespace: {{ .ctx.Release.Namespace }}
+{{- end }}
+{{- if .rules }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+rules:
+  {{- toYaml .rules | nindent 2 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{ .name }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ .name }}
+    namespace: {{ .ctx.Release.Namespace }}
+{{- end }}
+{{- end }}
+
+{{/* gpu-stack-lib.configMap: dict "ctx" . "name" NAME "data" MAP */}}
+{{- define "gpu-stack-lib.configMap" -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  {{- include "gpu-stack-lib.metadata" (dict "ctx" .ctx "name" .name) | nindent 2 }}
+data:
+  {{- toYaml .data | nindent 2 }}
+{{- end }}

@@ -1,0 +1,103 @@
+// Package chartrender renders the umbrella chart exactly as `helm install --dry-run` (and Argo CD's
+// `helm template`) would, through the helm v3 SDK, with pinned versions so the output is stable.
+package chartrender
+
+import (
+	"io"
+	"log"
+	"context"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/cli/values"
+	"helm.sh/helm/v3/pkg/getter"
+)
+
+// Pinned facts of every render, so goldens move only when the chart's output does.
+const (
+	ReleaseName  = "gpu"
+	Namespace    = "gpu-operator"
+	ChartVersion = "0.0.0-golden"
+)
+
+// KubeVersions are the oldest and newest Kubernetes minors the chart supports.
+var KubeVersions = []string{"v1.31.0", "v1.37.0"}
+
+// APIVersions are the optional APIs a render may assume (the ServiceMonitor CRD of Prometheus Operator).
+var APIVersions = chartutil.VersionSet{"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor"}
+
+// RepoRoot is the repository root, found from this file's location.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// ChartDir is the umbrella chart users install.
+func ChartDir() string { return filepath.Join(RepoRoot(), "charts", "kube-gpu-stack") }
+
+// Load loads a chart directory (following the operand symlinks) and pins the version of it and every dependency.
+func Load(dir string) (*chart.Chart, error) {
+	log.SetOutput(io.Discard) // the loader logs one notice per operand symlink
+
+	chrt, err := loader.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := action.CheckDependencies(chrt, chrt.Metadata.Dependencies); err != nil {
+		return nil, err
+	}
+	pin(chrt)
+	return chrt, nil
+}
+
+func pin(c *chart.Chart) {
+	c.Metadata.Version = ChartVersion
+	c.Metadata.AppVersion = ChartVersion
+	for _, d := range c.Metadata.Dependencies {
+		d.Version = ChartVersion
+	}
+	for _, d := range c.Dependencies() {
+		pin(d)
+	}
+}
+
+// Values merges values files (in order) and --set style overrides.
+func Values(files []string, set []string) (map[string]any, error) {
+	return (&values.Options{ValueFiles: files, Values: set}).MergeValues(getter.Providers{})
+}
+
+// Render renders the chart with the given values for a Kubernetes version and returns the manifest stream as
+// `helm template` prints it (manifests, then hooks). Errors carry schema, kubeVersion and template failures.
+func Render(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVersion string) (string, error) {
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return "", err
+	}
+	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	inst.ClientOnly = true
+	inst.DryRun = true
+	inst.Replace = true
+	inst.IncludeCRDs = true
+	inst.ReleaseName = ReleaseName
+	inst.Namespace = Namespace
+	inst.KubeVersion = kv
+	inst.APIVersions = slices.Clone(APIVersions)
+	rel, err := inst.RunWithContext(ctx, chrt, vals)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString(strings.TrimSpace(rel.Manifest))
+	b.WriteString("\n")
+	for _, h := range rel.Hooks {
+		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", h.Path, strings.TrimSpace(h.Manifest))
+	}
+	return b.String(), nil
+}
