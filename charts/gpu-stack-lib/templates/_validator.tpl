@@ -1,0 +1,36 @@
+{{/*
+gpu-stack-lib.validatorContainer: the project's validator running one check (`validator <component>`), as used by
+the validator DaemonSets, the toolkit's driver validation and the node status exporter. It writes the check's
+status file under the validations dir, which other operands wait on. dict:
+  ctx        the operand chart's context
+  name       container name
+  component  validator subcommand (driver, toolkit, cuda, plugin, vfio-pci, vgpu-manager, vgpu-devices, cc-manager,
+             metrics, ready)
+  env        optional extra env map (e.g. WITH_WAIT)
+  main       optional: true when it is the pod's main container
+  spec       optional further container fields (ports, probes, lifecycle)
+*/}}
+{{- define "gpu-stack-lib.validatorContainer" -}}
+{{- $env := dict
+  "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
+  "OUTPUT_DIR" "/run/nvidia/validations"
+  "HOST_ROOT" "/host"
+  "DRIVER_INSTALL_DIR" "/run/nvidia/driver"
+-}}
+{{- include "gpu-stack-lib.container" (dict
+  "ctx" .ctx
+  "name" .name
+  "image" (include "gpu-stack-lib.stackImage" .ctx)
+  "pullPolicy" .ctx.Values.global.stackImage.pullPolicy
+  "command" (list "validator" .component)
+  "env" (mergeOverwrite $env (.env | default dict))
+  "main" .main
+  "spec" .spec
+  "volumeMounts" (list
+    (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "Bidirectional")
+    (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
+    (dict "name" "driver-install-dir" "mountPath" "/run/nvidia/driver" "readOnly" true "mountPropagation" "HostToContainer")
+    (dict "name" "host-dev-char" "mountPath" "/host-dev-char"))
+  "securityContext" (dict "privileged" true)
+) -}}
+{{- end }}
