@@ -9,8 +9,8 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
   pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
                `runtimeClass: true` for pods that run under the nvidia runtime class
   podAnnotations  optional extra pod annotations (e.g. a config checksum)
-Scheduling is merged here and nowhere else: global tolerations + the operand's, global nodeSelector under the
-operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
+Scheduling is merged here and nowhere else: the pod's own + global + the operand's tolerations, the pod's own
+nodeSelector under the global one under the operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
 */}}
 {{- define "gpu-stack-lib.podTemplate" -}}
 {{- $ctx := .ctx -}}
@@ -28,13 +28,13 @@ operand's (operand wins), operand priorityClassName over the global one, global 
 {{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (dict "nodeAffinity" (include "gpu-stack-lib.nodeAffinity" . | fromYaml))) -}}
 {{- end -}}
 {{- with concat ($g.tolerations | default list) ($pod.tolerations | default list) ($v.tolerations | default list) | uniq }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
-{{- with mergeOverwrite (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
+{{- with mergeOverwrite (deepCopy ($pod.nodeSelector | default dict)) (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
 {{- with $v.priorityClassName | default $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
 {{- with include "gpu-stack-lib.pullSecrets" $ctx | fromYamlArray }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
 {{- $annotations := mergeOverwrite (deepCopy ($g.podAnnotations | default dict)) (deepCopy ($v.podAnnotations | default dict)) (deepCopy (.podAnnotations | default dict)) -}}
 metadata:
   labels:
-    {{- include "gpu-stack-lib.podLabels" (dict "ctx" $ctx "name" .name) | nindent 4 }}
+    {{- include "gpu-stack-lib.podLabels" (dict "ctx" $ctx "name" .name "component" .operand) | nindent 4 }}
   {{- with $annotations }}
   annotations:
     {{- toYaml . | nindent 4 }}

@@ -24,9 +24,13 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- end }}
 {{- end }}
 
-{{/* gpu-stack-lib.podLabels: selector labels, the anchor's `app` label, then global and operand podLabels */}}
+{{/*
+gpu-stack-lib.podLabels: selector labels, the anchor's `app` label and the operand as component (static, so a
+chart bump never changes them; validators find driver pods by it), then global and operand podLabels
+*/}}
 {{- define "gpu-stack-lib.podLabels" -}}
 {{- $labels := dict "app" .name -}}
+{{- with .component }}{{ $_ := set $labels "app.kubernetes.io/component" . }}{{ end -}}
 {{- $_ := mergeOverwrite $labels (deepCopy (.ctx.Values.global.podLabels | default dict)) (deepCopy (.ctx.Values.podLabels | default dict)) -}}
 {{- $_ = mergeOverwrite $labels (include "gpu-stack-lib.selectorLabels" . | fromYaml) -}}
 {{ toYaml $labels }}

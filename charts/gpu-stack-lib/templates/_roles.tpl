@@ -70,3 +70,12 @@ requiredDuringSchedulingIgnoredDuringExecution:
     - matchExpressions:
         {{- toYaml (append $common (dict "key" $switch "operator" "In" "values" (list "true"))) | nindent 8 }}
 {{- end }}
+
+{{/*
+gpu-stack-lib.active: "true" when any of the operand's roles exists under global.sandboxWorkloads, else empty.
+Operands use it to skip their ServiceAccount, RBAC and ConfigMaps along with the DaemonSet.
+dict "ctx" . "roles" (list ...)
+*/}}
+{{- define "gpu-stack-lib.active" -}}
+{{- if (include "gpu-stack-lib.activeRoles" . | fromJson).roles }}true{{ end -}}
+{{- end }}

@@ -8,7 +8,9 @@ status file under the validations dir, which other operands wait on. dict:
              metrics, ready)
   env        optional extra env map (e.g. WITH_WAIT)
   main       optional: true when it is the pod's main container
-  spec       optional further container fields (ports, probes, lifecycle)
+  spec       optional further container fields (ports, probes)
+  preStopRemove  optional status files the container removes when it stops (`validator cleanup FILE...`), so a
+             stopped validator never leaves a stale "ready" behind
 */}}
 {{- define "gpu-stack-lib.validatorContainer" -}}
 {{- $env := dict
@@ -17,6 +19,8 @@ status file under the validations dir, which other operands wait on. dict:
   "HOST_ROOT" "/host"
   "DRIVER_INSTALL_DIR" "/run/nvidia/driver"
 -}}
+{{- $spec := deepCopy (.spec | default dict) -}}
+{{- with .preStopRemove }}{{ $_ := set $spec "lifecycle" (dict "preStop" (dict "exec" (dict "command" (concat (list "validator" "cleanup") .)))) }}{{ end -}}
 {{- include "gpu-stack-lib.container" (dict
   "ctx" .ctx
   "name" .name
@@ -25,7 +29,7 @@ status file under the validations dir, which other operands wait on. dict:
   "command" (list "validator" .component)
   "env" (mergeOverwrite $env (.env | default dict))
   "main" .main
-  "spec" .spec
+  "spec" $spec
   "volumeMounts" (list
     (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "Bidirectional")
     (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")

@@ -21,7 +21,7 @@ cdi-root: {path: /var/run/cdi, type: DirectoryOrCreate}
 dev-vfio: {path: /dev/vfio}
 run-nvidia-mps: {path: /run/nvidia/mps, type: DirectoryOrCreate}
 run-nvidia-toolkit: {path: /run/nvidia/toolkit, type: DirectoryOrCreate}
-toolkit-install-dir: {path: /usr/local/nvidia, type: DirectoryOrCreate}
+toolkit-install-dir: {path: {{ $hp.toolkitInstallDir | quote }}, type: DirectoryOrCreate}
 nfd-features-d: {path: /etc/kubernetes/node-feature-discovery/features.d, type: DirectoryOrCreate}
 {{- end }}
 

@@ -1,0 +1,26 @@
+# kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
+GO ?= go
+
+.PHONY: test demo golden vet fmt-check package
+
+## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint)
+test: vet fmt-check
+	$(GO) test ./...
+
+## demo: render the mixed profile and show which operand runs on which simulated node
+demo:
+	$(GO) run ./ci/placement-demo -values values/mixed.yaml
+
+## golden: rewrite golden files and values schemas after an intended chart change (review the diff!)
+golden:
+	UPDATE_GOLDEN=1 $(GO) test ./tests/ -run 'TestGolden|TestValuesSchemaUpToDate'
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt'ed: $$out"; exit 1; fi
+
+## package: the chart as one .tgz with every operand inside (dist/)
+package:
+	$(GO) run helm.sh/helm/v3/cmd/helm package charts/kube-gpu-stack -d dist

@@ -1,0 +1,187 @@
+{{/* driver.osList: the parsed driver.os tags, as {"items": [...]} (gpu-stack-lib.osList) */}}
+{{- define "driver.osList" -}}
+{{- include "gpu-stack-lib.osList" (dict "tags" .Values.os "key" "driver.os") -}}
+{{- end }}
+
+{{/* driver.checks: value combinations the driver cannot run with, refused at render */}}
+{{- define "driver.checks" -}}
+{{- if and .Values.gds.enabled (eq .Values.kernelModuleType "proprietary") -}}
+{{- fail "driver.gds.enabled: nvidia-fs (GPUDirect Storage) 2.17.5 and later builds only against the open kernel modules; set driver.kernelModuleType to open or auto" -}}
+{{- end -}}
+{{- if .Values.updateStrategy -}}
+{{- fail "driver.updateStrategy is not used by the driver DaemonSets: set driver.upgradePolicy.autoUpgrade and driver.upgradePolicy.maxUnavailable" -}}
+{{- end -}}
+{{- end }}
+
+{{/* driver.kernelModuleType: the module type to install; nvidia-fs needs the open modules, so auto is open with GDS */}}
+{{- define "driver.kernelModuleType" -}}
+{{- if and .Values.gds.enabled (eq .Values.kernelModuleType "auto") }}open{{ else }}{{ .Values.kernelModuleType }}{{ end -}}
+{{- end }}
+
+{{/* driver.updateStrategy: RollingUpdate paced by maxUnavailable, or OnDelete when auto upgrade is off */}}
+{{- define "driver.updateStrategy" -}}
+{{- $p := .Values.upgradePolicy -}}
+{{- if $p.autoUpgrade -}}
+{{- toYaml (dict "type" "RollingUpdate" "rollingUpdate" (dict "maxUnavailable" $p.maxUnavailable)) -}}
+{{- else -}}
+{{- toYaml (dict "type" "OnDelete") -}}
+{{- end -}}
+{{- end }}
+
+{{/* driver.image: the driver image reference for one OS; dict "ctx" . "os" OSINFO ["image" IMAGE] */}}
+{{- define "driver.image" -}}
+{{- include "gpu-stack-lib.osImage" (dict "ctx" .ctx "image" (.image | default .ctx.Values.image) "os" .os) -}}
+{{- end }}
+
+{{/*
+driver.configDigest: DRIVER_CONFIG_DIGEST of one OS's DaemonSet: a sha256 over only what changes the installed
+driver (images without their registry, so moving to a mirror reinstalls nothing; module type; RDMA, GDS, GDRCopy;
+the licensing, repository, certificate and module-parameter sources). With an unchanged digest the driver
+manager keeps the loaded driver and its workloads. dict "ctx" . "os" OSINFO
+*/}}
+{{- define "driver.configDigest" -}}
+{{- $v := .ctx.Values -}}
+{{- /* switches that are off contribute nothing, so toggling their unused sub-keys reinstalls nothing */ -}}
+{{- $fields := dict
+  "image" (include "gpu-stack-lib.osImageID" (dict "image" $v.image "os" .os))
+  "kernelModuleType" (include "driver.kernelModuleType" .ctx)
+  "rdma" ($v.rdma.enabled | ternary $v.rdma (dict "enabled" false))
+  "gds" (dict "enabled" $v.gds.enabled "image" ($v.gds.enabled | ternary (include "gpu-stack-lib.osImageID" (dict "image" $v.gds.image "os" .os)) ""))
+  "gdrcopy" (dict "enabled" $v.gdrcopy.enabled "image" ($v.gdrcopy.enabled | ternary (include "gpu-stack-lib.osImageID" (dict "image" $v.gdrcopy.image "os" .os)) ""))
+  "licensingConfig" (ternary $v.licensingConfig (dict) (not (empty (or $v.licensingConfig.secretName $v.licensingConfig.configMapName))))
+  "repoConfig" $v.repoConfig.configMapName
+  "certConfig" $v.certConfig.name
+  "kernelModuleConfig" $v.kernelModuleConfig.name
+-}}
+{{- toJson $fields | sha256sum -}}
+{{- end }}
+
+{{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations) */}}
+{{- define "driver.managerEnv" -}}
+{{- $m := .Values.manager -}}
+ENABLE_GPU_POD_EVICTION: {{ $m.gpuPodDeletion.enabled | quote }}
+EVICTION_USE_FORCE: {{ $m.gpuPodDeletion.force | quote }}
+EVICTION_TIMEOUT_SECONDS: {{ printf "%ds" (int $m.gpuPodDeletion.timeoutSeconds) | quote }}
+EVICTION_DELETE_EMPTYDIR_DATA: {{ $m.gpuPodDeletion.deleteEmptyDir | quote }}
+ENABLE_AUTO_DRAIN: {{ $m.drain.enabled | quote }}
+DRAIN_USE_FORCE: {{ $m.drain.force | quote }}
+DRAIN_POD_SELECTOR_LABEL: {{ $m.drain.podSelector | quote }}
+DRAIN_TIMEOUT_SECONDS: {{ printf "%ds" (int $m.drain.timeoutSeconds) | quote }}
+DRAIN_DELETE_EMPTYDIR_DATA: {{ $m.drain.deleteEmptyDir | quote }}
+{{- if .Values.rdma.enabled }}
+GPU_DIRECT_RDMA_ENABLED: "true"
+USE_HOST_MOFED: {{ .Values.rdma.useHostMofed | quote }}
+{{- end }}
+{{- end }}
+
+{{/* driver.env: the driver container's environment (also what the startup probe writes to .driver-ctr-ready) */}}
+{{- define "driver.env" -}}
+{{- $v := .ctx.Values -}}
+NODE_NAME: {fieldRef: {fieldPath: spec.nodeName}}
+NODE_IP: {fieldRef: {fieldPath: status.hostIP}}
+NVIDIA_VISIBLE_DEVICES: void
+{{- $type := include "driver.kernelModuleType" .ctx }}
+KERNEL_MODULE_TYPE: {{ $type }}
+{{- if eq $type "open" }}
+OPEN_KERNEL_MODULES_ENABLED: "true"
+{{- end }}
+GPU_DIRECT_RDMA_ENABLED: {{ $v.rdma.enabled | quote }}
+{{- if $v.rdma.enabled }}
+USE_HOST_MOFED: {{ $v.rdma.useHostMofed | quote }}
+{{- end }}
+GDS_ENABLED: {{ $v.gds.enabled | quote }}
+GDRCOPY_ENABLED: {{ $v.gdrcopy.enabled | quote }}
+DRIVER_CONFIG_DIGEST: {{ .digest }}
+{{- end }}
+
+{{/*
+driver.configSources: volumes and driver-container mounts for the optional config sources (licensing, repository
+files, CA certificates, module parameters, host subscription) of one OS, as {"volumes": [...], "mounts": [...]}.
+Repository and CA directories depend on the OS family. dict "ctx" . "os" OSINFO
+*/}}
+{{- define "driver.configSources" -}}
+{{- $v := .ctx.Values -}}
+{{- $id := .os.id -}}
+{{- $volumes := list -}}
+{{- $mounts := list -}}
+{{- $repoDirs := dict "ubuntu" "/etc/apt/sources.list.d" "debian" "/etc/apt/sources.list.d" "rhel" "/etc/yum.repos.d" "rocky" "/etc/yum.repos.d" "centos" "/etc/yum.repos.d" "ol" "/etc/yum.repos.d" "rhcos" "/etc/yum.repos.d" "sles" "/etc/zypp/repos.d" "sl-micro" "/etc/zypp/repos.d" -}}
+{{- $certDirs := dict "ubuntu" "/usr/local/share/ca-certificates" "debian" "/usr/local/share/ca-certificates" "rhel" "/etc/pki/ca-trust/extracted/pem" "rocky" "/etc/pki/ca-trust/extracted/pem" "centos" "/etc/pki/ca-trust/extracted/pem" "ol" "/etc/pki/ca-trust/extracted/pem" "rhcos" "/etc/pki/ca-trust/extracted/pem" "sles" "/etc/pki/trust/anchors" "sl-micro" "/etc/pki/trust/anchors" -}}
+{{- with $v.licensingConfig -}}
+{{- if or .secretName .configMapName -}}
+{{- $items := list (dict "key" "gridd.conf" "path" "gridd.conf") -}}
+{{- $mounts = append $mounts (dict "name" "licensing-config" "mountPath" "/drivers/gridd.conf" "subPath" "gridd.conf" "readOnly" true) -}}
+{{- if .nlsEnabled -}}
+{{- $items = append $items (dict "key" "client_configuration_token.tok" "path" "client_configuration_token.tok") -}}
+{{- $mounts = append $mounts (dict "name" "licensing-config" "mountPath" "/drivers/ClientConfigToken/client_configuration_token.tok" "subPath" "client_configuration_token.tok" "readOnly" true) -}}
+{{- end -}}
+{{- if .secretName -}}
+{{- $volumes = append $volumes (dict "name" "licensing-config" "secret" (dict "secretName" .secretName "items" $items)) -}}
+{{- else -}}
+{{- $volumes = append $volumes (dict "name" "licensing-config" "configMap" (dict "name" .configMapName "items" $items)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.repoConfig.configMapName -}}
+{{- $dir := get $repoDirs $id | required (printf "driver.repoConfig: no known repository directory for OS %q (known: %s)" $.os.tag (keys $repoDirs | sortAlpha | join ", ")) -}}
+{{- $volumes = append $volumes (dict "name" "repo-config" "configMap" (dict "name" .)) -}}
+{{- $mounts = append $mounts (dict "name" "repo-config" "mountPath" $dir "readOnly" true) -}}
+{{- end -}}
+{{- with $v.certConfig.name -}}
+{{- $dir := get $certDirs $id | required (printf "driver.certConfig: no known CA directory for OS %q (known: %s)" $.os.tag (keys $certDirs | sortAlpha | join ", ")) -}}
+{{- $volumes = append $volumes (dict "name" "cert-config" "configMap" (dict "name" .)) -}}
+{{- $mounts = append $mounts (dict "name" "cert-config" "mountPath" $dir "readOnly" true) -}}
+{{- end -}}
+{{- with $v.kernelModuleConfig.name -}}
+{{- /* optional: a missing key leaves its file out (the driver reads only the files that exist) */ -}}
+{{- $files := list "nvidia.conf" "nvidia-uvm.conf" "nvidia-modeset.conf" "nvidia-peermem.conf" -}}
+{{- $items := list -}}
+{{- range $files -}}
+{{- $items = append $items (dict "key" . "path" .) -}}
+{{- $mounts = append $mounts (dict "name" "kernel-module-config" "mountPath" (printf "/drivers/%s" .) "subPath" . "readOnly" true) -}}
+{{- end -}}
+{{- $volumes = append $volumes (dict "name" "kernel-module-config" "configMap" (dict "name" . "items" $items "optional" true)) -}}
+{{- end -}}
+{{- if $v.hostSubscription -}}
+{{- $paths := dict -}}
+{{- if and (eq $id "rhel") (not $v.repoConfig.configMapName) -}}
+{{- $paths = dict
+  "/run/secrets/etc-pki-entitlement" (dict "path" "/etc/pki/entitlement" "type" "Directory")
+  "/run/secrets/redhat.repo" (dict "path" "/etc/yum.repos.d/redhat.repo" "type" "File")
+  "/run/secrets/rhsm" (dict "path" "/etc/rhsm" "type" "Directory") -}}
+{{- else if has $id (list "sles" "sl-micro") -}}
+{{- $paths = dict
+  "/etc/zypp/credentials.d" (dict "path" "/etc/zypp/credentials.d" "type" "Directory")
+  "/etc/SUSEConnect" (dict "path" "/etc/SUSEConnect" "type" "FileOrCreate") -}}
+{{- end -}}
+{{- range $i, $mountPath := keys $paths | sortAlpha -}}
+{{- $name := printf "subscription-config-%d" $i -}}
+{{- $volumes = append $volumes (dict "name" $name "hostPath" (get $paths $mountPath)) -}}
+{{- $mounts = append $mounts (dict "name" $name "mountPath" $mountPath "readOnly" true) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "volumes" $volumes "mounts" $mounts) -}}
+{{- end }}
+
+{{/*
+driver.moduleSidecar: a sidecar that builds and loads an extra kernel module (nvidia-fs, gdrdrv) once the driver
+container has installed the driver, and reports started once the module is loaded.
+dict "ctx" . "name" NAME "image" REF "install" INSTALL_COMMAND "module" MODULE
+*/}}
+{{- define "driver.moduleSidecar" -}}
+{{- $script := printf "until [ -d /run/nvidia/driver/usr/src ] && grep -q '^nvidia ' /proc/modules; do echo waiting for the NVIDIA driver; sleep 10; done; exec %s" .install -}}
+{{- include "gpu-stack-lib.container" (dict
+  "ctx" .ctx
+  "name" .name
+  "image" .image
+  "command" (list "sh" "-c" $script)
+  "env" (dict "NVIDIA_VISIBLE_DEVICES" "void")
+  "volumeMounts" (list
+    (dict "name" "run-nvidia" "mountPath" "/run/nvidia" "mountPropagation" "HostToContainer")
+    (dict "name" "var-log" "mountPath" "/var/log")
+    (dict "name" "dev-log" "mountPath" "/dev/log" "readOnly" true))
+  "securityContext" (dict "privileged" true "seLinuxOptions" (dict "level" "s0"))
+  "spec" (dict "startupProbe" (dict
+    "exec" (dict "command" (list "sh" "-c" (printf "grep -q '^%s ' /proc/modules" .module)))
+    "initialDelaySeconds" 10 "periodSeconds" 10 "timeoutSeconds" 10 "failureThreshold" 120))
+) -}}
+{{- end }}

@@ -1,0 +1,15 @@
+{{/*
+validator.workloadEnv: environment of the checks that start a workload pod on the node (cuda, plugin): the pod's
+image, pull policy, pull secrets and runtime class, and the namespace to create it in.
+*/}}
+{{- define "validator.workloadEnv" -}}
+{{- $secrets := list -}}
+{{- range include "gpu-stack-lib.pullSecrets" . | fromYamlArray }}{{ $secrets = append $secrets .name }}{{ end -}}
+OPERATOR_NAMESPACE: {fieldRef: {fieldPath: metadata.namespace}}
+VALIDATOR_IMAGE: {{ include "gpu-stack-lib.stackImage" . | quote }}
+VALIDATOR_IMAGE_PULL_POLICY: {{ .Values.global.stackImage.pullPolicy | quote }}
+VALIDATOR_RUNTIME_CLASS: {{ .Values.global.runtimeClassName | quote }}
+{{- with $secrets }}
+VALIDATOR_IMAGE_PULL_SECRETS: {{ join "," . | quote }}
+{{- end }}
+{{- end }}

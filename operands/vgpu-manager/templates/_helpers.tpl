@@ -1,0 +1,26 @@
+{{/*
+vgpu-manager.active: "true" when the vm-vgpu role exists (global.sandboxWorkloads.enabled); nothing renders
+otherwise, so the licensed image is only required where it is used.
+*/}}
+{{- define "vgpu-manager.active" -}}
+{{- if (include "gpu-stack-lib.activeRoles" (dict "ctx" . "roles" (list "vm-vgpu")) | fromJson).roles }}true{{ end -}}
+{{- end }}
+
+{{/* vgpu-manager.checks: the licensed image has no default; say which keys to set */}}
+{{- define "vgpu-manager.checks" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "vgpuManager.image.repository is required: the vGPU manager image is licensed and has no default; set vgpuManager.image.registry, .repository and .tag to your copy (or set vgpuManager.enabled=false)" -}}
+{{- end -}}
+{{- if not (or .Values.image.tag .Values.image.digest) -}}
+{{- fail "vgpuManager.image.tag is required: the vGPU manager version (the chart appends -<os tag>), or pin vgpuManager.image.digest" -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+vgpu-manager.configDigest: DRIVER_CONFIG_DIGEST of one OS's DaemonSet, over what changes the installed vGPU
+manager only (its image, without the registry); with an unchanged digest the driver manager keeps it loaded.
+dict "ctx" . "os" OSINFO
+*/}}
+{{- define "vgpu-manager.configDigest" -}}
+{{- toJson (dict "image" (include "gpu-stack-lib.osImageID" (dict "image" .ctx.Values.image "os" .os))) | sha256sum -}}
+{{- end }}

@@ -1,0 +1,200 @@
+package tests
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+)
+
+// overlay adds a marker pull secret and toleration to the global values; every pod must carry both.
+const overlay = `global:
+  imagePullSecrets: [invariant-pull]
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+    - {key: invariant.example/taint, operator: Exists}
+`
+
+// everythingOn enables the operands and features that no profile turns on by default, so their images and pod
+// specs are covered too.
+var everythingOn = []string{
+	"dcgm.enabled=true", "dcgmExporter.remoteHostEngine=nvidia-dcgm:5555", "nodeStatusExporter.enabled=true",
+	"driver.gds.enabled=true", "driver.gdrcopy.enabled=true",
+}
+
+func writeTemp(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// podSpecs returns every pod spec in an object (workload templates, Jobs, bare Pods) keyed by a readable path.
+func podSpecs(o object) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	spec, _ := o.Raw["spec"].(map[string]any)
+	switch o.kind() {
+	case "Pod":
+		out[o.kind()+"/"+o.name()] = spec
+	case "DaemonSet", "Deployment", "StatefulSet", "Job":
+		tpl, _ := spec["template"].(map[string]any)
+		ps, _ := tpl["spec"].(map[string]any)
+		out[o.kind()+"/"+o.name()] = ps
+	}
+	return out
+}
+
+func containersOf(ps map[string]any) []map[string]any {
+	var out []map[string]any
+	for _, key := range []string{"initContainers", "containers"} {
+		list, _ := ps[key].([]any)
+		for _, c := range list {
+			out = append(out, c.(map[string]any))
+		}
+	}
+	return out
+}
+
+// TestEveryObjectIsLabelledAndSelectorsAreStable: every object carries the recommended labels; the chart label and
+// version never reach a selector or a pod template (selectors are immutable, and a version in a pod template
+// would roll every pod on a chart-only bump).
+func TestEveryObjectIsLabelledAndSelectorsAreStable(t *testing.T) {
+	required := []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+		"app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"}
+	volatile := []string{"helm.sh/chart", "app.kubernetes.io/version"}
+	for _, p := range profiles(t) {
+		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+			meta, _ := o.Raw["metadata"].(map[string]any)
+			labels, _ := meta["labels"].(map[string]any)
+			for _, k := range required {
+				if _, ok := labels[k]; !ok {
+					t.Errorf("%s: %s %s lacks label %s", p.name, o.kind(), o.name(), k)
+				}
+			}
+			spec, _ := o.Raw["spec"].(map[string]any)
+			sel, _ := spec["selector"].(map[string]any)
+			if ml, ok := sel["matchLabels"].(map[string]any); ok {
+				sel = ml
+			}
+			tpl, _ := spec["template"].(map[string]any)
+			tplMeta, _ := tpl["metadata"].(map[string]any)
+			tplLabels, _ := tplMeta["labels"].(map[string]any)
+			tplAnnotations, _ := tplMeta["annotations"].(map[string]any)
+			for _, k := range volatile {
+				for where, m := range map[string]map[string]any{"selector": sel, "pod template labels": tplLabels, "pod template annotations": tplAnnotations} {
+					if _, ok := m[k]; ok {
+						t.Errorf("%s: %s %s has %s in its %s", p.name, o.kind(), o.name(), k, where)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestEveryPodGetsGlobalPullSecretsAndTolerations: global.imagePullSecrets and global.tolerations reach every pod
+// the chart creates, whatever the profile.
+func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
+	extra := writeTemp(t, "overlay.yaml", overlay)
+	for _, p := range profiles(t) {
+		pods := 0
+		for _, o := range objects(t, render(t, newestKube, []string{p.file, extra}, everythingOn...)) {
+			for where, ps := range podSpecs(o) {
+				pods++
+				secrets, _ := ps["imagePullSecrets"].([]any)
+				if !slices.ContainsFunc(secrets, func(s any) bool { return s.(map[string]any)["name"] == "invariant-pull" }) {
+					t.Errorf("%s: %s lacks the global pull secret", p.name, where)
+				}
+				tols, _ := ps["tolerations"].([]any)
+				if !slices.ContainsFunc(tols, func(s any) bool { return s.(map[string]any)["key"] == "invariant.example/taint" }) {
+					t.Errorf("%s: %s lacks the global toleration", p.name, where)
+				}
+			}
+		}
+		if pods == 0 {
+			t.Errorf("%s renders no pod", p.name)
+		}
+	}
+}
+
+// userSuppliedImages are images a profile names but the chart does not ship: the licensed vGPU manager.
+var userSuppliedImages = regexp.MustCompile(`^nvcr\.io/nvaie/`)
+
+// TestImageListMatchesChart: the artifacthub.io/images annotation lists exactly the images the profiles can
+// render (the air-gapped image list is built from it).
+func TestImageListMatchesChart(t *testing.T) {
+	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []struct{ Name, Image string }
+	if err := yaml.Unmarshal([]byte(md.Annotations["artifacthub.io/images"]), &listed); err != nil {
+		t.Fatalf("artifacthub.io/images: %v", err)
+	}
+	want := map[string]bool{}
+	for _, l := range listed {
+		want[l.Image] = true
+	}
+	rendered := map[string]string{}
+	for _, p := range profiles(t) {
+		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+			for where, ps := range podSpecs(o) {
+				for _, c := range containersOf(ps) {
+					img := strings.ReplaceAll(c["image"].(string), ":"+chartrender.ChartVersion, ":"+md.AppVersion)
+					if p.name == "private-registry" || userSuppliedImages.MatchString(img) {
+						continue // the mirror's copies of the same images; user-supplied images
+					}
+					rendered[img] = where
+				}
+			}
+		}
+	}
+	for img, where := range rendered {
+		if !want[img] {
+			t.Errorf("image %s (%s) is missing from Chart.yaml artifacthub.io/images", img, where)
+		}
+	}
+	for img := range want {
+		if _, ok := rendered[img]; !ok {
+			t.Errorf("Chart.yaml artifacthub.io/images lists %s, which no profile renders", img)
+		}
+	}
+}
+
+// TestTemplatesAvoidNondeterminism: no template calls lookup or a random/time function (Argo CD re-renders and
+// compares; `helm template` has no cluster for lookup).
+func TestTemplatesAvoidNondeterminism(t *testing.T) {
+	banned := regexp.MustCompile(`\b(lookup|now|date|dateInZone|dateModify|unixEpoch|randAlphaNum|randAlpha|randNumeric|randAscii|randInt|randBytes|uuidv4|genCA|genCAWithKey|genPrivateKey|genSelfSignedCert|genSelfSignedCertWithKey|genSignedCert|genSignedCertWithKey|derivePassword|htpasswd)\b`)
+	action := regexp.MustCompile(`{{[^}]*}}`)
+	root := chartrender.RepoRoot()
+	var files []string
+	for _, pattern := range []string{"charts/*/templates/*", "operands/*/templates/*", "operands/*/templates/*/*", "charts/*/templates/*/*"} {
+		m, _ := filepath.Glob(filepath.Join(root, pattern))
+		files = append(files, m...)
+	}
+	if len(files) < 20 {
+		t.Fatalf("found only %d template files", len(files))
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // a directory
+		}
+		for _, a := range action.FindAllString(string(data), -1) {
+			if strings.HasPrefix(a, "{{/*") || strings.HasPrefix(a, "{{- /*") {
+				continue
+			}
+			if m := banned.FindString(a); m != "" {
+				t.Errorf("%s uses %s: %s", f, m, a)
+			}
+		}
+	}
+}

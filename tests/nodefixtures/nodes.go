@@ -1,0 +1,125 @@
+// Package nodefixtures describes simulated nodes with the labels NFD and GPU feature discovery put on real ones.
+// The same fixtures drive the role-matrix test (matched against rendered DaemonSets) and the simulated GPU nodes
+// of the local control plane.
+package nodefixtures
+
+import (
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// OS is a node's operating system as NFD reports it.
+type OS struct{ ID, VersionID string }
+
+// Operating systems of the fixtures.
+var (
+	Ubuntu2204 = OS{"ubuntu", "22.04"}
+	Ubuntu2404 = OS{"ubuntu", "24.04"}
+	RHEL96     = OS{"rhel", "9.6"}
+)
+
+// Labels NFD puts on every node.
+func (o OS) Labels() map[string]string {
+	major := o.VersionID
+	for i, c := range o.VersionID {
+		if c == '.' {
+			major = o.VersionID[:i]
+			break
+		}
+	}
+	return map[string]string{
+		"kubernetes.io/os": "linux",
+		"feature.node.kubernetes.io/system-os_release.ID":               o.ID,
+		"feature.node.kubernetes.io/system-os_release.VERSION_ID":       o.VersionID,
+		"feature.node.kubernetes.io/system-os_release.VERSION_ID.major": major,
+		"feature.node.kubernetes.io/kernel-version.full":                "6.8.0-60-generic",
+	}
+}
+
+// GPU labels: what the NodeFeatureRule (gpu.present) and GFD put on a node with an NVIDIA GPU.
+func gpuLabels(product string) map[string]string {
+	return map[string]string{
+		"feature.node.kubernetes.io/pci-10de.present": "true",
+		"nvidia.com/gpu.present":                      "true",
+		"nvidia.com/gpu.product":                      product,
+		"nvidia.com/gpu.count":                        "8",
+	}
+}
+
+// Node is one fixture: a name, its labels and taints, and how many GPUs it advertises.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	Taints []corev1.Taint
+	GPUs   int64
+}
+
+// GPUTaint is the taint GPU node pools commonly carry; every operand tolerates it.
+var GPUTaint = corev1.Taint{Key: "nvidia.com/gpu", Effect: corev1.TaintEffectNoSchedule}
+
+func gpuNode(name string, os OS, product string, extra map[string]string) Node {
+	l := os.Labels()
+	maps.Copy(l, gpuLabels(product))
+	maps.Copy(l, extra)
+	return Node{Name: name, Labels: l, GPUs: 8}
+}
+
+// RoleMatrix is the set of nodes the role-matrix test matches every profile against: each role, each opt-out and
+// pause, MIG and MPS capability, mixed OS, taints, and a node without a GPU.
+func RoleMatrix() []Node {
+	paused := map[string]string{}
+	for _, op := range []string{"container-toolkit", "device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery",
+		"operator-validator", "node-status-exporter", "mig-manager"} {
+		paused["nvidia.com/gpu.deploy."+op] = "paused-for-driver-upgrade"
+	}
+	tainted := gpuNode("container-tainted", Ubuntu2204, "NVIDIA-L40S", nil)
+	tainted.Taints = []corev1.Taint{GPUTaint}
+	dedicated := gpuNode("container-dedicated", Ubuntu2204, "NVIDIA-L40S", nil)
+	dedicated.Taints = []corev1.Taint{{Key: "dedicated", Value: "training", Effect: corev1.TaintEffectNoSchedule}}
+	noGPU := Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()}
+	return []Node{
+		gpuNode("container-ubuntu2204", Ubuntu2204, "NVIDIA-L40S", nil),
+		// labelled, so VM-default profiles still have a container node of each OS
+		gpuNode("container-ubuntu2404", Ubuntu2404, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "container"}),
+		gpuNode("container-rhel9", RHEL96, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "container"}),
+		gpuNode("container-labelled", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "container"}),
+		gpuNode("mig-capable", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/mig.capable": "true"}),
+		gpuNode("mps-capable", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/mps.capable": "true"}),
+		gpuNode("container-mig-capable", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{
+			"nvidia.com/mig.capable": "true", "nvidia.com/gpu.workload.config": "container"}),
+		gpuNode("container-mps-capable", Ubuntu2204, "NVIDIA-L40S", map[string]string{
+			"nvidia.com/mps.capable": "true", "nvidia.com/gpu.workload.config": "container"}),
+		gpuNode("device-plugin-off", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.deploy.device-plugin": "false"}),
+		gpuNode("paused-for-driver-upgrade", Ubuntu2204, "NVIDIA-L40S", paused),
+		gpuNode("operands-off", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.deploy.operands": "false"}),
+		tainted,
+		dedicated,
+		gpuNode("vm-passthrough", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.workload.config": "vm-passthrough"}),
+		gpuNode("vm-vgpu", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "vm-vgpu"}),
+		gpuNode("role-unknown", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "bogus"}),
+		noGPU,
+	}
+}
+
+// Object returns the fixture as a Node object, with capacity for pods, CPU, memory and its GPUs (a node with
+// only GPU capacity fits no pod).
+func (n Node) Object() *corev1.Node {
+	capacity := corev1.ResourceList{
+		corev1.ResourcePods:   resource.MustParse("110"),
+		corev1.ResourceCPU:    resource.MustParse("32"),
+		corev1.ResourceMemory: resource.MustParse("256Gi"),
+	}
+	if n.GPUs > 0 {
+		capacity["nvidia.com/gpu"] = *resource.NewQuantity(n.GPUs, resource.DecimalSI)
+	}
+	labels := maps.Clone(n.Labels)
+	labels["kubernetes.io/hostname"] = n.Name
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: labels},
+		Spec:       corev1.NodeSpec{Taints: n.Taints},
+		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
+}

@@ -1,0 +1,142 @@
+// Package placement answers "which operand DaemonSet runs on which node" for a rendered chart, with the
+// scheduler's own helpers: required node affinity and node selector (component-helpers nodeaffinity) and
+// NoSchedule/NoExecute taints.
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+)
+
+// DaemonSet is a rendered GPU operand DaemonSet reduced to what scheduling needs.
+type DaemonSet struct {
+	Name string
+	// Operand is the nvidia.com/gpu.deploy.<operand> suffix (the app.kubernetes.io/component label), or
+	// mps-control-daemon for the device plugin's MPS daemon.
+	Operand string
+	Pod     *corev1.Pod
+}
+
+// DaemonSets returns the GPU operand DaemonSets of a rendered manifest stream (`---`-separated YAML). DaemonSets
+// without a component label (the NFD worker, which runs everywhere) are not GPU operands and are left out.
+func DaemonSets(stream string) ([]DaemonSet, error) {
+	var out []DaemonSet
+	for _, doc := range strings.Split(stream, "\n---\n") {
+		var ds struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name   string            `json:"name"`
+				Labels map[string]string `json:"labels"`
+			} `json:"metadata"`
+			Spec struct {
+				Template corev1.PodTemplateSpec `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+			return nil, err
+		}
+		operand := ds.Metadata.Labels["app.kubernetes.io/component"]
+		if ds.Kind != "DaemonSet" || operand == "" {
+			continue
+		}
+		if strings.Contains(ds.Metadata.Name, "mps-control-daemon") {
+			operand = "mps-control-daemon"
+		}
+		out = append(out, DaemonSet{ds.Metadata.Name, operand, &corev1.Pod{Spec: ds.Spec.Template.Spec}})
+	}
+	return out, nil
+}
+
+// Schedules reports whether the DaemonSet's pods may run on the node.
+func (d DaemonSet) Schedules(node *corev1.Node) (bool, error) {
+	ok, err := nodeaffinity.GetRequiredNodeAffinity(d.Pod).Match(node)
+	if err != nil || !ok {
+		return false, err
+	}
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, d.Pod.Spec.Tolerations,
+		func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, false)
+	return !untolerated, nil
+}
+
+// Placement is the operands each node gets, and the DaemonSet behind each.
+type Placement map[string]map[string]string // node -> operand -> DaemonSet name
+
+// Place matches every DaemonSet against every node. Two DaemonSets of one operand on one node is an error (two
+// driver variants would fight over the kernel modules).
+func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) {
+	p := Placement{}
+	for _, n := range nodes {
+		p[n.Name] = map[string]string{}
+		for _, ds := range dss {
+			ok, err := ds.Schedules(n)
+			if err != nil {
+				return nil, fmt.Errorf("%s on %s: %w", ds.Name, n.Name, err)
+			}
+			if !ok {
+				continue
+			}
+			if other, dup := p[n.Name][ds.Operand]; dup {
+				return nil, fmt.Errorf("node %s gets two %s DaemonSets: %s and %s", n.Name, ds.Operand, other, ds.Name)
+			}
+			p[n.Name][ds.Operand] = ds.Name
+		}
+	}
+	return p, nil
+}
+
+// Operands lists a node's operands, sorted.
+func (p Placement) Operands(node string) []string {
+	var out []string
+	for op := range p[node] {
+		out = append(out, op)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Table prints a node x operand grid: one row per node (in the given order), one column per operand that any
+// node gets, "x" where it runs.
+func (p Placement) Table(nodes []string) string {
+	seen := map[string]bool{}
+	var cols []string
+	for _, n := range nodes {
+		for op := range p[n] {
+			if !seen[op] {
+				seen[op] = true
+				cols = append(cols, op)
+			}
+		}
+	}
+	slices.Sort(cols)
+	width := len("node")
+	for _, n := range nodes {
+		width = max(width, len(n))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-*s", width, "node")
+	for _, c := range cols {
+		fmt.Fprintf(&b, "  %s", c)
+	}
+	b.WriteString("\n")
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "%-*s", width, n)
+		for _, c := range cols {
+			mark := "."
+			if _, ok := p[n][c]; ok {
+				mark = "x"
+			}
+			fmt.Fprintf(&b, "  %-*s", len(c), mark)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,210 @@
+// Package valuesschema generates a chart's values.schema.json from its values.yaml, so the schema can never drift
+// from the documented defaults: each key's type comes from its default, its description from the comment above
+// it, and a `# @schema {json}` comment line adds what a default cannot say (enums, nullable or free-form maps).
+//
+// Objects are closed (additionalProperties: false) so a typo'd key fails at render; `global` and the value keys of
+// subcharts stay open, because the subchart's own schema checks them. An undocumented key is an error.
+package valuesschema
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+	"helm.sh/helm/v3/pkg/chartutil"
+)
+
+const schemaDraft = "http://json-schema.org/draft-07/schema#"
+
+// Schema is one JSON schema node.
+type Schema = map[string]any
+
+// Generate returns the schema for the chart in chartDir. common, when not empty, is a values file whose keys every
+// operand accepts (the library's operand-values.yaml); they are merged into the chart's schema.
+func Generate(chartDir, common string) ([]byte, error) {
+	root, err := fromFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	if common != "" {
+		base, err := fromFile(common)
+		if err != nil {
+			return nil, err
+		}
+		root = merge(base, root)
+	}
+	if err := checkDocumented(root, ""); err != nil {
+		return nil, err
+	}
+	md, err := chartutil.LoadChartfile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	props := root["properties"].(Schema)
+	open := func(key, why string) {
+		s, ok := props[key].(Schema)
+		if !ok {
+			s = Schema{"type": "object", "description": why}
+			props[key] = s
+		}
+		delete(s, "additionalProperties")
+	}
+	open("global", "Values shared with every subchart.")
+	for _, d := range md.Dependencies {
+		key := d.Name
+		if d.Alias != "" {
+			key = d.Alias
+		}
+		open(key, fmt.Sprintf("Values of the %s subchart, checked by its own schema.", d.Name))
+	}
+	root["$schema"] = schemaDraft
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(root); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func fromFile(path string) (Schema, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return Schema{"type": "object", "additionalProperties": false, "properties": Schema{}}, nil
+	}
+	s, err := nodeSchema(doc.Content[0], "")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
+
+func nodeSchema(n *yaml.Node, path string) (Schema, error) {
+	switch n.Kind {
+	case yaml.MappingNode:
+		s := Schema{"type": "object"}
+		if len(n.Content) == 0 {
+			return s, nil // an empty map is free-form (resources, securityContext, ...) unless @schema narrows it
+		}
+		props := Schema{}
+		for i := 0; i < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			keyPath := strings.TrimPrefix(path+"."+k.Value, ".")
+			child, err := nodeSchema(v, keyPath)
+			if err != nil {
+				return nil, err
+			}
+			desc, extra, err := parseComment(k.HeadComment, keyPath)
+			if err != nil {
+				return nil, err
+			}
+			if desc != "" {
+				child["description"] = desc
+			}
+			maps.Copy(child, extra)
+			props[k.Value] = child
+		}
+		s["properties"] = props
+		s["additionalProperties"] = false
+		return s, nil
+	case yaml.SequenceNode:
+		return Schema{"type": "array"}, nil
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!str":
+			return Schema{"type": "string"}, nil
+		case "!!bool":
+			return Schema{"type": "boolean"}, nil
+		case "!!int":
+			return Schema{"type": "integer"}, nil
+		case "!!float":
+			return Schema{"type": "number"}, nil
+		case "!!null":
+			return Schema{}, nil // its type must come from @schema; checkDocumented reports it otherwise
+		}
+	case yaml.AliasNode:
+		return nodeSchema(n.Alias, path)
+	}
+	return nil, fmt.Errorf("%s: unsupported YAML node", path)
+}
+
+// parseComment splits a key's head comment into its description and the @schema additions.
+func parseComment(comment, path string) (string, Schema, error) {
+	var desc []string
+	extra := Schema{}
+	for _, line := range strings.Split(comment, "\n") {
+		line = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "#"))
+		if rest, ok := strings.CutPrefix(line, "@schema "); ok {
+			if err := json.Unmarshal([]byte(rest), &extra); err != nil {
+				return "", nil, fmt.Errorf("%s: bad @schema annotation %q: %w", path, rest, err)
+			}
+			continue
+		}
+		if line != "" {
+			desc = append(desc, line)
+		}
+	}
+	return strings.Join(desc, " "), extra, nil
+}
+
+// merge overlays chart on base: chart's defaults and descriptions win, base fills in keys and docs chart omits.
+func merge(base, chart Schema) Schema {
+	out := maps.Clone(base)
+	for k, v := range chart {
+		out[k] = v
+	}
+	if _, ok := chart["description"]; !ok {
+		if d, ok := base["description"]; ok {
+			out["description"] = d
+		}
+	}
+	bp, _ := base["properties"].(Schema)
+	cp, _ := chart["properties"].(Schema)
+	if bp != nil || cp != nil {
+		props := Schema{}
+		maps.Copy(props, bp)
+		for k, v := range cp {
+			if b, ok := bp[k].(Schema); ok {
+				props[k] = merge(b, v.(Schema))
+			} else {
+				props[k] = v
+			}
+		}
+		out["properties"] = props
+	}
+	return out
+}
+
+func checkDocumented(s Schema, path string) error {
+	props, _ := s["properties"].(Schema)
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(props)) {
+		child := props[k].(Schema)
+		p := strings.TrimPrefix(path+"."+k, ".")
+		if d, _ := child["description"].(string); d == "" {
+			errs = append(errs, fmt.Errorf("%s: no comment above the key says what it does", p))
+		}
+		if _, ok := child["type"]; !ok && child["anyOf"] == nil && child["enum"] == nil {
+			errs = append(errs, fmt.Errorf("%s: null default needs a `# @schema {\"type\": ...}` line", p))
+		}
+		if err := checkDocumented(child, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
