@@ -3,10 +3,10 @@
 package chartrender
 
 import (
-	"io"
-	"log"
 	"context"
 	"fmt"
+	"io"
+	"log"
 	"path/filepath"
 	"runtime"
 	"slices"
