@@ -1,11 +1,16 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden vet fmt-check package
+.PHONY: test demo golden vet fmt-check package controlplane
 
-## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint)
+## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, e2e on the local
+## control plane, which it builds first when this machine has not built it yet)
 test: vet fmt-check
-	$(GO) test ./...
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -timeout 30m ./...
+
+## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
+controlplane:
+	./ci/build-controlplane.sh
 
 ## demo: render the mixed profile and show which operand runs on which simulated node
 demo:

@@ -5,7 +5,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 kube_version=v1.37.2
-key=$( { cat "$here/tools/go.mod" "$here/tools/go.sum" "$0"; go env GOVERSION GOARCH; } | sha256sum | cut -c1-12)
+# The key covers what the binaries are built from: the pinned modules, the Go toolchain and the version stamped in.
+key=$( { cat "$here/tools/go.mod" "$here/tools/go.sum"; go env GOVERSION GOARCH; echo "$kube_version"; } | sha256sum | cut -c1-12)
 dir=${KGS_CONTROLPLANE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-gpu-stack/controlplane-$key}
 bins=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
 

@@ -31,7 +31,8 @@ func (o OS) Labels() map[string]string {
 		}
 	}
 	return map[string]string{
-		"kubernetes.io/os": "linux",
+		"kubernetes.io/os":                                              "linux",
+		"beta.kubernetes.io/os":                                         "linux", // the kubelet sets both; the node controller would add it otherwise
 		"feature.node.kubernetes.io/system-os_release.ID":               o.ID,
 		"feature.node.kubernetes.io/system-os_release.VERSION_ID":       o.VersionID,
 		"feature.node.kubernetes.io/system-os_release.VERSION_ID.major": major,

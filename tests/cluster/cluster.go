@@ -1,0 +1,205 @@
+// Package cluster runs a real local control plane for tests and the demo: etcd and kube-apiserver through
+// controller-runtime's envtest, plus kube-controller-manager, kube-scheduler and kwok as child processes, all on
+// 127.0.0.1. kwok plays the kubelet of simulated nodes (it marks their pods Running without running anything),
+// so DaemonSet rollout, scheduling, evictions and PDBs are the API server's and controllers' real behaviour.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
+	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
+	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
+)
+
+// Binaries the control plane needs in its folder (built by ci/build-controlplane.sh).
+var Binaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+
+// SimulatedNodeAnnotation marks the nodes kwok manages; nodes without it are left alone.
+const SimulatedNodeAnnotation = "kwok.x-k8s.io/node"
+
+// ErrNoBinaries means the control plane has not been built on this machine.
+var ErrNoBinaries = errors.New("control plane binaries not found: run `make controlplane` (or ci/build-controlplane.sh) and set KUBEBUILDER_ASSETS to the folder it prints")
+
+// BinDir returns the folder holding the control-plane binaries: $KUBEBUILDER_ASSETS.
+func BinDir() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		return "", ErrNoBinaries
+	}
+	for _, b := range Binaries {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return "", fmt.Errorf("%w (%v)", ErrNoBinaries, err)
+		}
+	}
+	return dir, nil
+}
+
+// Cluster is a running local control plane.
+type Cluster struct {
+	// Config is an admin client config for the API server.
+	Config *rest.Config
+	// Kubeconfig is the path of an admin kubeconfig file.
+	Kubeconfig string
+	// Client is an admin clientset.
+	Client kubernetes.Interface
+
+	env   *envtest.Environment
+	dir   string
+	procs []*exec.Cmd
+	once  sync.Once
+}
+
+// Options tune Start.
+type Options struct {
+	// BinDir holds the binaries; empty means BinDir().
+	BinDir string
+	// Log receives the child processes' output; nil discards it.
+	Log io.Writer
+}
+
+// Start starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and returns once the API
+// server answers. Stop tears everything down; call it even when Start's caller fails.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	bin := opts.BinDir
+	if bin == "" {
+		var err error
+		if bin, err = BinDir(); err != nil {
+			return nil, err
+		}
+	}
+	log := opts.Log
+	if log == nil {
+		log = io.Discard
+	}
+	dir, err := os.MkdirTemp("", "kube-gpu-stack-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, env: &envtest.Environment{
+		BinaryAssetsDirectory:    bin,
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}}
+	// Without an endpoint reconciler the apiserver does not try to publish its (loopback) address.
+	c.env.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
+	if c.Config, err = c.env.Start(); err != nil {
+		c.Stop()
+		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
+	}
+	if err := c.writeKubeconfig(); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	stages, err := c.writeKwokStages()
+	if err != nil {
+		c.Stop()
+		return nil, err
+	}
+	kwokHome := filepath.Join(dir, "kwok-home")
+	if err := os.MkdirAll(kwokHome, 0o700); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	children := []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"kube-controller-manager", []string{
+			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
+			"--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token,-nodeipam",
+		}, nil},
+		{"kube-scheduler", []string{
+			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
+		}, nil},
+		{"kwok", []string{
+			"--kubeconfig=" + c.Kubeconfig, "--config=" + stages, "--manage-all-nodes=false",
+			"--manage-nodes-with-annotation-selector=" + SimulatedNodeAnnotation + "=fake",
+			"--node-lease-duration-seconds=40", "--cidr=10.0.0.1/16", "--node-ip=127.0.0.1", "--server-address=127.0.0.1:0",
+		}, []string{"HOME=" + kwokHome}},
+	}
+	for _, ch := range children {
+		if err := c.spawn(filepath.Join(bin, ch.name), ch.args, ch.env, log); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("start %s: %w", ch.name, err)
+		}
+	}
+	return c, nil
+}
+
+func (c *Cluster) writeKubeconfig() error {
+	user, err := c.env.AddUser(envtest.User{Name: "kube-gpu-stack-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return fmt.Errorf("create admin user: %w", err)
+	}
+	data, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	c.Kubeconfig = filepath.Join(c.dir, "kubeconfig")
+	return os.WriteFile(c.Kubeconfig, data, 0o600)
+}
+
+// writeKwokStages writes kwok's own fast stages: nodes become Ready at once and keep a lease; pods become Ready,
+// Jobs' pods complete, and deleted pods go away.
+func (c *Cluster) writeKwokStages() (string, error) {
+	docs := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease,
+		podfast.DefaultPodReady, podfast.DefaultPodComplete, podfast.DefaultPodDelete}
+	path := filepath.Join(c.dir, "kwok-stages.yaml")
+	return path, os.WriteFile(path, []byte(strings.Join(docs, "\n---\n")), 0o600)
+}
+
+func (c *Cluster) spawn(path string, args, env []string, log io.Writer) error {
+	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Own process group, and killed with the test binary if it dies first, so nothing outlives a run.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	c.procs = append(c.procs, cmd)
+	return nil
+}
+
+// Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs.
+// It is safe to call more than once.
+func (c *Cluster) Stop() {
+	c.once.Do(func() {
+		for _, p := range c.procs {
+			_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
+		}
+		for _, p := range c.procs {
+			done := make(chan struct{})
+			go func() { _ = p.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
+				<-done
+			}
+		}
+		if c.env != nil {
+			_ = c.env.Stop()
+		}
+		_ = os.RemoveAll(c.dir)
+	})
+}

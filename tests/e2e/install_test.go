@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"strings"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+)
+
+// nodeState is what an install must leave untouched on a node.
+type nodeState struct {
+	Labels, Annotations map[string]string
+	Taints              []corev1.Taint
+	Unschedulable       bool
+}
+
+func snapshotNodes(t *testing.T) map[string]nodeState {
+	t.Helper()
+	nodes, err := kube.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]nodeState{}
+	for _, n := range nodes.Items {
+		out[n.Name] = nodeState{n.Labels, n.Annotations, n.Spec.Taints, n.Spec.Unschedulable}
+	}
+	return out
+}
+
+// nodeChanges names each node whose labels, annotations, taints or schedulability differ between a and b.
+func nodeChanges(a, b map[string]nodeState) string {
+	var out strings.Builder
+	for name, x := range a {
+		y, ok := b[name]
+		switch {
+		case !ok:
+			fmt.Fprintf(&out, "node %s is gone\n", name)
+		case !maps.Equal(x.Labels, y.Labels):
+			fmt.Fprintf(&out, "node %s labels: %v -> %v\n", name, x.Labels, y.Labels)
+		case !maps.Equal(x.Annotations, y.Annotations):
+			fmt.Fprintf(&out, "node %s annotations: %v -> %v\n", name, x.Annotations, y.Annotations)
+		case !reflect.DeepEqual(x.Taints, y.Taints):
+			fmt.Fprintf(&out, "node %s taints: %v -> %v\n", name, x.Taints, y.Taints)
+		case x.Unschedulable != y.Unschedulable:
+			fmt.Fprintf(&out, "node %s unschedulable: %v -> %v\n", name, x.Unschedulable, y.Unschedulable)
+		}
+	}
+	return out.String()
+}
+
+// TestProfilesInstallAndPlaceOperands installs every values profile into the real API server with the helm SDK,
+// waits for the rollout, and checks that each DaemonSet's pods run on exactly the simulated nodes the scheduler's
+// affinity rules select (the role matrix), then that uninstall leaves every node as it was.
+func TestProfilesInstallAndPlaceOperands(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), "values", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no profiles: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			before := snapshotNodes(t)
+			start := time.Now()
+			rel := install(t, f)
+			waitForPlacement(t, expectedPlacement(t, rel))
+			t.Logf("installed and rolled out in %s", time.Since(start).Round(time.Millisecond))
+			uninstall(t)
+			if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+				t.Errorf("uninstall left nodes changed:\n%s", changes)
+			}
+		})
+	}
+}
+
+func setNodeLabel(t *testing.T, node, key string, value *string) {
+	t.Helper()
+	patch := []byte(`{"metadata":{"labels":{"` + key + `":null}}}`)
+	if value != nil {
+		patch = []byte(`{"metadata":{"labels":{"` + key + `":"` + *value + `"}}}`)
+	}
+	if _, err := kube.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func ptr(s string) *string { return &s }
+
+// TestNodeLabelsMoveOperands flips a node's switches and role on a live install: `false` and
+// `paused-for-driver-upgrade` remove that operand's pod from the node, removing the label brings it back, and a
+// role change moves the node's operands from the container set to the VM set and back.
+func TestNodeLabelsMoveOperands(t *testing.T) {
+	rel := install(t, filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml"))
+	defer uninstall(t)
+	const node = "container-ubuntu2204"
+	base := expectedPlacement(t, rel)
+	waitForPlacement(t, base)
+
+	for _, v := range []string{"false", "paused-for-driver-upgrade"} {
+		setNodeLabel(t, node, "nvidia.com/gpu.deploy.device-plugin", ptr(v))
+		want := expectedPlacement(t, rel)
+		if _, still := want[node]["device-plugin"]; still {
+			t.Fatalf("with gpu.deploy.device-plugin=%s the device plugin is still expected on %s", v, node)
+		}
+		waitForPlacement(t, want)
+	}
+	setNodeLabel(t, node, "nvidia.com/gpu.deploy.device-plugin", nil)
+	waitForPlacement(t, base)
+
+	setNodeLabel(t, node, "nvidia.com/gpu.workload.config", ptr("vm-passthrough"))
+	moved := expectedPlacement(t, rel)
+	if _, ok := moved[node]["vfio-manager"]; !ok {
+		t.Fatalf("a vm-passthrough node should get the vfio-manager; expected %v", moved.Operands(node))
+	}
+	waitForPlacement(t, moved)
+	setNodeLabel(t, node, "nvidia.com/gpu.workload.config", nil)
+	waitForPlacement(t, base)
+}
