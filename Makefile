@@ -12,9 +12,10 @@ test: vet fmt-check
 controlplane:
 	./ci/build-controlplane.sh
 
-## demo: render the mixed profile and show which operand runs on which simulated node
+## demo: local control plane + simulated GPU nodes, the chart installed (mixed profile), what runs where;
+## DEMO_ARGS=-keep leaves it running
 demo:
-	$(GO) run ./ci/placement-demo -values values/mixed.yaml
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) run ./ci/demo $(DEMO_ARGS)
 
 ## golden: rewrite golden files and values schemas after an intended chart change (review the diff!)
 golden:

@@ -3,9 +3,9 @@ package e2e
 import (
 	"fmt"
 	"maps"
+	"path/filepath"
 	"reflect"
 	"strings"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -69,7 +69,7 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			before := snapshotNodes(t)
 			start := time.Now()
-			rel := install(t, f)
+			rel := installProfile(t, f)
 			waitForPlacement(t, expectedPlacement(t, rel))
 			t.Logf("installed and rolled out in %s", time.Since(start).Round(time.Millisecond))
 			uninstall(t)
@@ -97,7 +97,7 @@ func ptr(s string) *string { return &s }
 // `paused-for-driver-upgrade` remove that operand's pod from the node, removing the label brings it back, and a
 // role change moves the node's operands from the container set to the VM set and back.
 func TestNodeLabelsMoveOperands(t *testing.T) {
-	rel := install(t, filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml"))
+	rel := installProfile(t, filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml"))
 	defer uninstall(t)
 	const node = "container-ubuntu2204"
 	base := expectedPlacement(t, rel)

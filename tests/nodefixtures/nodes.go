@@ -124,3 +124,17 @@ func (n Node) Object() *corev1.Node {
 		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
 	}
 }
+
+// Demo is the small mixed cluster of the demo: container nodes on two OSes (one MIG-capable), a vm-passthrough
+// node, a vm-vgpu node, and a node without a GPU.
+func Demo() []Node {
+	role := func(r string) map[string]string { return map[string]string{"nvidia.com/gpu.workload.config": r} }
+	return []Node{
+		gpuNode("gpu-ubuntu2204", Ubuntu2204, "NVIDIA-L40S", nil),
+		gpuNode("gpu-rhel9", RHEL96, "NVIDIA-L40S", nil),
+		gpuNode("gpu-h100-mig", Ubuntu2404, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/mig.capable": "true"}),
+		gpuNode("vm-passthrough", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", role("vm-passthrough")),
+		gpuNode("vm-vgpu", Ubuntu2204, "NVIDIA-L40S", role("vm-vgpu")),
+		{Name: "cpu-only", Labels: Ubuntu2204.Labels()},
+	}
+}

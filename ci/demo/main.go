@@ -1,0 +1,23 @@
+// Command demo starts a local control plane with simulated GPU nodes, installs the chart and shows what runs
+// where. `make demo` builds the control plane first.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/demo"
+)
+
+func main() {
+	var opts demo.Options
+	flag.StringVar(&opts.Profile, "values", "values/mixed.yaml", "values profile to install")
+	flag.BoolVar(&opts.Keep, "keep", false, "keep the cluster running and print its kubeconfig")
+	flag.Parse()
+	if err := demo.Run(context.Background(), opts, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
