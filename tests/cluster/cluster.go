@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -178,6 +179,19 @@ func (c *Cluster) spawn(path string, args, env []string, log io.Writer) error {
 	}
 	c.procs = append(c.procs, cmd)
 	return nil
+}
+
+// StopOnSignal stops the cluster and exits when the process is interrupted (Ctrl-C, SIGTERM), so no etcd or API
+// server outlives a run. A SIGKILL'ed test binary still takes controller-manager, scheduler and kwok with it
+// (Pdeathsig); envtest's etcd and API server then need a manual kill.
+func (c *Cluster) StopOnSignal() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		c.Stop()
+		os.Exit(1)
+	}()
 }
 
 // Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs.

@@ -45,6 +45,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer c.Stop()
+	c.StopOnSignal()
 	kube = c
 	for _, n := range nodefixtures.RoleMatrix() {
 		fixtureNodes = append(fixtureNodes, n.Object())
