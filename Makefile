@@ -29,4 +29,4 @@ fmt-check:
 
 ## package: the chart as one .tgz with every operand inside (dist/)
 package:
-	$(GO) run helm.sh/helm/v3/cmd/helm package charts/kube-gpu-stack -d dist
+	$(GO) tool helm package charts/kube-gpu-stack -d dist
