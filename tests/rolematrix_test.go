@@ -33,7 +33,7 @@ type matrix map[string]string
 
 // sandboxOff: every GPU node is a container node, whatever its role label says.
 func sandboxOff(role string) matrix {
-	return matrix{
+	m := matrix{
 		"container-ubuntu2204":      role,
 		"container-ubuntu2404":      role,
 		"container-rhel9":           role,
@@ -52,6 +52,10 @@ func sandboxOff(role string) matrix {
 		"role-unknown":              role,
 		"cpu-only":                  none,
 	}
+	for _, n := range nodefixtures.DriverPools() {
+		m[n.Name] = role
+	}
+	return m
 }
 
 func onlyDriver(role string) string {
@@ -92,6 +96,9 @@ func sandboxOn(def, container, passthrough, vgpu string) matrix {
 		"mps-capable", "device-plugin-off", "paused-for-driver-upgrade", "container-tainted"} {
 		m[n] = d
 	}
+	for _, n := range nodefixtures.DriverPools() {
+		m[n.Name] = d // unlabelled GPU nodes
+	}
 	return m
 }
 
@@ -101,10 +108,12 @@ var roleMatrix = map[string]matrix{
 	"nfd-external":     sandboxOff(containerRole),
 	"host-driver":      sandboxOff(containerHostDriver),
 	"vm-passthrough":   sandboxOn("vm-passthrough", containerRole, passthroughKubevirt, vgpuNoManager),
-	"vm-vgpu":          sandboxOn("vm-vgpu", containerRole, passthroughKubevirt, vgpuWithManager),
-	"mixed":            sandboxOn("container", containerRole, passthroughKubevirt, vgpuWithManager),
-	"kata":             sandboxOn("vm-passthrough", containerRole, passthroughKata, vgpuNoManager),
-	"confidential":     sandboxOn("vm-passthrough", containerRole, passthroughCC, vgpuCC),
+	// its vGPU manager serves ubuntu22.04 only: unlabelled GPU nodes of other OSes get none
+	"vm-vgpu": withRows(sandboxOn("vm-vgpu", containerRole, passthroughKubevirt, vgpuWithManager),
+		matrix{"pool-r570-ubuntu2404": vgpuNoManager, "pool-r570-rhel9": vgpuNoManager}),
+	"mixed":        sandboxOn("container", containerRole, passthroughKubevirt, vgpuWithManager),
+	"kata":         sandboxOn("vm-passthrough", containerRole, passthroughKata, vgpuNoManager),
+	"confidential": sandboxOn("vm-passthrough", containerRole, passthroughCC, vgpuCC),
 }
 
 // TestRoleMatrix matches every profile's operand DaemonSets against the fixture nodes with the real node-affinity
@@ -149,6 +158,14 @@ func TestRoleMatrix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withRows returns m with the rows of over replacing its own.
+func withRows(m, over matrix) matrix {
+	for k, v := range over {
+		m[k] = v
+	}
+	return m
 }
 
 func sortedFields(s string) string {

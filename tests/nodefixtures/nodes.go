@@ -81,7 +81,7 @@ func RoleMatrix() []Node {
 	dedicated := gpuNode("container-dedicated", Ubuntu2204, "NVIDIA-L40S", nil)
 	dedicated.Taints = []corev1.Taint{{Key: "dedicated", Value: "training", Effect: corev1.TaintEffectNoSchedule}}
 	noGPU := Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()}
-	return []Node{
+	return append([]Node{
 		gpuNode("container-ubuntu2204", Ubuntu2204, "NVIDIA-L40S", nil),
 		// labelled, so VM-default profiles still have a container node of each OS
 		gpuNode("container-ubuntu2404", Ubuntu2404, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "container"}),
@@ -102,6 +102,28 @@ func RoleMatrix() []Node {
 		gpuNode("vm-vgpu", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "vm-vgpu"}),
 		gpuNode("role-unknown", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "bogus"}),
 		noGPU,
+	}, DriverPools()...)
+}
+
+// DriverPoolLabel is the label the driver-pools profile selects its pools on.
+const DriverPoolLabel = "nvidia.com/driver.pool"
+
+// DriverPools are GPU nodes in the driver pools of values/driver-pools.yaml: an older driver branch on two OSes,
+// precompiled drivers for two kernels, and pre-installed host drivers. In every other profile they are ordinary
+// unlabelled (default-role) GPU nodes.
+func DriverPools() []Node {
+	pool := func(name string, os OS, kernel, p string) Node {
+		return gpuNode(name, os, "NVIDIA-A100-SXM4-80GB", map[string]string{
+			DriverPoolLabel: p,
+			"feature.node.kubernetes.io/kernel-version.full": kernel,
+		})
+	}
+	return []Node{
+		pool("pool-r570-ubuntu2404", Ubuntu2404, "6.8.0-60-generic", "r570"),
+		pool("pool-r570-rhel9", RHEL96, "5.14.0-570.12.1.el9_6.x86_64", "r570"),
+		pool("pool-precompiled-k5-15", Ubuntu2204, "5.15.0-140-generic", "precompiled"),
+		pool("pool-precompiled-k6-8", Ubuntu2204, "6.8.0-60-generic", "precompiled"),
+		pool("pool-host", Ubuntu2204, "6.8.0-60-generic", "host"),
 	}
 }
 

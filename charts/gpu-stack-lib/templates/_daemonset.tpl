@@ -7,7 +7,8 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
   roles        node roles it serves (container, vm-passthrough, vm-vgpu)
   match        optional extra node selector requirements (e.g. nvidia.com/mig.capable In [true])
   pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
-               `runtimeClass: true` for pods that run under the nvidia runtime class
+               `runtimeClass: true` for pods that run under the nvidia runtime class (or, with
+               global.cdi.nriPluginEnabled, get every GPU through NRI annotations)
   podAnnotations  optional extra pod annotations (e.g. a config checksum)
 Scheduling is merged here and nowhere else: the pod's own + global + the operand's tolerations, the pod's own
 nodeSelector under the global one under the operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
@@ -20,7 +21,15 @@ nodeSelector under the global one under the operand's (operand wins), operand pr
 {{- $containers := $pod.containers -}}
 {{- $inits := $pod.initContainers | default list -}}
 {{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
-{{- if $pod.runtimeClass }}{{ $_ := set $pod "runtimeClassName" $g.runtimeClassName }}{{ end -}}
+{{- $nri := dict -}}
+{{- if $pod.runtimeClass -}}
+{{- if ($g.cdi | default dict).nriPluginEnabled -}}
+{{- /* the NRI plugin injects GPUs per container, asked by annotation */ -}}
+{{- range concat $inits $containers }}{{ $_ := set $nri (printf "nvidia.cdi.k8s.io/container.%s" .name) "management.nvidia.com/gpu=all" }}{{ end -}}
+{{- else -}}
+{{- with include "gpu-stack-lib.runtimeClassName" $ctx }}{{ $_ := set $pod "runtimeClassName" . }}{{ end -}}
+{{- end -}}
+{{- end -}}
 {{- $pod = omit $pod "runtimeClass" "volumes" "initContainers" -}}
 {{- with $inits }}{{ $_ := set $pod "initContainers" . }}{{ end -}}
 {{- with $volumes }}{{ $_ := set $pod "volumes" . }}{{ end -}}
@@ -31,7 +40,7 @@ nodeSelector under the global one under the operand's (operand wins), operand pr
 {{- with mergeOverwrite (deepCopy ($pod.nodeSelector | default dict)) (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
 {{- with $v.priorityClassName | default $g.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
 {{- with include "gpu-stack-lib.pullSecrets" $ctx | fromYamlArray }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
-{{- $annotations := mergeOverwrite (deepCopy ($g.podAnnotations | default dict)) (deepCopy ($v.podAnnotations | default dict)) (deepCopy (.podAnnotations | default dict)) -}}
+{{- $annotations := mergeOverwrite (deepCopy ($g.podAnnotations | default dict)) (deepCopy ($v.podAnnotations | default dict)) (deepCopy (.podAnnotations | default dict)) $nri -}}
 metadata:
   labels:
     {{- include "gpu-stack-lib.podLabels" (dict "ctx" $ctx "name" .name "component" .operand) | nindent 4 }}
@@ -88,4 +97,17 @@ spec:
       {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
   template:
     {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.runtimeClassName: the runtime class GPU management pods (and the validator's workload pods) run with,
+or empty where there is none: with the NRI plugin (GPUs come by annotation), and on OpenShift without CDI, where
+CRI-O injects GPUs through its OCI hook and has no nvidia handler (the GPU Operator's rules).
+*/}}
+{{- define "gpu-stack-lib.runtimeClassName" -}}
+{{- $g := .Values.global -}}
+{{- $cdi := $g.cdi | default dict -}}
+{{- if not (or $cdi.nriPluginEnabled (and (eq ($g.platform | default "generic") "openshift") (not $cdi.enabled))) -}}
+{{- $g.runtimeClassName -}}
+{{- end -}}
 {{- end }}

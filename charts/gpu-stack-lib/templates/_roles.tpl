@@ -55,7 +55,10 @@ the label and nodes whose label is no known role - exactly "falls back to the de
 
 {{/*
 gpu-stack-lib.nodeAffinity: dict "ctx" . "operand" DEPLOY_LABEL_SUFFIX "roles" (list ...) ["match" (list REQUIREMENT ...)]
+["matchAny" (list (list REQUIREMENT ...) ...)]
 "Absent or true" is two OR'ed terms (DoesNotExist | In [true]), never a NotIn list a new value would slip through.
+matchAny is a disjunction of alternatives (each a requirement list ANDed with the common ones), for conditions a
+single term cannot say, such as "selected by none of these selectors": one term per alternative x switch term.
 */}}
 {{- define "gpu-stack-lib.nodeAffinity" -}}
 {{- $common := list (dict "key" "nvidia.com/gpu.present" "operator" "In" "values" (list "true")) -}}
@@ -65,10 +68,13 @@ gpu-stack-lib.nodeAffinity: dict "ctx" . "operand" DEPLOY_LABEL_SUFFIX "roles" (
 {{- $switch := printf "nvidia.com/gpu.deploy.%s" .operand -}}
 requiredDuringSchedulingIgnoredDuringExecution:
   nodeSelectorTerms:
+  {{- range $alt := .matchAny | default (list list) }}
+    {{- $reqs := concat $common $alt }}
     - matchExpressions:
-        {{- toYaml (append $common (dict "key" $switch "operator" "DoesNotExist")) | nindent 8 }}
+        {{- toYaml (append $reqs (dict "key" $switch "operator" "DoesNotExist")) | nindent 8 }}
     - matchExpressions:
-        {{- toYaml (append $common (dict "key" $switch "operator" "In" "values" (list "true"))) | nindent 8 }}
+        {{- toYaml (append $reqs (dict "key" $switch "operator" "In" "values" (list "true"))) | nindent 8 }}
+  {{- end }}
 {{- end }}
 
 {{/*

@@ -5,6 +5,7 @@ come from global.hostPaths in one place.
 */}}
 {{- define "gpu-stack-lib.hostVolumes" -}}
 {{- $hp := .Values.global.hostPaths -}}
+{{- $kubelet := include "gpu-stack-lib.kubeletRootDir" . -}}
 run-nvidia-validations: {path: {{ $hp.validationsDir | quote }}, type: DirectoryOrCreate}
 run-nvidia: {path: /run/nvidia, type: DirectoryOrCreate}
 driver-install-dir: {path: {{ $hp.driverInstallDir | quote }}, type: DirectoryOrCreate}
@@ -15,8 +16,8 @@ host-os-release: {path: /etc/os-release}
 lib-modules: {path: /lib/modules}
 var-log: {path: /var/log}
 dev-log: {path: /dev/log}
-device-plugins: {path: {{ printf "%s/device-plugins" $hp.kubeletRootDir | quote }}}
-pod-resources: {path: {{ printf "%s/pod-resources" $hp.kubeletRootDir | quote }}}
+device-plugins: {path: {{ printf "%s/device-plugins" $kubelet | quote }}}
+pod-resources: {path: {{ printf "%s/pod-resources" $kubelet | quote }}}
 cdi-root: {path: /var/run/cdi, type: DirectoryOrCreate}
 dev-vfio: {path: /dev/vfio}
 run-nvidia-mps: {path: /run/nvidia/mps, type: DirectoryOrCreate}
@@ -41,4 +42,14 @@ nfd-features-d: {path: /etc/kubernetes/node-feature-discovery/features.d, type: 
 {{- end -}}
 {{- end -}}
 {{- toYaml (concat $volumes (.ctx.Values.extraVolumes | default list)) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.kubeletRootDir: global.hostPaths.kubeletRootDir, or where empty the kubelet root of global.platform
+(microk8s and k0s move it; every other platform keeps /var/lib/kubelet). Call with the chart's context.
+*/}}
+{{- define "gpu-stack-lib.kubeletRootDir" -}}
+{{- $defaults := dict "microk8s" "/var/snap/microk8s/common/var/lib/kubelet" "k0s" "/var/lib/k0s/kubelet" -}}
+{{- $g := .Values.global -}}
+{{- $g.hostPaths.kubeletRootDir | default (get $defaults ($g.platform | default "generic")) | default "/var/lib/kubelet" | trimSuffix "/" -}}
 {{- end }}

@@ -8,7 +8,7 @@ image, pull policy, pull secrets and runtime class, and the namespace to create 
 OPERATOR_NAMESPACE: {fieldRef: {fieldPath: metadata.namespace}}
 VALIDATOR_IMAGE: {{ include "gpu-stack-lib.stackImage" . | quote }}
 VALIDATOR_IMAGE_PULL_POLICY: {{ .Values.global.stackImage.pullPolicy | quote }}
-VALIDATOR_RUNTIME_CLASS: {{ .Values.global.runtimeClassName | quote }}
+VALIDATOR_RUNTIME_CLASS: {{ include "gpu-stack-lib.runtimeClassName" . | quote }}
 {{- with $secrets }}
 VALIDATOR_IMAGE_PULL_SECRETS: {{ join "," . | quote }}
 {{- end }}
