@@ -312,3 +312,44 @@ gpu-stack-lib.objectName: a name kept within 63 characters (label values and DNS
 {{- printf "%s-%s" (trunc 54 . | trimSuffix "-" | trimSuffix "-") (sha256sum . | trunc 8) -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+gpu-stack-lib.pools: an operand's `pools` checked and resolved, the default pool (the top-level values) first, as
+{"items": [...]} of {"name", "source", "requirements" (its selector as node selector requirements), "values" (the
+pool's values: its overrides over the top-level ones; absent for the default pool), "exclude" (default pool only:
+matchAny alternatives keeping it off every other pool's nodes)}. Fails on bad or duplicate names and on pools that
+can overlap. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools)
+*/}}
+{{- define "gpu-stack-lib.pools" -}}
+{{- $items := list -}}
+{{- $names := list "default" -}}
+{{- $selectors := list -}}
+{{- range $i, $p := .values.pools -}}
+{{- $key := printf "%s[%d]" $.key $i -}}
+{{- $name := toString ($p.name | default "") -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$" $name) -}}
+{{- fail (printf "%s.name: %q is not a pool name: lower-case letters, digits and '-', at most 20 characters (it is part of the DaemonSet names)" $key $name) -}}
+{{- end -}}
+{{- $key = printf "%s[%s]" $.key $name -}}
+{{- if has $name $names }}{{ fail (printf "%s: the name %q is taken (the default pool is named default; pool names must be unique)" $key $name) }}{{ end -}}
+{{- $names = append $names $name -}}
+{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $p.nodeSelector "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
+{{- $selectors = append $selectors $reqs -}}
+{{- $over := omit $p "name" "nodeSelector" "source" -}}
+{{- $values := include "gpu-stack-lib.poolValues" (dict "base" (omit $.values "pools") "over" $over "key" $key) | fromJson -}}
+{{- $items = append $items (dict "name" $name "source" ($p.source | default "container") "requirements" $reqs "values" $values) -}}
+{{- end -}}
+{{- include "gpu-stack-lib.checkPoolOverlap" (dict "pools" $items "key" .key) -}}
+{{- $default := dict "name" "default" "source" "container" "requirements" list "exclude" (include "gpu-stack-lib.excludeSelectors" (dict "selectors" $selectors) | fromJson).items -}}
+{{- toJson (dict "items" (prepend $items $default)) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.poolDaemonSetName: the DaemonSet name of one pool's OS (and kernel) variant, within 63 characters
+(gpu-stack-lib.objectName): <prefix>-daemonset-<parts> for the default pool (the GPU Operator's names), else
+<prefix>-<pool>-<parts>. dict "prefix" PREFIX "pool" POOL_NAME "parts" (list OS_SUFFIX [KERNEL ...])
+*/}}
+{{- define "gpu-stack-lib.poolDaemonSetName" -}}
+{{- $pool := ternary "daemonset" .pool (eq .pool "default") -}}
+{{- include "gpu-stack-lib.objectName" (printf "%s-%s-%s" .prefix $pool (join "-" .parts)) -}}
+{{- end }}

@@ -33,34 +33,9 @@
 {{- include "gpu-stack-lib.osImage" (dict "ctx" .ctx "image" (.image | default .ctx.Values.image) "os" .os) -}}
 {{- end }}
 
-{{/*
-driver.pools: driver.pools checked and resolved, the default pool (the top-level values) first, as {"items": [...]}
-of {"name", "source", "requirements" (its selector as node selector requirements), "values" (the pool's values:
-its overrides over the top-level ones; absent for the default pool), "exclude" (default pool only: matchAny
-alternatives keeping it off every other pool's nodes)}. Fails on bad names and on pools that can overlap.
-*/}}
+{{/* driver.pools: driver.pools checked and resolved, the default pool first (gpu-stack-lib.pools) */}}
 {{- define "driver.pools" -}}
-{{- $items := list -}}
-{{- $names := list "default" -}}
-{{- $selectors := list -}}
-{{- range $i, $p := .Values.pools -}}
-{{- $key := printf "driver.pools[%d]" $i -}}
-{{- $name := toString ($p.name | default "") -}}
-{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$" $name) -}}
-{{- fail (printf "%s.name: %q is not a pool name: lower-case letters, digits and '-', at most 20 characters (it is part of the DaemonSet names)" $key $name) -}}
-{{- end -}}
-{{- $key = printf "driver.pools[%s]" $name -}}
-{{- if has $name $names }}{{ fail (printf "%s: the name %q is taken (the default pool is named default; pool names must be unique)" $key $name) }}{{ end -}}
-{{- $names = append $names $name -}}
-{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $p.nodeSelector "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
-{{- $selectors = append $selectors $reqs -}}
-{{- $over := omit $p "name" "nodeSelector" "source" -}}
-{{- $values := include "gpu-stack-lib.poolValues" (dict "base" (omit $.Values "pools") "over" $over "key" $key) | fromJson -}}
-{{- $items = append $items (dict "name" $name "source" ($p.source | default "container") "requirements" $reqs "values" $values) -}}
-{{- end -}}
-{{- include "gpu-stack-lib.checkPoolOverlap" (dict "pools" $items "key" "driver.pools") -}}
-{{- $default := dict "name" "default" "source" "container" "requirements" list "exclude" (include "gpu-stack-lib.excludeSelectors" (dict "selectors" $selectors) | fromJson).items -}}
-{{- toJson (dict "items" (prepend $items $default)) -}}
+{{- include "gpu-stack-lib.pools" (dict "values" .Values "key" "driver.pools") -}}
 {{- end }}
 
 {{/*

@@ -6,13 +6,16 @@ otherwise, so the licensed image is only required where it is used.
 {{- if (include "gpu-stack-lib.activeRoles" (dict "ctx" . "roles" (list "vm-vgpu")) | fromJson).roles }}true{{ end -}}
 {{- end }}
 
-{{/* vgpu-manager.checks: the licensed image has no default; say which keys to set */}}
+{{/*
+vgpu-manager.checks: the licensed image has no default; say which keys to set. dict "values" VALUES "key" KEY
+(vgpuManager for the top-level values, vgpuManager.pools[NAME] for a pool's)
+*/}}
 {{- define "vgpu-manager.checks" -}}
-{{- if not .Values.image.repository -}}
-{{- fail "vgpuManager.image.repository is required: the vGPU manager image is licensed and has no default; set vgpuManager.image.registry, .repository and .tag to your copy (or set vgpuManager.enabled=false)" -}}
+{{- if not .values.image.repository -}}
+{{- fail (printf "%s.image.repository is required: the vGPU manager image is licensed and has no default; set %s.image.registry, .repository and .tag to your copy (or set vgpuManager.enabled=false)" .key .key) -}}
 {{- end -}}
-{{- if not (or .Values.image.tag .Values.image.digest) -}}
-{{- fail "vgpuManager.image.tag is required: the vGPU manager version (the chart appends -<os tag>), or pin vgpuManager.image.digest" -}}
+{{- if not (or .values.image.tag .values.image.digest) -}}
+{{- fail (printf "%s.image.tag is required: the vGPU manager version (the chart appends -<os tag>), or pin %s.image.digest" .key .key) -}}
 {{- end -}}
 {{- end }}
 
