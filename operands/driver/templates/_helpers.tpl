@@ -1,8 +1,3 @@
-{{/* driver.osList: the parsed driver.os tags, as {"items": [...]} (gpu-stack-lib.osList) */}}
-{{- define "driver.osList" -}}
-{{- include "gpu-stack-lib.osList" (dict "tags" .Values.os "key" "driver.os") -}}
-{{- end }}
-
 {{/* driver.checks: value combinations the driver cannot run with, refused at render */}}
 {{- define "driver.checks" -}}
 {{- if and .Values.gds.enabled (eq .Values.kernelModuleType "proprietary") -}}
