@@ -1,6 +1,5 @@
 // Package placement answers "which operand DaemonSet runs on which node" for a rendered chart, with the
-// scheduler's own helpers: required node affinity and node selector (component-helpers nodeaffinity) and
-// NoSchedule/NoExecute taints.
+// scheduler's own helpers (hooks/schedule: required node affinity, node selector, NoSchedule/NoExecute taints).
 package placement
 
 import (
@@ -9,10 +8,9 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
 
 // DaemonSet is a rendered GPU operand DaemonSet reduced to what scheduling needs.
@@ -56,15 +54,7 @@ func DaemonSets(stream string) ([]DaemonSet, error) {
 
 // Schedules reports whether the DaemonSet's pods may run on the node.
 func (d DaemonSet) Schedules(node *corev1.Node) (bool, error) {
-	ok, err := nodeaffinity.GetRequiredNodeAffinity(d.Pod).Match(node)
-	if err != nil || !ok {
-		return false, err
-	}
-	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, d.Pod.Spec.Tolerations,
-		func(t *corev1.Taint) bool {
-			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-		}, false)
-	return !untolerated, nil
+	return schedule.Fits(&d.Pod.Spec, node)
 }
 
 // Placement is the operands each node gets, and the DaemonSet behind each.

@@ -1,0 +1,266 @@
+// Package nodestate is the vocabulary the stack writes on Nodes, and the patches that write and undo it. The
+// driver manager, the validator, the hooks and the admin commands all go through it, so that what one writes
+// another can read, and the pre-delete hook can remove exactly what the stack put on a node and nothing else.
+//
+// Labels keep the GPU Operator's keys and values (users' automation reads them). The stack's own bookkeeping lives
+// in annotations under one prefix, AnnotationPrefix, which nothing else writes: removing that prefix and undoing
+// what it records returns a node to its state before install.
+package nodestate
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+const (
+	// DeployLabelPrefix prefixes the per-operand switches nvidia.com/gpu.deploy.<operand>.
+	DeployLabelPrefix = "nvidia.com/gpu.deploy."
+	// DriverDeployLabel is the driver's switch; PreInstalled there means a host driver was found.
+	DriverDeployLabel = DeployLabelPrefix + "driver"
+	// Paused is the value a paused operand switch holds while the driver changes.
+	Paused = "paused-for-driver-upgrade"
+	// PreInstalled is DriverDeployLabel's value on a node whose driver is installed on the host.
+	PreInstalled = "pre-installed"
+
+	// UpgradeStateLabel shows each node's driver upgrade progress (`kubectl get nodes -L`).
+	UpgradeStateLabel = "nvidia.com/gpu-driver-upgrade-state"
+	// UpgradeSkipLabel=true (set by the admin) keeps the driver of that node as it is.
+	UpgradeSkipLabel = "nvidia.com/gpu-driver-upgrade.skip"
+
+	// AnnotationPrefix prefixes every annotation the stack writes on a Node.
+	AnnotationPrefix = "kube-gpu-stack.io/"
+	// CordonedAnnotation records that the stack cordoned the node (its value says why), so it only ever
+	// uncordons a cordon it made.
+	CordonedAnnotation = AnnotationPrefix + "cordoned"
+	// PausedLabelsAnnotation records, as a JSON object, each operand switch the stack paused and the value it had
+	// before (null: absent), so a restore puts back exactly that.
+	PausedLabelsAnnotation = AnnotationPrefix + "paused-labels"
+	// PreInstalledAnnotation records that the stack set DriverDeployLabel=pre-installed, with the label's value
+	// before as JSON (null: absent).
+	PreInstalledAnnotation = AnnotationPrefix + "pre-installed"
+	// UpgradeReasonAnnotation says why the node is in its upgrade state (always set for upgrade-failed).
+	UpgradeReasonAnnotation = AnnotationPrefix + "upgrade-reason"
+	// UpgradeSinceAnnotation is when the node entered its upgrade state (RFC 3339).
+	UpgradeSinceAnnotation = AnnotationPrefix + "upgrade-since"
+	// ValidationAnnotationPrefix + <check> holds a validator check's outcome, as written by FormatValidation.
+	ValidationAnnotationPrefix = AnnotationPrefix + "validation."
+)
+
+// PausableOperands are the operand switches the driver manager pauses: the GPU clients that hold the driver open.
+// The driver itself, the node status exporter and the VM-side managers that do not use the driver are left alone.
+var PausableOperands = []string{
+	"operator-validator", "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm",
+	"mig-manager", "sandbox-validator", "sandbox-device-plugin", "kata-sandbox-device-plugin", "vgpu-device-manager",
+}
+
+// Patch is a JSON merge patch on a Node: a nil value deletes a label or annotation.
+type Patch struct {
+	Labels        map[string]*string
+	Annotations   map[string]*string
+	Unschedulable *bool
+}
+
+// Empty reports whether the patch changes nothing.
+func (p Patch) Empty() bool {
+	return len(p.Labels) == 0 && len(p.Annotations) == 0 && p.Unschedulable == nil
+}
+
+// JSON renders the merge patch.
+func (p Patch) JSON() []byte {
+	meta := map[string]any{}
+	if len(p.Labels) > 0 {
+		meta["labels"] = p.Labels
+	}
+	if len(p.Annotations) > 0 {
+		meta["annotations"] = p.Annotations
+	}
+	doc := map[string]any{}
+	if len(meta) > 0 {
+		doc["metadata"] = meta
+	}
+	if p.Unschedulable != nil {
+		doc["spec"] = map[string]any{"unschedulable": *p.Unschedulable}
+	}
+	b, _ := json.Marshal(doc) // maps of strings and bools always marshal
+	return b
+}
+
+func (p *Patch) label(k string, v *string) {
+	if p.Labels == nil {
+		p.Labels = map[string]*string{}
+	}
+	p.Labels[k] = v
+}
+
+func (p *Patch) annotation(k string, v *string) {
+	if p.Annotations == nil {
+		p.Annotations = map[string]*string{}
+	}
+	p.Annotations[k] = v
+}
+
+func ptr(s string) *string { return &s }
+
+// Pause returns the patch that pauses the given operands' switches on node: each one absent or "true" becomes
+// Paused, any other value (an admin's "false", another pause) is kept. The values before are recorded in
+// PausedLabelsAnnotation, merged with an earlier record, so a pause repeated after a crash records the true
+// originals and never "Paused".
+func Pause(node *corev1.Node, operands []string) (Patch, error) {
+	record, err := pausedRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	var p Patch
+	for _, op := range operands {
+		key := DeployLabelPrefix + op
+		v, present := node.Labels[key]
+		if present && v != "true" {
+			continue
+		}
+		if _, seen := record[key]; !seen {
+			if present {
+				record[key] = ptr(v)
+			} else {
+				record[key] = nil
+			}
+		}
+		p.label(key, ptr(Paused))
+	}
+	if !p.Empty() {
+		b, _ := json.Marshal(record)
+		p.annotation(PausedLabelsAnnotation, ptr(string(b)))
+	}
+	return p, nil
+}
+
+// Resume returns the patch that puts back every switch recorded in PausedLabelsAnnotation (a switch someone
+// changed since from Paused to another value is left as they set it) and drops the record.
+func Resume(node *corev1.Node) (Patch, error) {
+	record, err := pausedRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	var p Patch
+	for _, key := range slices.Sorted(maps.Keys(record)) {
+		if node.Labels[key] == Paused {
+			p.label(key, record[key])
+		}
+	}
+	if _, ok := node.Annotations[PausedLabelsAnnotation]; ok {
+		p.annotation(PausedLabelsAnnotation, nil)
+	}
+	return p, nil
+}
+
+func pausedRecord(node *corev1.Node) (map[string]*string, error) {
+	record := map[string]*string{}
+	if raw, ok := node.Annotations[PausedLabelsAnnotation]; ok && raw != "" {
+		if err := json.Unmarshal([]byte(raw), &record); err != nil {
+			return nil, fmt.Errorf("node %s: annotation %s is not a JSON object of label values: %w", node.Name, PausedLabelsAnnotation, err)
+		}
+	}
+	return record, nil
+}
+
+// Cordon returns the patch that cordons node and records the cordon as the stack's (reason says why). A node
+// that is already unschedulable without our record was cordoned by someone else: nothing is recorded, so Uncordon
+// leaves it cordoned.
+func Cordon(node *corev1.Node, reason string) Patch {
+	var p Patch
+	if node.Spec.Unschedulable {
+		return p
+	}
+	t := true
+	p.Unschedulable = &t
+	p.annotation(CordonedAnnotation, ptr(reason))
+	return p
+}
+
+// CordonedByUs reports whether the node's cordon is one the stack made.
+func CordonedByUs(node *corev1.Node) bool {
+	_, ok := node.Annotations[CordonedAnnotation]
+	return ok
+}
+
+// Uncordon returns the patch that lifts the stack's own cordon and drops its record; any other cordon stays.
+func Uncordon(node *corev1.Node) Patch {
+	var p Patch
+	if !CordonedByUs(node) {
+		return p
+	}
+	if node.Spec.Unschedulable {
+		f := false
+		p.Unschedulable = &f
+	}
+	p.annotation(CordonedAnnotation, nil)
+	return p
+}
+
+// MarkPreInstalled returns the patch that sets DriverDeployLabel=pre-installed (so no driver pod runs there) and
+// records the value before.
+func MarkPreInstalled(node *corev1.Node) Patch {
+	var p Patch
+	v, present := node.Labels[DriverDeployLabel]
+	if v == PreInstalled {
+		return p
+	}
+	before := "null"
+	if present {
+		b, _ := json.Marshal(v)
+		before = string(b)
+	}
+	p.label(DriverDeployLabel, ptr(PreInstalled))
+	p.annotation(PreInstalledAnnotation, ptr(before))
+	return p
+}
+
+// SetUpgradeState returns the patch that moves the node to state, with its reason (empty: none) and the time it
+// entered it (only written when the state changes, so a repeated write keeps the first time).
+func SetUpgradeState(node *corev1.Node, state UpgradeState, reason, now string) Patch {
+	var p Patch
+	if node.Labels[UpgradeStateLabel] != string(state) {
+		p.label(UpgradeStateLabel, ptr(string(state)))
+		p.annotation(UpgradeSinceAnnotation, ptr(now))
+	}
+	if reason == "" {
+		if _, ok := node.Annotations[UpgradeReasonAnnotation]; ok {
+			p.annotation(UpgradeReasonAnnotation, nil)
+		}
+	} else if node.Annotations[UpgradeReasonAnnotation] != reason {
+		p.annotation(UpgradeReasonAnnotation, ptr(reason))
+	}
+	return p
+}
+
+// Cleanup returns the patch that removes everything the stack put on node: paused switches restored, the
+// stack's cordon lifted, a pre-installed mark it made undone, the upgrade state label dropped, and every
+// annotation under AnnotationPrefix removed. Labels and annotations it never wrote are not touched.
+func Cleanup(node *corev1.Node) (Patch, error) {
+	p, err := Resume(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	if raw, ok := node.Annotations[PreInstalledAnnotation]; ok && node.Labels[DriverDeployLabel] == PreInstalled {
+		var before *string
+		if err := json.Unmarshal([]byte(raw), &before); err != nil {
+			return Patch{}, fmt.Errorf("node %s: annotation %s is not a JSON string or null: %w", node.Name, PreInstalledAnnotation, err)
+		}
+		p.label(DriverDeployLabel, before)
+	}
+	if _, ok := node.Labels[UpgradeStateLabel]; ok {
+		p.label(UpgradeStateLabel, nil)
+	}
+	u := Uncordon(node)
+	p.Unschedulable = u.Unschedulable
+	for k := range node.Annotations {
+		if strings.HasPrefix(k, AnnotationPrefix) {
+			p.annotation(k, nil)
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,162 @@
+package nodestate
+
+import (
+	"encoding/json"
+	"maps"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// apply plays a merge patch onto a node in memory, as the API server would.
+func apply(n *corev1.Node, p Patch) *corev1.Node {
+	out := n.DeepCopy()
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	for k, v := range p.Labels {
+		if v == nil {
+			delete(out.Labels, k)
+		} else {
+			out.Labels[k] = *v
+		}
+	}
+	for k, v := range p.Annotations {
+		if v == nil {
+			delete(out.Annotations, k)
+		} else {
+			out.Annotations[k] = *v
+		}
+	}
+	if p.Unschedulable != nil {
+		out.Spec.Unschedulable = *p.Unschedulable
+	}
+	return out
+}
+
+func node(labels map[string]string, unschedulable bool) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: labels, Annotations: map[string]string{"admin/note": "x"}},
+		Spec: corev1.NodeSpec{Unschedulable: unschedulable}}
+}
+
+func TestPauseResumeRestoresExactly(t *testing.T) {
+	before := node(map[string]string{
+		DeployLabelPrefix + "device-plugin": "true",  // explicit true: comes back as true
+		DeployLabelPrefix + "dcgm":          "false", // admin opt-out: never touched
+		"other":                             "kept",
+	}, false)
+	p, err := Pause(before, []string{"device-plugin", "dcgm", "container-toolkit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := apply(before, p)
+	for op, want := range map[string]string{"device-plugin": Paused, "dcgm": "false", "container-toolkit": Paused} {
+		if got := paused.Labels[DeployLabelPrefix+op]; got != want {
+			t.Errorf("paused %s = %q, want %q", op, got, want)
+		}
+	}
+	// a second pause after a crash must not record "paused" as the original value
+	p2, err := Pause(paused, []string{"device-plugin", "dcgm", "container-toolkit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused = apply(paused, p2)
+	r, err := Resume(paused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := apply(paused, r)
+	if !maps.Equal(after.Labels, before.Labels) || !maps.Equal(after.Annotations, before.Annotations) {
+		t.Errorf("pause+resume changed the node:\nlabels %v -> %v\nannotations %v -> %v", before.Labels, after.Labels, before.Annotations, after.Annotations)
+	}
+}
+
+func TestResumeKeepsAValueSomeoneChangedSince(t *testing.T) {
+	n := node(nil, false)
+	n = apply(n, mustPause(t, n, "device-plugin"))
+	n.Labels[DeployLabelPrefix+"device-plugin"] = "false" // the admin opted the node out meanwhile
+	r, _ := Resume(n)
+	if got := apply(n, r).Labels[DeployLabelPrefix+"device-plugin"]; got != "false" {
+		t.Errorf("resume overwrote the admin's value: %q", got)
+	}
+}
+
+func mustPause(t *testing.T, n *corev1.Node, ops ...string) Patch {
+	t.Helper()
+	p, err := Pause(n, ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCordonOnlyLiftsOurOwn(t *testing.T) {
+	admin := node(nil, true)
+	if p := Cordon(admin, "driver upgrade"); !p.Empty() {
+		t.Fatalf("cordoning an admin-cordoned node recorded a cordon: %s", p.JSON())
+	}
+	if p := Uncordon(admin); !p.Empty() {
+		t.Fatalf("uncordon lifted an admin's cordon: %s", p.JSON())
+	}
+	free := node(nil, false)
+	cordoned := apply(free, Cordon(free, "driver upgrade"))
+	if !cordoned.Spec.Unschedulable || !CordonedByUs(cordoned) {
+		t.Fatalf("cordon did not cordon and record: %+v", cordoned)
+	}
+	back := apply(cordoned, Uncordon(cordoned))
+	if back.Spec.Unschedulable || CordonedByUs(back) || !maps.Equal(back.Annotations, free.Annotations) {
+		t.Errorf("uncordon left %+v", back)
+	}
+}
+
+func TestCleanupUndoesEverythingTheStackWrote(t *testing.T) {
+	before := node(map[string]string{DriverDeployLabel: "true", "nvidia.com/gpu.present": "true"}, false)
+	n := apply(before, mustPause(t, before, PausableOperands...))
+	n = apply(n, Cordon(n, "driver upgrade"))
+	n = apply(n, MarkPreInstalled(n))
+	n = apply(n, SetUpgradeState(n, UpgradeFailed, "PDB blocks eviction", "2026-01-01T00:00:00Z"))
+	n = apply(n, SetValidation("driver", Validation{CheckFailed, "nvidia-smi failed"}))
+	c, err := Cleanup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := apply(n, c)
+	if !maps.Equal(after.Labels, before.Labels) || !maps.Equal(after.Annotations, before.Annotations) || after.Spec.Unschedulable {
+		t.Errorf("cleanup left:\nlabels %v (want %v)\nannotations %v (want %v)\nunschedulable %v",
+			after.Labels, before.Labels, after.Annotations, before.Annotations, after.Spec.Unschedulable)
+	}
+	// an admin's own pre-installed label and cordon are not ours to remove
+	admin := node(map[string]string{DriverDeployLabel: PreInstalled}, true)
+	if c, _ := Cleanup(admin); !c.Empty() {
+		t.Errorf("cleanup touched an admin's marks: %s", c.JSON())
+	}
+}
+
+func TestPatchJSONDeletesWithNull(t *testing.T) {
+	var p Patch
+	p.label("a", nil)
+	p.annotation("b", ptr("v"))
+	var doc map[string]map[string]map[string]*string
+	if err := json.Unmarshal(p.JSON(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := doc["metadata"]["labels"]["a"]; !ok || v != nil {
+		t.Errorf("label deletion not encoded as null: %s", p.JSON())
+	}
+}
+
+func TestValidationRoundTrip(t *testing.T) {
+	for _, v := range []Validation{{CheckReady, ""}, {CheckFailed, "nvidia-smi: exit 9: couldn't communicate: with the driver"}} {
+		got, err := ParseValidation(v.String())
+		if err != nil || got != v {
+			t.Errorf("%q parsed as %+v, %v", v.String(), got, err)
+		}
+	}
+	if _, err := ParseValidation("bogus: x"); err == nil {
+		t.Error("an unknown state parsed")
+	}
+}

@@ -1,0 +1,83 @@
+package nodestate
+
+import (
+	"fmt"
+	"strings"
+)
+
+// UpgradeState is a value of UpgradeStateLabel. The names are the GPU Operator's; the driver manager and the
+// pre-upgrade hook use this subset, in this order:
+//
+//	(none) or upgrade-done --pre-upgrade hook: this node's driver will change--> upgrade-required
+//	upgrade-required     --driver manager starts, driver config differs-->      cordon-required
+//	cordon-required      --cordoned (or already cordoned by the admin)-->     pod-deletion-required
+//	pod-deletion-required --GPU pods evicted-->                                pod-restart-required
+//	pod-deletion-required --eviction blocked, full drain enabled-->            drain-required
+//	drain-required       --node drained-->                                     pod-restart-required
+//	pod-restart-required --operands paused and gone, modules unloaded-->       validation-required
+//	validation-required  --validator passed with the new driver-->              uncordon-required
+//	uncordon-required    --our cordon lifted, switches restored-->             upgrade-done
+//	any                  --a step failed (reason annotation says which)-->     upgrade-failed
+//	upgrade-failed       --`upgrade retry NODE` or the next driver pod start-->  upgrade-required
+type UpgradeState string
+
+const (
+	UpgradeRequired     UpgradeState = "upgrade-required"
+	CordonRequired      UpgradeState = "cordon-required"
+	PodDeletionRequired UpgradeState = "pod-deletion-required"
+	DrainRequired       UpgradeState = "drain-required"
+	PodRestartRequired  UpgradeState = "pod-restart-required"
+	ValidationRequired  UpgradeState = "validation-required"
+	UncordonRequired    UpgradeState = "uncordon-required"
+	UpgradeDone         UpgradeState = "upgrade-done"
+	UpgradeFailed       UpgradeState = "upgrade-failed"
+)
+
+// CheckState is the outcome of one validator check on a node.
+type CheckState string
+
+const (
+	// CheckReady: the check passed; its status file is written.
+	CheckReady CheckState = "ready"
+	// CheckSkipped: the check does not apply (wrong role, disabled, no free GPU) and says why; it counts as passed.
+	CheckSkipped CheckState = "skipped"
+	// CheckWaiting: the check is still waiting for its condition and says for what.
+	CheckWaiting CheckState = "waiting"
+	// CheckFailed: the check failed and says why.
+	CheckFailed CheckState = "failed"
+)
+
+// Validation is a check's outcome as recorded in ValidationAnnotationPrefix+<check>.
+type Validation struct {
+	State  CheckState
+	Reason string
+}
+
+// Passed reports whether the check no longer holds anything up.
+func (v Validation) Passed() bool { return v.State == CheckReady || v.State == CheckSkipped }
+
+// String is the annotation value: "ready", or "<state>: <reason>".
+func (v Validation) String() string {
+	if v.Reason == "" {
+		return string(v.State)
+	}
+	return string(v.State) + ": " + v.Reason
+}
+
+// ParseValidation reads an annotation value written by Validation.String.
+func ParseValidation(s string) (Validation, error) {
+	state, reason, _ := strings.Cut(s, ":")
+	v := Validation{State: CheckState(strings.TrimSpace(state)), Reason: strings.TrimSpace(reason)}
+	switch v.State {
+	case CheckReady, CheckSkipped, CheckWaiting, CheckFailed:
+		return v, nil
+	}
+	return Validation{}, fmt.Errorf("validation %q: state must be ready, skipped, waiting or failed", s)
+}
+
+// SetValidation returns the patch recording check's outcome on a node.
+func SetValidation(check string, v Validation) Patch {
+	var p Patch
+	p.annotation(ValidationAnnotationPrefix+check, ptr(v.String()))
+	return p
+}
