@@ -1,0 +1,409 @@
+// Package stackcheck decides whether an installed release works: every operand DaemonSet rolled out on the nodes
+// its selector matches, every GPU node's validation passed, and no cluster-level problem (no GPU node at all, GPU
+// nodes no driver pool covers, nodes two pools select). Evaluate is a pure function of a snapshot of the cluster;
+// Run keeps the snapshot current with watches and re-evaluates on every change, so it ends as soon as the last
+// node turns ready.
+package stackcheck
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
+)
+
+// GPUPresentLabel marks GPU nodes (set by the chart's NodeFeatureRule, or by hand without NFD).
+const GPUPresentLabel = "nvidia.com/gpu.present"
+
+// componentLabel names a pod's or DaemonSet's operand.
+const componentLabel = "app.kubernetes.io/component"
+
+// validatorOperands are the operands whose readiness is the node's validation, explained by the validator's
+// annotations.
+var validatorOperands = map[string]bool{"operator-validator": true, "sandbox-validator": true}
+
+// containerRoleOperands run only on container-role nodes, so a node that gets one of them needs a driver.
+var containerRoleOperands = map[string]bool{"operator-validator": true, "container-toolkit": true}
+
+// State is a cell's or problem's state.
+type State string
+
+const (
+	Ready   State = "ready"
+	Waiting State = "waiting"
+	Failed  State = "failed"
+)
+
+// Cell is one operand on one node.
+type Cell struct {
+	State  State  `json:"state"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Problem is a cluster-level finding; Waiting problems may still resolve (NFD labels nodes a little after install).
+type Problem struct {
+	State   State  `json:"state"`
+	Message string `json:"message"`
+}
+
+// Pool is a driver pool as the chart renders it for the hook: its own node selection, without the GPU, role and
+// per-OS terms.
+type Pool struct {
+	Name              string                    `json:"name"`
+	Source            string                    `json:"source"`
+	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
+}
+
+// Snapshot is the cluster as the check sees it.
+type Snapshot struct {
+	Nodes      []*corev1.Node
+	DaemonSets []*appsv1.DaemonSet
+	Pods       []*corev1.Pod
+	// Revisions maps a DaemonSet's UID to its current controller-revision-hash.
+	Revisions map[types.UID]string
+	// Events are the namespace's warning events (FailedCreate on a DaemonSet carries the admission reason).
+	Events []*corev1.Event
+}
+
+// Report is the outcome: a node × operand grid and the cluster-level problems.
+type Report struct {
+	Release   string        `json:"release"`
+	Namespace string        `json:"namespace"`
+	Operands  []string      `json:"operands"`
+	Nodes     []NodeRow     `json:"nodes"`
+	Problems  []Problem     `json:"problems,omitempty"`
+	Summary   map[State]int `json:"summary"`
+	Elapsed   string        `json:"elapsed,omitempty"`
+	byNode    map[string]*NodeRow
+}
+
+// NodeRow is one node's cells, by operand.
+type NodeRow struct {
+	Name  string          `json:"name"`
+	GPU   bool            `json:"gpu"`
+	Cells map[string]Cell `json:"cells"`
+}
+
+// Settled reports whether nothing is waiting any more.
+func (r *Report) Settled() bool { return r.Summary[Waiting] == 0 }
+
+// Passed reports whether everything is ready and no problem was found.
+func (r *Report) Passed() bool { return r.Summary[Waiting] == 0 && r.Summary[Failed] == 0 }
+
+// Expire turns everything still waiting into a failure, at the deadline.
+func (r *Report) Expire(after time.Duration) {
+	prefix := fmt.Sprintf("timed out after %s: ", after.Round(time.Second))
+	for i := range r.Nodes {
+		for op, c := range r.Nodes[i].Cells {
+			if c.State == Waiting {
+				r.Nodes[i].Cells[op] = Cell{Failed, prefix + c.Reason}
+			}
+		}
+	}
+	for i, p := range r.Problems {
+		if p.State == Waiting {
+			r.Problems[i] = Problem{Failed, prefix + p.Message}
+		}
+	}
+	r.count()
+}
+
+func (r *Report) count() {
+	r.Summary = map[State]int{}
+	for _, n := range r.Nodes {
+		for _, c := range n.Cells {
+			r.Summary[c.State]++
+		}
+	}
+	for _, p := range r.Problems {
+		r.Summary[p.State]++
+	}
+}
+
+// set records c for operand on node; two DaemonSets of one operand on a node (overlapping pools) keep the worse.
+func (r *Report) set(node *corev1.Node, operand string, c Cell) {
+	row := r.byNode[node.Name]
+	if row == nil {
+		row = &NodeRow{Name: node.Name, GPU: node.Labels[GPUPresentLabel] == "true", Cells: map[string]Cell{}}
+		r.byNode[node.Name] = row
+	}
+	if old, ok := row.Cells[operand]; ok && rank(old.State) >= rank(c.State) {
+		return
+	}
+	row.Cells[operand] = c
+}
+
+func rank(s State) int {
+	switch s {
+	case Failed:
+		return 2
+	case Waiting:
+		return 1
+	}
+	return 0
+}
+
+// Evaluate computes the report for release's DaemonSets in s.
+func Evaluate(release, namespace string, pools []Pool, s Snapshot) (*Report, error) {
+	r := &Report{Release: release, Namespace: namespace, byNode: map[string]*NodeRow{}}
+	nodes := slices.Clone(s.Nodes)
+	slices.SortFunc(nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	dss := slices.Clone(s.DaemonSets)
+	slices.SortFunc(dss, func(a, b *appsv1.DaemonSet) int { return strings.Compare(a.Name, b.Name) })
+
+	podsByOwner := map[types.UID][]*corev1.Pod{}
+	for _, p := range s.Pods {
+		if ref := controllerOf(p); ref != "" {
+			podsByOwner[ref] = append(podsByOwner[ref], p)
+		}
+	}
+	// the newest FailedCreate per DaemonSet says why its pods cannot be created (quota, admission, PSA)
+	events := slices.Clone(s.Events)
+	slices.SortStableFunc(events, func(a, b *corev1.Event) int { return a.LastTimestamp.Compare(b.LastTimestamp.Time) })
+	failedCreate := map[types.UID]string{}
+	for _, e := range events {
+		if e.Reason == "FailedCreate" && e.InvolvedObject.Kind == "DaemonSet" {
+			failedCreate[e.InvolvedObject.UID] = e.Message
+		}
+	}
+
+	operands := map[string]bool{}
+	containerNodes := map[string]bool{}
+	driverDS := map[string][]string{} // node -> driver DaemonSets that select it
+	for _, ds := range dss {
+		operand := operandOf(ds)
+		for _, n := range nodes {
+			fits, err := schedule.Fits(&ds.Spec.Template.Spec, n)
+			if err != nil {
+				return nil, fmt.Errorf("DaemonSet %s on node %s: %w", ds.Name, n.Name, err)
+			}
+			if !fits {
+				continue
+			}
+			operands[operand] = true
+			if containerRoleOperands[operand] {
+				containerNodes[n.Name] = true
+			}
+			if operand == "driver" {
+				driverDS[n.Name] = append(driverDS[n.Name], ds.Name)
+			}
+			c := podCell(ds, n, podsByOwner[ds.UID], s.Revisions[ds.UID], failedCreate[ds.UID])
+			if validatorOperands[operand] {
+				c = withValidation(c, n)
+			}
+			r.set(n, operand, c)
+		}
+	}
+	r.Operands = slices.Sorted(maps.Keys(operands))
+	for _, n := range nodes {
+		if row := r.byNode[n.Name]; row != nil {
+			r.Nodes = append(r.Nodes, *row)
+		}
+	}
+	r.byNode = nil
+	r.Problems = problems(nodes, pools, containerNodes, driverDS)
+	r.count()
+	return r, nil
+}
+
+func operandOf(ds *appsv1.DaemonSet) string {
+	if strings.Contains(ds.Name, "mps-control-daemon") {
+		return "mps-control-daemon"
+	}
+	if c := ds.Labels[componentLabel]; c != "" {
+		return c
+	}
+	return ds.Name
+}
+
+func controllerOf(p *corev1.Pod) types.UID {
+	for _, ref := range p.OwnerReferences {
+		if ref.Controller != nil && *ref.Controller {
+			return ref.UID
+		}
+	}
+	return ""
+}
+
+// podCell describes the DaemonSet's pod on node.
+func podCell(ds *appsv1.DaemonSet, node *corev1.Node, pods []*corev1.Pod, revision, failedCreate string) Cell {
+	var pod *corev1.Pod
+	for _, p := range pods {
+		if p.Spec.NodeName != node.Name || p.DeletionTimestamp != nil {
+			continue
+		}
+		if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
+			pod = p
+		}
+	}
+	if pod == nil {
+		if failedCreate != "" {
+			return Cell{Waiting, "no pod: FailedCreate: " + failedCreate}
+		}
+		return Cell{Waiting, "no pod created yet"}
+	}
+	stale := revision != "" && pod.Labels[appsv1.DefaultDaemonSetUniqueLabelKey] != revision
+	if stale && ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		return Cell{Waiting, fmt.Sprintf("pod %s runs an old revision; rolling update in progress", pod.Name)}
+	}
+	if ready(pod) {
+		return Cell{Ready, ""}
+	}
+	if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return Cell{Waiting, fmt.Sprintf("pod %s is %s: %s", pod.Name, pod.Status.Phase, pod.Status.Message)}
+	}
+	return Cell{Waiting, fmt.Sprintf("pod %s: %s", pod.Name, describe(pod))}
+}
+
+func ready(p *corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// describe says what holds a pod back, the way `kubectl get pod` would show it, with the message behind it.
+func describe(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return "unschedulable: " + c.Message
+		}
+	}
+	n := len(p.Spec.InitContainers)
+	for i, st := range p.Status.InitContainerStatuses {
+		if st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
+			continue
+		}
+		return fmt.Sprintf("Init:%d/%d %s %s", i, n, st.Name, containerState(st))
+	}
+	for _, st := range p.Status.ContainerStatuses {
+		if !st.Ready {
+			return fmt.Sprintf("container %s %s", st.Name, containerState(st))
+		}
+	}
+	if p.Status.Reason != "" || p.Status.Message != "" {
+		return strings.TrimSpace(p.Status.Reason + " " + p.Status.Message)
+	}
+	return string(p.Status.Phase) + ", not ready"
+}
+
+func containerState(st corev1.ContainerStatus) string {
+	switch s := st.State; {
+	case s.Waiting != nil:
+		return strings.TrimSpace(s.Waiting.Reason + " " + s.Waiting.Message)
+	case s.Terminated != nil:
+		t := s.Terminated
+		return strings.TrimSpace(fmt.Sprintf("exited %d %s %s", t.ExitCode, t.Reason, t.Message))
+	case s.Running != nil:
+		return "running, not ready"
+	}
+	return "pending"
+}
+
+// withValidation explains a validator cell by the checks' own annotations on the node: a failed check fails the
+// cell, a waiting check replaces the pod's generic "Init:1/4" with what it waits for.
+func withValidation(c Cell, node *corev1.Node) Cell {
+	var failed, waiting []string
+	for _, k := range slices.Sorted(maps.Keys(node.Annotations)) {
+		check, ok := strings.CutPrefix(k, nodestate.ValidationAnnotationPrefix)
+		if !ok {
+			continue
+		}
+		v, err := nodestate.ParseValidation(node.Annotations[k])
+		if err != nil {
+			failed = append(failed, check+": unreadable status "+node.Annotations[k])
+			continue
+		}
+		switch v.State {
+		case nodestate.CheckFailed:
+			failed = append(failed, check+": "+v.Reason)
+		case nodestate.CheckWaiting:
+			waiting = append(waiting, check+": "+v.Reason)
+		}
+	}
+	switch {
+	case len(failed) > 0:
+		return Cell{Failed, "validation " + strings.Join(failed, "; ")}
+	case c.State == Waiting && len(waiting) > 0:
+		return Cell{Waiting, "validation " + strings.Join(waiting, "; ") + " (" + c.Reason + ")"}
+	}
+	return c
+}
+
+// problems finds what no single cell shows: no GPU node at all, and GPU nodes that need a driver but that no
+// pool, or more than one pool, or no driver DaemonSet of their pool covers.
+func problems(nodes []*corev1.Node, pools []Pool, containerNodes map[string]bool, driverDS map[string][]string) []Problem {
+	var out []Problem
+	gpus := 0
+	for _, n := range nodes {
+		if n.Labels[GPUPresentLabel] == "true" {
+			gpus++
+		}
+	}
+	if gpus == 0 {
+		out = append(out, Problem{Waiting, "no node is labelled " + GPUPresentLabel + "=true: NFD is not running or " +
+			"not labelling GPU nodes (check the node-feature-discovery pods and the nvidia-gpu-present NodeFeatureRule), " +
+			"or, without NFD, label GPU nodes by hand"})
+	}
+	if len(pools) == 0 {
+		return out
+	}
+	for _, n := range nodes {
+		if n.Labels[GPUPresentLabel] != "true" || !containerNodes[n.Name] {
+			continue
+		}
+		if v, ok := n.Labels[nodestate.DriverDeployLabel]; ok && v != "true" && v != nodestate.Paused {
+			continue // the admin opted out, or a host driver was found
+		}
+		var matched []Pool
+		for _, p := range pools {
+			ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: p.NodeSelectorTerms}, n)
+			if err != nil {
+				out = append(out, Problem{Failed, fmt.Sprintf("driver pool %s: bad node selector: %v", p.Name, err)})
+				continue
+			}
+			if ok {
+				matched = append(matched, p)
+			}
+		}
+		switch {
+		case len(matched) == 0:
+			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: no driver pool selects it (add a pool whose "+
+				"nodeSelector matches it, or a default pool)", n.Name)})
+		case len(matched) > 1:
+			names := make([]string, len(matched))
+			for i, p := range matched {
+				names[i] = p.Name
+			}
+			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: selected by driver pools %s; pools must not "+
+				"overlap (make their nodeSelectors exclusive)", n.Name, strings.Join(names, " and "))})
+		case matched[0].Source == "container" && len(driverDS[n.Name]) == 0:
+			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: pool %s has no driver DaemonSet for its OS/kernel "+
+				"(%s=%s, %s=%s, %s=%s): add it to driver.os or the pool's precompiled kernels", n.Name, matched[0].Name,
+				osIDLabel, n.Labels[osIDLabel], osVersionLabel, n.Labels[osVersionLabel], kernelLabel, n.Labels[kernelLabel])})
+		case len(driverDS[n.Name]) > 1:
+			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: selected by driver DaemonSets %s",
+				n.Name, strings.Join(driverDS[n.Name], " and "))})
+		}
+	}
+	return out
+}
+
+const (
+	osIDLabel      = "feature.node.kubernetes.io/system-os_release.ID"
+	osVersionLabel = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+	kernelLabel    = "feature.node.kubernetes.io/kernel-version.full"
+)

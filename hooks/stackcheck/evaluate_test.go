@@ -1,0 +1,124 @@
+package stackcheck
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+func gpuNode(name string, labels map[string]string) *corev1.Node {
+	l := map[string]string{GPUPresentLabel: "true", "pool": "a"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}}
+}
+
+// daemonSet selects GPU nodes (and, when extra is given, nodes with that label too).
+func daemonSet(name, component string, match ...corev1.NodeSelectorRequirement) *appsv1.DaemonSet {
+	reqs := append([]corev1.NodeSelectorRequirement{{Key: GPUPresentLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}, match...)
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), Labels: map[string]string{componentLabel: component}},
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Affinity: &corev1.Affinity{
+			NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: reqs}}}}}}}},
+	}
+}
+
+func pod(ds *appsv1.DaemonSet, node, revision string, isReady bool) *corev1.Pod {
+	yes := true
+	st := corev1.ConditionFalse
+	if isReady {
+		st = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: ds.Name + "-" + node, Labels: map[string]string{appsv1.DefaultDaemonSetUniqueLabelKey: revision},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: node, InitContainers: []corev1.Container{{Name: "driver-validation"}, {Name: "toolkit-validation"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
+			InitContainerStatuses: []corev1.ContainerStatus{
+				{Name: "driver-validation", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0}}},
+				{Name: "toolkit-validation", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}},
+			}},
+	}
+}
+
+func TestEvaluate(t *testing.T) {
+	plugin := daemonSet("nvidia-device-plugin-daemonset", "device-plugin")
+	validator := daemonSet("nvidia-operator-validator", "operator-validator")
+	driver := daemonSet("nvidia-driver-default-ubuntu22.04", "driver")
+	a, b := gpuNode("a", nil), gpuNode("b", nil)
+	cpu := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}
+	pools := []Pool{{Name: "default", Source: "container", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}
+	revs := map[types.UID]string{plugin.UID: "r2", validator.UID: "r1", driver.UID: "r1"}
+	all := []*appsv1.DaemonSet{plugin, validator, driver}
+	readyEverywhere := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(plugin, "b", "r2", true), pod(validator, "a", "r1", true),
+		pod(validator, "b", "r1", true), pod(driver, "a", "r1", true), pod(driver, "b", "r1", true)}
+
+	t.Run("all ready passes", func(t *testing.T) {
+		r, err := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{a, b, cpu}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		if err != nil || !r.Passed() || r.Summary[Ready] != 6 || len(r.Nodes) != 2 {
+			t.Fatalf("want 6 ready cells on 2 nodes, got %v %v:\n%s", err, r.Summary, r.Table())
+		}
+	})
+
+	t.Run("old revision and init crash wait with reasons", func(t *testing.T) {
+		pods := []*corev1.Pod{pod(plugin, "a", "r1", true), pod(validator, "a", "r1", false), pod(driver, "a", "r1", true)}
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{a}, DaemonSets: all, Pods: pods, Revisions: revs})
+		table := r.Table()
+		for _, want := range []string{"device-plugin waiting: pod nvidia-device-plugin-daemonset-a runs an old revision",
+			"operator-validator waiting: pod nvidia-operator-validator-a: Init:1/2 toolkit-validation CrashLoopBackOff"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("table lacks %q:\n%s", want, table)
+			}
+		}
+		if r.Settled() {
+			t.Error("a report with waiting cells is settled")
+		}
+		r.Expire(4 * time.Minute)
+		if !r.Settled() || r.Passed() || !strings.Contains(r.Table(), "failed: timed out after 4m0s: pod nvidia-operator-validator-a") {
+			t.Errorf("expired report:\n%s", r.Table())
+		}
+	})
+
+	t.Run("a failed validation fails its node with the reason", func(t *testing.T) {
+		bad := gpuNode("b", nil)
+		bad.Annotations = map[string]string{nodestate.ValidationAnnotationPrefix + "driver": "failed: nvidia-smi exited 9"}
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{a, bad}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		if !r.Settled() || r.Passed() || !strings.Contains(r.Table(), "b operator-validator failed: validation driver: nvidia-smi exited 9") {
+			t.Errorf("want node b failed with the driver reason:\n%s", r.Table())
+		}
+	})
+
+	t.Run("FailedCreate carries the admission message", func(t *testing.T) {
+		ev := &corev1.Event{Reason: "FailedCreate", Message: `pods "x" is forbidden: exceeded quota: critical-pods`,
+			InvolvedObject: corev1.ObjectReference{Kind: "DaemonSet", UID: plugin.UID}}
+		r, _ := Evaluate("gpu", "ns", nil, Snapshot{Nodes: []*corev1.Node{a}, DaemonSets: []*appsv1.DaemonSet{plugin}, Events: []*corev1.Event{ev}})
+		if !strings.Contains(r.Table(), "no pod: FailedCreate: pods \"x\" is forbidden: exceeded quota: critical-pods") {
+			t.Errorf("table:\n%s", r.Table())
+		}
+	})
+
+	t.Run("cluster problems", func(t *testing.T) {
+		r, _ := Evaluate("gpu", "ns", nil, Snapshot{Nodes: []*corev1.Node{cpu}, DaemonSets: all})
+		if len(r.Problems) != 1 || !strings.Contains(r.Problems[0].Message, "no node is labelled nvidia.com/gpu.present=true") {
+			t.Errorf("problems %v", r.Problems)
+		}
+		stray := gpuNode("stray", map[string]string{"pool": "z"})
+		two := append(pools, Pool{Name: "extra", Source: "host", NodeSelectorTerms: pools[0].NodeSelectorTerms})
+		r, _ = Evaluate("gpu", "ns", two, Snapshot{Nodes: []*corev1.Node{a, stray}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		table := r.Table()
+		for _, want := range []string{"GPU node stray: no driver pool selects it", "GPU node a: selected by driver pools default and extra"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("table lacks %q:\n%s", want, table)
+			}
+		}
+	})
+}

@@ -1,0 +1,123 @@
+// Package stackcleanup is the pre-delete hook: it removes what the release put on nodes (paused operand
+// switches, upgrade state, the stack's own cordons, pre-installed marks it made, every kube-gpu-stack.io/
+// annotation) and the objects Helm never deletes because hooks created them, so `helm uninstall` leaves nodes as
+// they were before install. It touches nothing the stack did not write.
+package stackcleanup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// kinds are the objects the chart's hooks create and may name for deletion.
+var kinds = map[string]struct {
+	gvr        schema.GroupVersionResource
+	namespaced bool
+}{
+	"job":                {schema.GroupVersionResource{Group: "batch", Version: "v1", Resource: "jobs"}, true},
+	"pod":                {schema.GroupVersionResource{Version: "v1", Resource: "pods"}, true},
+	"serviceaccount":     {schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, true},
+	"configmap":          {schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, true},
+	"role":               {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"}, true},
+	"rolebinding":        {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"}, true},
+	"clusterrole":        {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, false},
+	"clusterrolebinding": {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"}, false},
+	"nodefeaturerule":    {schema.GroupVersionResource{Group: "nfd.k8s-sigs.io", Version: "v1alpha1", Resource: "nodefeaturerules"}, false},
+}
+
+// Object is a KIND/NAME to delete.
+type Object struct{ Kind, Name string }
+
+// ParseObject reads KIND/NAME.
+func ParseObject(s string) (Object, error) {
+	kind, name, ok := strings.Cut(s, "/")
+	kind = strings.ToLower(kind)
+	if _, known := kinds[kind]; !ok || !known || name == "" {
+		return Object{}, fmt.Errorf("--delete %q: want KIND/NAME with KIND one of job, pod, serviceaccount, configmap, role, "+
+			"rolebinding, clusterrole, clusterrolebinding, nodefeaturerule", s)
+	}
+	return Object{kind, name}, nil
+}
+
+// Options configure Run.
+type Options struct {
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace is the release namespace (namespaced objects to delete live there).
+	Namespace string
+	// Delete names the hook-created objects to remove.
+	Delete []Object
+}
+
+// Validate rejects options Run cannot act on.
+func (o *Options) Validate() error {
+	switch {
+	case o.Client == nil || (o.Dynamic == nil && len(o.Delete) > 0):
+		return errors.New("no Kubernetes client")
+	case o.Namespace == "":
+		return errors.New("name the release namespace (--namespace)")
+	}
+	return nil
+}
+
+// Run cleans every node, then deletes the named objects (absent ones are fine: a rerun converges). It reports one
+// line per node it changed and a summary line.
+func Run(ctx context.Context, o Options, out io.Writer) error {
+	nodes, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	var errs []error
+	changed := 0
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		p, err := nodestate.Cleanup(n)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if p.Empty() {
+			continue
+		}
+		if _, err := nodestate.Apply(ctx, o.Client, n.Name, p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		changed++
+		fmt.Fprintf(out, "node %s: removed the stack's marks: %s\n", n.Name, p.JSON())
+	}
+	deleted := 0
+	background := metav1.DeletePropagationBackground
+	for _, obj := range o.Delete {
+		k := kinds[obj.Kind]
+		var res dynamic.ResourceInterface = o.Dynamic.Resource(k.gvr)
+		if k.namespaced {
+			res = o.Dynamic.Resource(k.gvr).Namespace(o.Namespace)
+		}
+		err := res.Delete(ctx, obj.Name, metav1.DeleteOptions{PropagationPolicy: &background})
+		switch {
+		case err == nil:
+			deleted++
+		case apierrors.IsNotFound(err) || meta.IsNoMatchError(err):
+		default:
+			errs = append(errs, fmt.Errorf("delete %s/%s: %w", obj.Kind, obj.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleanup incomplete (rerun `helm uninstall` once fixed): %w", err)
+	}
+	fmt.Fprintf(out, "cleanup: %d of %d nodes changed, %d hook objects deleted\n", changed, len(nodes.Items), deleted)
+	return nil
+}

@@ -1,0 +1,150 @@
+// Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
+// cleanup) and the admin's view of them (status).
+package stackcli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcleanup"
+)
+
+// DefaultReportConfigMap is where the post-install hook leaves its report.
+const DefaultReportConfigMap = "kube-gpu-stack-validation-report"
+
+// NewCommand returns the root command writing its output to out.
+func NewCommand(out io.Writer) *cobra.Command {
+	flags := genericclioptions.NewConfigFlags(true)
+	root := &cobra.Command{
+		Use:           "kube-gpu-stack",
+		Short:         "Release-level checks and cleanup of the kube-gpu-stack chart",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	flags.AddFlags(root.PersistentFlags())
+	var release string
+	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
+	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, out), statusCommand(flags, &release, out))
+	return root
+}
+
+func clients(flags *genericclioptions.ConfigFlags) (*rest.Config, kubernetes.Interface, string, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	ns, _, err := flags.ToRawKubeConfigLoader().Namespace()
+	return cfg, client, ns, err
+}
+
+func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+	o := stackcheck.Options{}
+	var pools string
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Wait until every operand rolled out and every GPU node validated; print the node × operand table",
+		Long: "The post-install/post-upgrade gate and the helm test: watches the release's DaemonSets, pods and nodes until\n" +
+			"nothing is waiting or --timeout passes, prints the table, optionally saves it to a ConfigMap, and exits non-zero\n" +
+			"when anything failed.",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if _, o.Client, o.Namespace, err = clients(flags); err != nil {
+				return err
+			}
+			o.Release = *release
+			if o.Pools, err = stackcheck.ParsePools(pools); err != nil {
+				return err
+			}
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			_, err = stackcheck.Run(cmd.Context(), o, out)
+			return err
+		},
+	}
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", 4*time.Minute, "deadline; keep it below the Helm/Flux timeout")
+	cmd.Flags().StringVar(&o.ReportConfigMap, "report-configmap", "", "save the report to this ConfigMap")
+	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")
+	return cmd
+}
+
+func cleanupCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.Command {
+	var del []string
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Remove what the release put on nodes and the objects its hooks left (the pre-delete hook)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, client, ns, err := clients(flags)
+			if err != nil {
+				return err
+			}
+			o := stackcleanup.Options{Client: client, Namespace: ns}
+			for _, d := range del {
+				obj, err := stackcleanup.ParseObject(d)
+				if err != nil {
+					return err
+				}
+				o.Delete = append(o.Delete, obj)
+			}
+			if o.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return stackcleanup.Run(cmd.Context(), o, out)
+		},
+	}
+	cmd.Flags().StringArrayVar(&del, "delete", nil, "KIND/NAME of a hook-created object to delete (repeatable)")
+	return cmd
+}
+
+func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+	var live bool
+	var name string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Print the node × operand table: the last report saved by the post-install hook, or --live",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, client, ns, err := clients(flags)
+			if err != nil {
+				return err
+			}
+			r, pools, err := stackcheck.LoadConfigMap(cmd.Context(), client, ns, name)
+			if !live {
+				if err != nil {
+					return fmt.Errorf("%w (or use --live)", err)
+				}
+				r.WriteTable(out)
+				return nil
+			}
+			o := stackcheck.Options{Client: client, Namespace: ns, Release: *release, Pools: pools, Once: true}
+			if o.Release == "" && r != nil {
+				o.Release = r.Release
+			}
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			_, err = stackcheck.Run(cmd.Context(), o, out)
+			return err
+		},
+	}
+	cmd.Flags().BoolVar(&live, "live", false, "evaluate the cluster now instead of reading the saved report")
+	cmd.Flags().StringVar(&name, "report-configmap", DefaultReportConfigMap, "ConfigMap the post-install hook saved its report to")
+	return cmd
+}
