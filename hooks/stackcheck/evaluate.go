@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
@@ -52,14 +53,6 @@ type Cell struct {
 type Problem struct {
 	State   State  `json:"state"`
 	Message string `json:"message"`
-}
-
-// Pool is a driver pool as the chart renders it for the hook: its own node selection, without the GPU, role and
-// per-OS terms.
-type Pool struct {
-	Name              string                    `json:"name"`
-	Source            string                    `json:"source"`
-	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
 }
 
 // Snapshot is the cluster as the check sees it.
@@ -152,7 +145,7 @@ func rank(s State) int {
 }
 
 // Evaluate computes the report for release's DaemonSets in s.
-func Evaluate(release, namespace string, pools []Pool, s Snapshot) (*Report, error) {
+func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (*Report, error) {
 	r := &Report{Release: release, Namespace: namespace, byNode: map[string]*NodeRow{}}
 	nodes := slices.Clone(s.Nodes)
 	slices.SortFunc(nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
@@ -345,7 +338,7 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 
 // problems finds what no single cell shows: no GPU node at all, and GPU nodes that need a driver but that no
 // pool, or more than one pool, or no driver DaemonSet of their pool covers.
-func problems(nodes []*corev1.Node, pools []Pool, containerNodes map[string]bool, driverDS map[string][]string) []Problem {
+func problems(nodes []*corev1.Node, pools []driverpools.Pool, containerNodes map[string]bool, driverDS map[string][]string) []Problem {
 	var out []Problem
 	gpus := 0
 	for _, n := range nodes {
@@ -368,26 +361,17 @@ func problems(nodes []*corev1.Node, pools []Pool, containerNodes map[string]bool
 		if v, ok := n.Labels[nodestate.DriverDeployLabel]; ok && v != "true" && v != nodestate.Paused {
 			continue // the admin opted out, or a host driver was found
 		}
-		var matched []Pool
-		for _, p := range pools {
-			ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: p.NodeSelectorTerms}, n)
-			if err != nil {
-				out = append(out, Problem{Failed, fmt.Sprintf("driver pool %s: bad node selector: %v", p.Name, err)})
-				continue
-			}
-			if ok {
-				matched = append(matched, p)
-			}
+		matched, err := driverpools.Matching(pools, n)
+		if err != nil {
+			out = append(out, Problem{Failed, err.Error()})
+			continue
 		}
 		switch {
 		case len(matched) == 0:
 			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: no driver pool selects it (add a pool whose "+
 				"nodeSelector matches it, or a default pool)", n.Name)})
 		case len(matched) > 1:
-			names := make([]string, len(matched))
-			for i, p := range matched {
-				names[i] = p.Name
-			}
+			names := driverpools.Names(matched)
 			out = append(out, Problem{Failed, fmt.Sprintf("GPU node %s: selected by driver pools %s; pools must not "+
 				"overlap (make their nodeSelectors exclusive)", n.Name, strings.Join(names, " and "))})
 		case matched[0].Source == "container" && len(driverDS[n.Name]) == 0:

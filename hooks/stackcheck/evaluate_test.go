@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -56,7 +57,7 @@ func TestEvaluate(t *testing.T) {
 	driver := daemonSet("nvidia-driver-default-ubuntu22.04", "driver")
 	a, b := gpuNode("a", nil), gpuNode("b", nil)
 	cpu := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu"}}
-	pools := []Pool{{Name: "default", Source: "container", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}
+	pools := []driverpools.Pool{{Name: "default", Source: "container", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"a"}}}}}}}
 	revs := map[types.UID]string{plugin.UID: "r2", validator.UID: "r1", driver.UID: "r1"}
 	all := []*appsv1.DaemonSet{plugin, validator, driver}
 	readyEverywhere := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(plugin, "b", "r2", true), pod(validator, "a", "r1", true),
@@ -112,7 +113,7 @@ func TestEvaluate(t *testing.T) {
 			t.Errorf("problems %v", r.Problems)
 		}
 		stray := gpuNode("stray", map[string]string{"pool": "z"})
-		two := append(pools, Pool{Name: "extra", Source: "host", NodeSelectorTerms: pools[0].NodeSelectorTerms})
+		two := append(pools, driverpools.Pool{Name: "extra", Source: "host", NodeSelectorTerms: pools[0].NodeSelectorTerms})
 		r, _ = Evaluate("gpu", "ns", two, Snapshot{Nodes: []*corev1.Node{a, stray}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
 		table := r.Table()
 		for _, want := range []string{"GPU node stray: no driver pool selects it", "GPU node a: selected by driver pools default and extra"} {

@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 )
 
 // Report ConfigMap keys.
@@ -86,7 +88,7 @@ func (r *Report) Table() string {
 // SaveConfigMap writes the report (table, JSON, verdict) and the driver pools it was checked against to the named
 // ConfigMap, creating it on first use. The ConfigMap is the hook's output, not a chart object, so GitOps tools
 // never see it drift; the pre-delete hook removes it.
-func SaveConfigMap(ctx context.Context, client kubernetes.Interface, name string, r *Report, pools []Pool) error {
+func SaveConfigMap(ctx context.Context, client kubernetes.Interface, name string, r *Report, pools []driverpools.Pool) error {
 	js, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -122,7 +124,7 @@ func wrap(err error, name string) error {
 }
 
 // LoadConfigMap reads a saved report and its pools.
-func LoadConfigMap(ctx context.Context, client kubernetes.Interface, namespace, name string) (*Report, []Pool, error) {
+func LoadConfigMap(ctx context.Context, client kubernetes.Interface, namespace, name string) (*Report, []driverpools.Pool, error) {
 	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read report ConfigMap %s/%s (written by the post-install hook): %w", namespace, name, err)
@@ -131,7 +133,7 @@ func LoadConfigMap(ctx context.Context, client kubernetes.Interface, namespace, 
 	if err := json.Unmarshal([]byte(cm.Data[ReportJSONKey]), &r); err != nil {
 		return nil, nil, fmt.Errorf("report ConfigMap %s/%s: %s: %w", namespace, name, ReportJSONKey, err)
 	}
-	var pools []Pool
+	var pools []driverpools.Pool
 	if raw := cm.Data[ReportPoolsKey]; raw != "" {
 		if err := json.Unmarshal([]byte(raw), &pools); err != nil {
 			return nil, nil, fmt.Errorf("report ConfigMap %s/%s: %s: %w", namespace, name, ReportPoolsKey, err)
@@ -139,21 +141,4 @@ func LoadConfigMap(ctx context.Context, client kubernetes.Interface, namespace, 
 	}
 	slices.SortFunc(r.Nodes, func(a, b NodeRow) int { return strings.Compare(a.Name, b.Name) })
 	return &r, pools, nil
-}
-
-// ParsePools reads the DRIVER_POOLS JSON the chart renders.
-func ParsePools(raw string) ([]Pool, error) {
-	if strings.TrimSpace(raw) == "" {
-		return nil, nil
-	}
-	var pools []Pool
-	if err := json.Unmarshal([]byte(raw), &pools); err != nil {
-		return nil, fmt.Errorf("driver pools: not a JSON list of {name, source, nodeSelectorTerms}: %w", err)
-	}
-	for i, p := range pools {
-		if p.Name == "" {
-			return nil, fmt.Errorf("driver pools: entry %d has no name", i)
-		}
-	}
-	return pools, nil
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 )
 
 // Options configure Run.
@@ -26,7 +28,7 @@ type Options struct {
 	// ReportConfigMap, when set, receives the final report.
 	ReportConfigMap string
 	// Pools are the driver pools (from the chart), for the coverage checks; none skips them.
-	Pools []Pool
+	Pools []driverpools.Pool
 	// Once evaluates the current state without waiting (the admin's live status).
 	Once bool
 }

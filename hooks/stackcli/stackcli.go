@@ -1,5 +1,5 @@
 // Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
-// cleanup) and the admin's view of them (status).
+// cleanup, pre-upgrade) and the admin's views of them (status, upgrade status / retry).
 package stackcli
 
 import (
@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcleanup"
 )
@@ -26,14 +27,15 @@ func NewCommand(out io.Writer) *cobra.Command {
 	flags := genericclioptions.NewConfigFlags(true)
 	root := &cobra.Command{
 		Use:           "kube-gpu-stack",
-		Short:         "Release-level checks and cleanup of the kube-gpu-stack chart",
+		Short:         "Release-level hooks of the kube-gpu-stack chart and the admin's views of them",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
 	flags.AddFlags(root.PersistentFlags())
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
-	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, out), statusCommand(flags, &release, out))
+	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, out), statusCommand(flags, &release, out),
+		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out))
 	return root
 }
 
@@ -65,7 +67,7 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 				return err
 			}
 			o.Release = *release
-			if o.Pools, err = stackcheck.ParsePools(pools); err != nil {
+			if o.Pools, err = driverpools.Parse(pools); err != nil {
 				return err
 			}
 			o.Complete()

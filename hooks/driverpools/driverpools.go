@@ -1,0 +1,96 @@
+// Package driverpools reads the driver pools the chart renders for its hooks (env DRIVER_POOLS) and answers which
+// pool, and which of its driver DaemonSets, a node belongs to. The chart decides pools from values; the hooks check
+// them against real nodes, which a render cannot see.
+package driverpools
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
+)
+
+// Pool is one driver pool as the chart renders it for the hooks.
+type Pool struct {
+	Name string `json:"name"`
+	// Source is container, host or none.
+	Source string `json:"source"`
+	// NodeSelectorTerms is the pool's own node selection (for the default pool: not any other pool), without the
+	// GPU, role and per-OS terms.
+	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
+	// Digest is the pool's DRIVER_CONFIG_DIGEST (container pools).
+	Digest string `json:"digest,omitempty"`
+	// MaxUnavailable bounds the pool's nodes upgrading at once (a number or a percentage).
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// AutoUpgrade false: the DaemonSets are OnDelete.
+	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
+	// DaemonSets are the pool's driver DaemonSets (one per OS, and per kernel when precompiled) with the node
+	// selection that picks each; a node of the pool that none selects has no driver image.
+	DaemonSets []DaemonSet `json:"daemonSets,omitempty"`
+}
+
+// DaemonSet is one of a pool's driver DaemonSets.
+type DaemonSet struct {
+	Name              string                    `json:"name"`
+	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
+}
+
+// Parse reads the DRIVER_POOLS JSON; empty means no pools (the driver is disabled).
+func Parse(raw string) ([]Pool, error) {
+	if strings.TrimSpace(raw) == "" {
+		return nil, nil
+	}
+	var pools []Pool
+	if err := json.Unmarshal([]byte(raw), &pools); err != nil {
+		return nil, fmt.Errorf("driver pools: not a JSON list of {name, source, nodeSelectorTerms}: %w", err)
+	}
+	for i, p := range pools {
+		if p.Name == "" {
+			return nil, fmt.Errorf("driver pools: entry %d has no name", i)
+		}
+	}
+	return pools, nil
+}
+
+// Matching returns the pools whose selection matches node (more than one means the pools overlap on it).
+func Matching(pools []Pool, node *corev1.Node) ([]Pool, error) {
+	var out []Pool
+	for _, p := range pools {
+		ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: p.NodeSelectorTerms}, node)
+		if err != nil {
+			return nil, fmt.Errorf("driver pool %s: bad node selector: %w", p.Name, err)
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// DaemonSetFor returns the name of the pool's driver DaemonSet that selects node, or "" when none does (its OS or
+// kernel has no driver image in the pool). A pool rendered without DaemonSets answers "" too.
+func (p Pool) DaemonSetFor(node *corev1.Node) (string, error) {
+	for _, ds := range p.DaemonSets {
+		ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: ds.NodeSelectorTerms}, node)
+		if err != nil {
+			return "", fmt.Errorf("driver DaemonSet %s: bad node selector: %w", ds.Name, err)
+		}
+		if ok {
+			return ds.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// Names lists the pools' names.
+func Names(pools []Pool) []string {
+	out := make([]string, len(pools))
+	for i, p := range pools {
+		out[i] = p.Name
+	}
+	return out
+}

@@ -1,0 +1,68 @@
+package stackcli
+
+import (
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+)
+
+func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+	o := upgradeplan.Options{}
+	var pools string
+	cmd := &cobra.Command{
+		Use:   "pre-upgrade",
+		Short: "Plan a driver change and mark the nodes it touches upgrade-required, or refuse (the pre-upgrade hook)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if _, o.Client, o.Namespace, err = clients(flags); err != nil {
+				return err
+			}
+			o.Release = *release
+			if o.Pools, err = driverpools.Parse(pools); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			_, err = upgradeplan.Run(cmd.Context(), o, out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")
+	cmd.Flags().BoolVar(&o.Evict, "evict", true, "the driver manager evicts GPU pods, so PDBs that never allow eviction block the upgrade")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "proceed although PDBs block eviction")
+	return cmd
+}
+
+func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+	cmd := &cobra.Command{Use: "upgrade", Short: "Driver upgrade progress per node, and retry of a failed node"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "status",
+		Short: "Print each GPU node's driver upgrade state, driver, since when and why",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, client, ns, err := clients(flags)
+			if err != nil {
+				return err
+			}
+			return upgradeplan.WriteStatus(cmd.Context(), client, ns, *release, out)
+		},
+	}, &cobra.Command{
+		Use:   "retry NODE",
+		Short: "Move a node out of upgrade-failed and restart its driver pod",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			_, client, ns, err := clients(flags)
+			if err != nil {
+				return err
+			}
+			return upgradeplan.Retry(cmd.Context(), client, ns, *release, args[0], time.Now(), out)
+		},
+	})
+	return cmd
+}

@@ -1,0 +1,110 @@
+package upgradeplan
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// driverPods returns the release's driver pods by node.
+func driverPods(ctx context.Context, client kubernetes.Interface, namespace, release string) (map[string]*corev1.Pod, error) {
+	sel := labels.Set{"app.kubernetes.io/component": "driver"}
+	if release != "" {
+		sel["app.kubernetes.io/instance"] = release
+	}
+	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		return nil, fmt.Errorf("list driver pods: %w", err)
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+			out[p.Spec.NodeName] = p
+		}
+	}
+	return out, nil
+}
+
+// WriteStatus prints one row per node that runs a driver pod or carries an upgrade state: state, driver image tag,
+// since when, and the reason.
+func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, release string, out io.Writer) error {
+	pods, err := driverPods(ctx, client, namespace, release)
+	if err != nil {
+		return err
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tSTATE\tDRIVER\tSINCE\tREASON")
+	for _, n := range nodes.Items {
+		state, hasState := n.Labels[nodestate.UpgradeStateLabel]
+		pod := pods[n.Name]
+		if !hasState && pod == nil {
+			continue
+		}
+		if !hasState {
+			state = "-"
+		}
+		driver := "-"
+		if pod != nil && len(pod.Spec.Containers) > 0 {
+			img := pod.Spec.Containers[0].Image
+			driver = img[strings.LastIndexAny(img, ":@")+1:]
+		}
+		if n.Labels[nodestate.UpgradeSkipLabel] == "true" {
+			state += " (skip)"
+		}
+		since := "-"
+		if t, err := time.Parse(time.RFC3339, n.Annotations[nodestate.UpgradeSinceAnnotation]); err == nil {
+			since = t.Format(time.RFC3339)
+		}
+		reason := n.Annotations[nodestate.UpgradeReasonAnnotation]
+		if reason == "" {
+			reason = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, state, driver, since, reason)
+	}
+	return w.Flush()
+}
+
+// Retry moves a node out of upgrade-failed: back to upgrade-required, and its driver pod deleted so the DaemonSet
+// starts a fresh one whose driver manager runs the steps again.
+func Retry(ctx context.Context, client kubernetes.Interface, namespace, release, node string, now time.Time, out io.Writer) error {
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
+		return fmt.Errorf("node %s is in state %q, not upgrade-failed: nothing to retry", node, st)
+	}
+	p := nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", now.UTC().Format(time.RFC3339))
+	if _, err := nodestate.Apply(ctx, client, node, p); err != nil {
+		return err
+	}
+	pods, err := driverPods(ctx, client, namespace, release)
+	if err != nil {
+		return err
+	}
+	if pod := pods[node]; pod != nil {
+		if err := client.CoreV1().Pods(namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("delete driver pod %s: %w", pod.Name, err)
+		}
+		fmt.Fprintf(out, "node %s: upgrade-required; driver pod %s deleted, its DaemonSet starts a new one\n", node, pod.Name)
+		return nil
+	}
+	fmt.Fprintf(out, "node %s: upgrade-required; no driver pod runs there now\n", node)
+	return nil
+}

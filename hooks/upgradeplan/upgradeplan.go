@@ -1,0 +1,336 @@
+// Package upgradeplan is the pre-upgrade hook: before Helm applies a new driver configuration it finds the GPU
+// nodes whose driver will change (the pool's rendered DRIVER_CONFIG_DIGEST against the digest their running driver
+// pod carries), prints the plan in batches of the pool's maxUnavailable, and marks those nodes upgrade-required —
+// or refuses, changing nothing, when the upgrade is unsafe. It arms and checks; the DaemonSet rollout and the
+// driver manager do the work. On a first install (Argo CD runs it as PreSync then too) there is no driver pod, so
+// it finds nothing to do.
+package upgradeplan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// DigestEnv is the driver manager's env var carrying the pool's config digest in the driver pod.
+const DigestEnv = "DRIVER_CONFIG_DIGEST"
+
+// Options configure Run.
+type Options struct {
+	Client             kubernetes.Interface
+	Namespace, Release string
+	Pools              []driverpools.Pool
+	// Evict: the driver manager evicts GPU pods before unloading, so PDBs that never allow an eviction block it.
+	Evict bool
+	// Force proceeds although PDBs block eviction (the driver manager's force settings decide what happens then).
+	Force bool
+	// Now stamps the state change; defaults to time.Now.
+	Now func() time.Time
+}
+
+// Validate rejects options Run cannot act on.
+func (o *Options) Validate() error {
+	if o.Client == nil || o.Namespace == "" || o.Release == "" {
+		return errors.New("need a client, --namespace and --release")
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return nil
+}
+
+// ErrUnsafe wraps every refusal.
+var ErrUnsafe = errors.New("driver upgrade refused, nothing changed")
+
+// NodePlan is one node whose driver will change.
+type NodePlan struct {
+	Node, Pool, From, To string
+}
+
+// Plan is what the upgrade will do.
+type Plan struct {
+	// Batches per pool, in order; each batch is at most the pool's maxUnavailable nodes.
+	Batches map[string][][]NodePlan
+	Nodes   []NodePlan
+	// Refusals say why the upgrade is unsafe; empty means go.
+	Refusals []string
+}
+
+// Compute builds the plan from the cluster without changing it.
+func Compute(ctx context.Context, o Options) (*Plan, error) {
+	nodeList, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	nodes := map[string]*corev1.Node{}
+	for i := range nodeList.Items {
+		nodes[nodeList.Items[i].Name] = &nodeList.Items[i]
+	}
+	sel := labels.Set{"app.kubernetes.io/instance": o.Release, "app.kubernetes.io/component": "driver"}.String()
+	driverPods, err := o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("list driver pods: %w", err)
+	}
+	plan := &Plan{Batches: map[string][][]NodePlan{}}
+	poolNodes := map[string][]*corev1.Node{} // pool -> nodes running its driver now
+	for i := range driverPods.Items {
+		pod := &driverPods.Items[i]
+		node := nodes[pod.Spec.NodeName]
+		if node == nil || pod.DeletionTimestamp != nil {
+			continue
+		}
+		matched, err := driverpools.Matching(o.Pools, node)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case len(matched) == 0:
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a driver but no pool selects it any more: "+
+				"the upgrade would remove its driver under running workloads", node.Name))
+			continue
+		case len(matched) > 1:
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is selected by driver pools %s",
+				node.Name, strings.Join(driverpools.Names(matched), " and ")))
+			continue
+		}
+		pool := matched[0]
+		poolNodes[pool.Name] = append(poolNodes[pool.Name], node)
+		if pool.Source != "container" {
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a driver pod but pool %s is now source=%s: "+
+				"drain it and remove the driver pod first", node.Name, pool.Name, pool.Source))
+			continue
+		}
+		if len(pool.DaemonSets) > 0 {
+			if ds, err := pool.DaemonSetFor(node); err != nil {
+				return nil, err
+			} else if ds == "" {
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s (%s %s, kernel %s): pool %s has no driver "+
+					"image for its OS/kernel any more", node.Name, node.Labels[osIDLabel], node.Labels[osVersionLabel],
+					node.Labels[kernelLabel], pool.Name))
+				continue
+			}
+		}
+		from := podDigest(pod)
+		if from == pool.Digest || pool.Digest == "" || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+			continue
+		}
+		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, From: from, To: pool.Digest})
+	}
+	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int { return strings.Compare(a.Pool+"/"+a.Node, b.Pool+"/"+b.Node) })
+
+	for _, n := range nodes {
+		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is in upgrade-failed (%s): fix it, then run "+
+				"`kube-gpu-stack upgrade retry %s`", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation], n.Name))
+		}
+	}
+	for _, pool := range o.Pools {
+		members := poolNodes[pool.Name]
+		maxUnavailable := resolve(pool.MaxUnavailable, len(members))
+		var batch []NodePlan
+		for _, np := range plan.Nodes {
+			if np.Pool != pool.Name {
+				continue
+			}
+			if batch = append(batch, np); len(batch) == maxUnavailable {
+				plan.Batches[pool.Name] = append(plan.Batches[pool.Name], batch)
+				batch = nil
+			}
+		}
+		if len(batch) > 0 {
+			plan.Batches[pool.Name] = append(plan.Batches[pool.Name], batch)
+		}
+		if len(plan.Batches[pool.Name]) == 0 {
+			continue
+		}
+		var down []string
+		for _, n := range members {
+			if unavailable(n) {
+				down = append(down, n.Name)
+			}
+		}
+		if len(down) > maxUnavailable {
+			slices.Sort(down)
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("pool %s: %d nodes are already unavailable (%s), more than "+
+				"its maxUnavailable %d: bring them back first", pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
+		}
+	}
+	if o.Evict && !o.Force && len(plan.Nodes) > 0 {
+		blocked, err := blockingPDBs(ctx, o.Client, plan.Nodes)
+		if err != nil {
+			return nil, err
+		}
+		plan.Refusals = append(plan.Refusals, blocked...)
+	}
+	slices.Sort(plan.Refusals)
+	return plan, nil
+}
+
+const (
+	osIDLabel      = "feature.node.kubernetes.io/system-os_release.ID"
+	osVersionLabel = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
+	kernelLabel    = "feature.node.kubernetes.io/kernel-version.full"
+)
+
+func podDigest(pod *corev1.Pod) string {
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		for _, e := range c.Env {
+			if e.Name == DigestEnv {
+				return e.Value
+			}
+		}
+	}
+	return ""
+}
+
+// resolve turns maxUnavailable into a node count, rounding a percentage up and never below 1 (as the DaemonSet
+// controller does for its rolling update).
+func resolve(v *intstr.IntOrString, total int) int {
+	if v == nil {
+		return 1
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, total, true)
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+func unavailable(n *corev1.Node) bool {
+	if n.Spec.Unschedulable && !nodestate.CordonedByUs(n) {
+		return true
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status != corev1.ConditionTrue
+		}
+	}
+	return true
+}
+
+// usesGPU: a container requests or limits an nvidia.com/gpu* or nvidia.com/mig-* resource.
+func usesGPU(pod *corev1.Pod) bool {
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range rl {
+				if strings.HasPrefix(string(name), "nvidia.com/gpu") || strings.HasPrefix(string(name), "nvidia.com/mig-") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// blockingPDBs names each GPU pod on a node to upgrade that a PDB will never let go: the budget allows no
+// disruption even with every pod it covers healthy. A budget that is only exhausted for now (a pod restarting) is not
+// a refusal: the driver manager waits for it.
+func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodePlan) ([]string, error) {
+	onPlan := map[string]bool{}
+	for _, np := range plan {
+		onPlan[np.Node] = true
+	}
+	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	pdbs, err := client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list PodDisruptionBudgets: %w", err)
+	}
+	var out []string
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !onPlan[pod.Spec.NodeName] || !usesGPU(pod) || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for j := range pdbs.Items {
+			pdb := &pdbs.Items[j]
+			if pdb.Namespace != pod.Namespace || !selects(pdb, pod) || !neverAllows(pdb) {
+				continue
+			}
+			out = append(out, fmt.Sprintf("GPU pod %s/%s on node %s: PodDisruptionBudget %s never allows an eviction "+
+				"(%d healthy of %d, %d required): relax it, or set the driver manager's eviction force", pod.Namespace, pod.Name,
+				pod.Spec.NodeName, pdb.Name, pdb.Status.CurrentHealthy, pdb.Status.ExpectedPods, pdb.Status.DesiredHealthy))
+		}
+	}
+	return out, nil
+}
+
+func selects(pdb *policyv1.PodDisruptionBudget, pod *corev1.Pod) bool {
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	return err == nil && !sel.Empty() && sel.Matches(labels.Set(pod.Labels))
+}
+
+func neverAllows(pdb *policyv1.PodDisruptionBudget) bool {
+	return pdb.Status.DisruptionsAllowed == 0 && pdb.Status.ExpectedPods > 0 && pdb.Status.DesiredHealthy >= pdb.Status.ExpectedPods
+}
+
+// Run computes the plan, prints it, and — when nothing makes it unsafe — marks the planned nodes upgrade-required.
+func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
+	plan, err := Compute(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	plan.Write(out)
+	if len(plan.Refusals) > 0 {
+		return plan, fmt.Errorf("%w: %s", ErrUnsafe, strings.Join(plan.Refusals, "; "))
+	}
+	now := o.Now().UTC().Format(time.RFC3339)
+	for _, np := range plan.Nodes {
+		n, err := o.Client.CoreV1().Nodes().Get(ctx, np.Node, metav1.GetOptions{})
+		if err != nil {
+			return plan, err
+		}
+		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, short(np.From), short(np.To))
+		if _, err := nodestate.Apply(ctx, o.Client, np.Node, nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)); err != nil {
+			return plan, err
+		}
+	}
+	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes))
+	return plan, nil
+}
+
+func short(d string) string {
+	if len(d) > 12 {
+		return d[:12]
+	}
+	if d == "" {
+		return "(none)"
+	}
+	return d
+}
+
+// Write prints the plan: per pool, its batches in order.
+func (p *Plan) Write(out io.Writer) {
+	if len(p.Nodes) == 0 {
+		fmt.Fprintln(out, "pre-upgrade: no GPU node's driver changes; nothing to do")
+	}
+	for _, pool := range slices.Sorted(maps.Keys(p.Batches)) {
+		for i, b := range p.Batches[pool] {
+			names := make([]string, len(b))
+			for j, np := range b {
+				names[j] = np.Node
+			}
+			fmt.Fprintf(out, "pool %s batch %d: %s\n", pool, i+1, strings.Join(names, ", "))
+		}
+	}
+	for _, r := range p.Refusals {
+		fmt.Fprintln(out, "unsafe:", r)
+	}
+}

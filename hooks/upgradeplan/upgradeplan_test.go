@@ -1,0 +1,130 @@
+package upgradeplan
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+func readyNode(name string, extra map[string]string) *corev1.Node {
+	l := map[string]string{"nvidia.com/gpu.present": "true"}
+	for k, v := range extra {
+		l[k] = v
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+}
+
+func driverPod(node, digest string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "driver-" + node, Namespace: "gpu", Labels: map[string]string{
+			"app.kubernetes.io/instance": "rel", "app.kubernetes.io/component": "driver"}},
+		Spec: corev1.PodSpec{NodeName: node,
+			InitContainers: []corev1.Container{{Name: "k8s-driver-manager", Env: []corev1.EnvVar{{Name: DigestEnv, Value: digest}}}},
+			Containers:     []corev1.Container{{Name: "driver", Image: "nvcr.io/nvidia/driver:570.86.15-ubuntu22.04"}}},
+	}
+}
+
+func gpuWorkload(node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "train-" + node, Namespace: "ml", Labels: map[string]string{"app": "train"}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+var everyGPUNode = []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "nvidia.com/gpu.present", Operator: corev1.NodeSelectorOpExists}}}}
+
+func pool(digest string, maxUnavailable intstr.IntOrString) []driverpools.Pool {
+	return []driverpools.Pool{{Name: "default", Source: "container", NodeSelectorTerms: everyGPUNode, Digest: digest, MaxUnavailable: &maxUnavailable}}
+}
+
+func run(t *testing.T, pools []driverpools.Pool, objs ...runtime.Object) (*Plan, string, error, *fake.Clientset) {
+	t.Helper()
+	client := fake.NewClientset(objs...)
+	var out bytes.Buffer
+	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(0, 0) }}, &out)
+	return plan, out.String(), err, client
+}
+
+func TestFirstInstallHasNothingToDo(t *testing.T) {
+	plan, out, err, _ := run(t, pool("new", intstr.FromInt32(1)), readyNode("a", nil))
+	if err != nil || len(plan.Nodes) != 0 || !strings.Contains(out, "nothing to do") {
+		t.Fatalf("err %v, plan %+v, out %q", err, plan, out)
+	}
+}
+
+func TestPlansChangedNodesInBatchesAndMarksThem(t *testing.T) {
+	plan, out, err, client := run(t, pool("new", intstr.FromString("50%")),
+		readyNode("a", nil), readyNode("b", nil), readyNode("c", nil), readyNode("d", map[string]string{nodestate.UpgradeSkipLabel: "true"}),
+		driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "new"), driverPod("d", "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// four nodes in the pool, 50% → 2 at a time; c is current and d is skipped
+	if got := len(plan.Batches["default"]); got != 1 || len(plan.Nodes) != 2 || !strings.Contains(out, "pool default batch 1: a, b") {
+		t.Fatalf("plan %+v\n%s", plan, out)
+	}
+	for name, want := range map[string]string{"a": "upgrade-required", "b": "upgrade-required", "c": "", "d": ""} {
+		n, _ := client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+		if got := n.Labels[nodestate.UpgradeStateLabel]; got != want {
+			t.Errorf("node %s state %q, want %q", name, got, want)
+		}
+	}
+}
+
+func TestRefusesUnsafeUpgradesAndChangesNothing(t *testing.T) {
+	failed := readyNode("f", map[string]string{nodestate.UpgradeStateLabel: "upgrade-failed"})
+	failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "module nvidia is in use by pid 42"}
+	down := readyNode("down", nil)
+	down.Status.Conditions[0].Status = corev1.ConditionFalse
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "keep-all", Namespace: "ml"},
+		Spec:   policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}},
+		Status: policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1}}
+	_, out, err, client := run(t, pool("new", intstr.FromInt32(1)),
+		readyNode("a", nil), failed, down, driverPod("a", "old"), driverPod("down", "old"), driverPod("gone", "old"),
+		gpuWorkload("a"), pdb)
+	if !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("want a refusal, got %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"node f is in upgrade-failed (module nvidia is in use by pid 42)",
+		"GPU pod ml/train-a on node a: PodDisruptionBudget keep-all never allows an eviction",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+	if _, marked := n.Labels[nodestate.UpgradeStateLabel]; marked {
+		t.Error("a refused upgrade marked a node")
+	}
+}
+
+func TestRefusesNodesPoolsNoLongerCover(t *testing.T) {
+	pools := []driverpools.Pool{{Name: "a100", Source: "container", Digest: "new",
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: corev1.NodeSelectorOpIn, Values: []string{"a100"}}}}},
+		DaemonSets: []driverpools.DaemonSet{{Name: "nvidia-driver-a100-ubuntu22.04", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: osIDLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu"}}}}}}}}}
+	_, out, err, _ := run(t, pools,
+		readyNode("h100", map[string]string{"gpu": "h100"}), driverPod("h100", "old"),
+		readyNode("rhel", map[string]string{"gpu": "a100", osIDLabel: "rhel"}), driverPod("rhel", "old"))
+	if !errors.Is(err, ErrUnsafe) || !strings.Contains(out, "node h100 runs a driver but no pool selects it any more") ||
+		!strings.Contains(out, "node rhel (rhel , kernel ): pool a100 has no driver image for its OS/kernel") {
+		t.Errorf("err %v\n%s", err, out)
+	}
+}
