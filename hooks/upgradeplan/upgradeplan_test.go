@@ -119,7 +119,7 @@ func TestRefusesUnsafeUpgradesAndChangesNothing(t *testing.T) {
 func TestRefusesNodesPoolsNoLongerCover(t *testing.T) {
 	pools := []driverpools.Pool{{Name: "a100", Source: "container", Digest: "new",
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: corev1.NodeSelectorOpIn, Values: []string{"a100"}}}}},
-		DaemonSets: []driverpools.DaemonSet{{Name: "nvidia-driver-a100-ubuntu22.04", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: osIDLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu"}}}}}}}}}
+		DaemonSets:        []driverpools.DaemonSet{{Name: "nvidia-driver-a100-ubuntu22.04", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: osIDLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu"}}}}}}}}}
 	_, out, err, _ := run(t, pools,
 		readyNode("h100", map[string]string{"gpu": "h100"}), driverPod("h100", "old"),
 		readyNode("rhel", map[string]string{"gpu": "a100", osIDLabel: "rhel"}), driverPod("rhel", "old"))
