@@ -97,6 +97,34 @@ func Cleanup(dir string, files []string) (int, error) {
 	return removed, nil
 }
 
+// Write puts a status file in dir atomically (a temporary file in the same directory, then a rename), so a reader
+// never sees it half written: `sh` sourcing driver-ready reads all of it or nothing.
+func Write(dir, name string, data []byte) error {
+	if err := validNames([]string{name}); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	defer os.Remove(tmp.Name()) // a no-op after the rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
 // validNames accepts bare file names only, so a status file can never point outside the validations directory.
 func validNames(files []string) error {
 	for _, f := range files {

@@ -73,3 +73,27 @@ func TestCleanupRemovesOnlyTheNamedFiles(t *testing.T) {
 		t.Fatal("Cleanup accepted a path")
 	}
 }
+
+func TestWriteReplacesAtomicallyAndLeavesNoTemporaryFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := Write(dir, "driver-ready", []byte("IS_HOST_DRIVER=false\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(dir, "driver-ready", []byte("IS_HOST_DRIVER=true\n")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "driver-ready"))
+	if err != nil || string(got) != "IS_HOST_DRIVER=true\n" {
+		t.Fatalf("driver-ready = %q, %v", got, err)
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 1 {
+		t.Fatalf("left %v, want only driver-ready", left)
+	}
+	if err := Write(dir, "../escape", nil); err == nil {
+		t.Fatal("Write accepted a path")
+	}
+	if err := Write(filepath.Join(dir, "missing"), "x", nil); err == nil || !strings.Contains(err.Error(), "write x") {
+		t.Fatalf("Write into a missing dir: %v", err)
+	}
+}

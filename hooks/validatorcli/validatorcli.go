@@ -1,20 +1,47 @@
-// Package validatorcli is the `validator` command: the per-node checks run as init containers of the operand
-// DaemonSets. This release carries the status-file barrier every operand uses (wait, cleanup); the component
-// checks (driver, toolkit, cuda, plugin, vfio-pci, vgpu-manager, vgpu-devices, cc-manager, metrics) follow.
+// Package validatorcli is the `validator` command: the per-node checks run as init containers of the validator
+// DaemonSets (one subcommand per component, configured by environment as the chart sets it), the node status
+// exporter (metrics), and the status-file barrier every operand uses (wait, cleanup).
 package validatorcli
 
 import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
 )
 
+// componentHelp is each component's one-line description.
+var componentHelp = map[string]string{
+	"driver":       "The driver answers (host install or driver container): writes driver-ready and the extra modules' files",
+	"toolkit":      "GPUs are visible in a container of the nvidia runtime: writes toolkit-ready",
+	"cuda":         "A CUDA sample pod runs on this node: writes cuda-ready",
+	"plugin":       "The node advertises GPUs (and, with WITH_WORKLOAD, a pod gets one): writes plugin-ready",
+	"vfio-pci":     "On vm-passthrough nodes every NVIDIA GPU is bound to vfio-pci: writes workload-type, vfio-pci-ready",
+	"vgpu-manager": "On vm-vgpu nodes the vGPU manager answers and GPUs offer vGPUs: writes workload-type, (host-)vgpu-manager-ready",
+	"vgpu-devices": "On vm-vgpu nodes a vGPU device exists: writes workload-type, vgpu-devices-ready",
+	"cc-manager":   "On CC-capable nodes the CC manager has set the CC mode: writes cc-manager-ready",
+	"rdma":         "Kernel module nvidia_peermem is loaded: writes nvidia-peermem-ready",
+	"gds":          "Kernel module nvidia_fs is loaded: writes nvidia-fs-ready",
+	"gdrcopy":      "Kernel module gdrdrv is loaded: writes gdrcopy-ready",
+	"ready":        "Say that every validation passed on this node and stay running (the validator pods' main container)",
+	"metrics":      "Serve the status files as Prometheus gauges on METRICS_PORT (the node status exporter)",
+}
+
 // NewCommand returns the validator root command writing its summary lines to out.
-func NewCommand(out io.Writer) *cobra.Command {
+func NewCommand(out io.Writer) *cobra.Command { return NewCommandWith(out, nil) }
+
+// NewCommandWith is NewCommand with adjust applied to each component's Options after they are read from the
+// environment and before defaults are filled (tests inject a fake clientset, a command runner and NVML).
+func NewCommandWith(out io.Writer, adjust func(*validation.Options)) *cobra.Command {
 	dir := os.Getenv("OUTPUT_DIR")
 	if dir == "" {
 		dir = statusfiles.DefaultDir
@@ -61,5 +88,137 @@ func NewCommand(out io.Writer) *cobra.Command {
 		},
 	}
 	root.AddCommand(waitCmd, cleanupCmd)
+
+	for _, component := range validation.Components {
+		root.AddCommand(&cobra.Command{
+			Use:   component,
+			Short: componentHelp[component],
+			Long:  componentHelp[component] + ".\n\n" + envHelp,
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				o, err := fromEnv(component, dir)
+				if err != nil {
+					return err
+				}
+				if adjust != nil {
+					adjust(&o)
+				}
+				usesAPI := component != "ready" && component != "metrics"
+				if o.Client == nil && o.NodeName != "" && usesAPI {
+					if o.Client, err = inCluster(); err != nil {
+						fmt.Fprintf(out, "%s: no API access (%v): outcomes are not recorded on node %s\n", component, err, o.NodeName)
+					}
+				}
+				o.Complete()
+				if err := o.Validate(); err != nil {
+					return err
+				}
+				return o.Run(cmd.Context(), out)
+			},
+		})
+	}
 	return root
+}
+
+const envHelp = `Environment (as the chart sets it):
+  NODE_NAME                        this node (empty: outcomes are not recorded on the Node)
+  OUTPUT_DIR                       status files directory (default /run/nvidia/validations; flag --dir)
+  HOST_ROOT                        the host's / in this container (default /host)
+  DRIVER_INSTALL_DIR               the driver container's root in this container (default /run/nvidia/driver)
+  DRIVER_INSTALL_DIR_HOST_PATH     the same on the host, for driver-ready (default DRIVER_INSTALL_DIR)
+  WITH_WAIT                        retry until the check passes (default false: one attempt, exit 1 on failure)
+  SLEEP_INTERVAL_SECONDS           time between attempts (default 5)
+  WORKLOAD_TIMEOUT_SECONDS         bound of each API wait: node GPU capacity, a workload pod (default 300)
+  DRIVER_VALIDATION_SKIP_GPU_INIT  driver: only nvidia-smi --version, no NVML (default false)
+  WITH_WORKLOAD                    plugin: also run a pod that requests one GPU (default false)
+  MIG_STRATEGY                     plugin: none, single (nvidia.com/gpu) or mixed (nvidia.com/mig-*) (default single)
+  OPERATOR_NAMESPACE               cuda, plugin: namespace of the workload pods
+  CUDA_WORKLOAD_IMAGE              cuda, plugin: image of the workload pods (default ` + validation.DefaultWorkloadImage + `)
+  CUDA_WORKLOAD_COMMAND            cuda, plugin: its command, split on spaces (default ` + validation.DefaultWorkloadCommand + `)
+  VALIDATOR_IMAGE_PULL_POLICY      cuda, plugin: pull policy of the workload image
+  VALIDATOR_IMAGE_PULL_SECRETS     cuda, plugin: comma-separated pull secret names
+  VALIDATOR_RUNTIME_CLASS          cuda, plugin: runtime class of the workload pods
+  DEFAULT_GPU_WORKLOAD_CONFIG      vfio-pci, vgpu-*: role of a node without a valid nvidia.com/gpu.workload.config (default container)
+  METRICS_PORT                     metrics: port to serve /metrics on (default 8000)`
+
+// fromEnv reads a component's Options from the environment, naming the variable that cannot be parsed.
+func fromEnv(component, dir string) (validation.Options, error) {
+	o := validation.Options{
+		Component:                component,
+		NodeName:                 os.Getenv("NODE_NAME"),
+		OutputDir:                dir,
+		HostRoot:                 os.Getenv("HOST_ROOT"),
+		DriverInstallDir:         os.Getenv("DRIVER_INSTALL_DIR"),
+		DriverInstallDirHostPath: os.Getenv("DRIVER_INSTALL_DIR_HOST_PATH"),
+		MIGStrategy:              os.Getenv("MIG_STRATEGY"),
+		Namespace:                os.Getenv("OPERATOR_NAMESPACE"),
+		WorkloadImage:            os.Getenv("CUDA_WORKLOAD_IMAGE"),
+		WorkloadCommand:          strings.Fields(os.Getenv("CUDA_WORKLOAD_COMMAND")),
+		PullPolicy:               os.Getenv("VALIDATOR_IMAGE_PULL_POLICY"),
+		RuntimeClass:             os.Getenv("VALIDATOR_RUNTIME_CLASS"),
+		DefaultWorkloadConfig:    os.Getenv("DEFAULT_GPU_WORKLOAD_CONFIG"),
+	}
+	for s := range strings.SplitSeq(os.Getenv("VALIDATOR_IMAGE_PULL_SECRETS"), ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			o.PullSecrets = append(o.PullSecrets, s)
+		}
+	}
+	var err error
+	for name, dst := range map[string]*bool{
+		"WITH_WAIT": &o.WithWait, "WITH_WORKLOAD": &o.WithWorkload, "DRIVER_VALIDATION_SKIP_GPU_INIT": &o.SkipGPUInit,
+	} {
+		if *dst, err = envBool(name); err != nil {
+			return o, err
+		}
+	}
+	for name, dst := range map[string]*time.Duration{
+		"SLEEP_INTERVAL_SECONDS": &o.SleepInterval, "WORKLOAD_TIMEOUT_SECONDS": &o.Timeout,
+	} {
+		if *dst, err = envSeconds(name); err != nil {
+			return o, err
+		}
+	}
+	if port := os.Getenv("METRICS_PORT"); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			return o, fmt.Errorf("METRICS_PORT=%q: want a port number", port)
+		}
+		o.MetricsAddr = ":" + port
+	}
+	return o, nil
+}
+
+func envBool(name string) (bool, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: want true or false", name, v)
+	}
+	return b, nil
+}
+
+func envSeconds(name string) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q: want a positive number of seconds", name, v)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+func inCluster() (kubernetes.Interface, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }

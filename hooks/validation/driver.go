@@ -1,0 +1,301 @@
+package validation
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
+)
+
+// Files the driver's own containers write in the validations directory.
+const (
+	// DriverCtrReadyFile is written by the driver container's startup probe once the driver answers; it lists
+	// GDRCOPY_ENABLED, GDS_ENABLED and GPU_DIRECT_RDMA_ENABLED.
+	DriverCtrReadyFile = ".driver-ctr-ready"
+	// CCManagerCtrReadyFile is written by the CC manager once the GPUs' CC mode is set.
+	CCManagerCtrReadyFile = ".cc-manager-ctr-ready"
+)
+
+// driverModule is a kernel module the driver container loads when a feature is on.
+type driverModule struct {
+	component string // the validator subcommand that checks it alone
+	env       string // its switch in .driver-ctr-ready
+	module    string // its name in /proc/modules
+	file      string // the status file it writes
+}
+
+var driverModules = []driverModule{
+	{component: "gdrcopy", env: "GDRCOPY_ENABLED", module: "gdrdrv", file: "gdrcopy-ready"},
+	{component: "gds", env: "GDS_ENABLED", module: "nvidia_fs", file: "nvidia-fs-ready"},
+	{component: "rdma", env: "GPU_DIRECT_RDMA_ENABLED", module: "nvidia_peermem", file: "nvidia-peermem-ready"},
+}
+
+// driverInfo is where the driver lives, as driver-ready tells the operands that source it.
+type driverInfo struct {
+	host bool
+	// root is the driver's root in this container (HostRoot or DriverInstallDir).
+	root hostfs.Root
+	// rootHostPath is the same root on the host ("/" or the driver install dir).
+	rootHostPath string
+	// devRootHostPath and devRootCtr are where /dev/nvidia* live, on the host and here.
+	devRootHostPath, devRootCtr string
+	// smiDir is nvidia-smi's directory relative to root.
+	smiDir  string
+	version string
+	gpus    int
+}
+
+// env is driver-ready's content: KEY=VALUE lines that `sh` sources (set -a; . driver-ready).
+func (d *driverInfo) env() []byte {
+	var b bytes.Buffer
+	for _, kv := range [][2]string{
+		{"IS_HOST_DRIVER", fmt.Sprint(d.host)},
+		{"NVIDIA_DRIVER_ROOT", d.rootHostPath},
+		{"DRIVER_ROOT_CTR_PATH", d.root.String()},
+		{"NVIDIA_DEV_ROOT", d.devRootHostPath},
+		{"DEV_ROOT_CTR_PATH", d.devRootCtr},
+	} {
+		fmt.Fprintf(&b, "%s=%s\n", kv[0], shellQuote(kv[1]))
+	}
+	return b.Bytes()
+}
+
+func (d *driverInfo) String() string {
+	kind := "containerized driver"
+	if d.host {
+		kind = "host driver"
+	}
+	s := fmt.Sprintf("%s under %s", kind, d.root)
+	if d.version != "" {
+		s += ", version " + d.version
+	}
+	if d.gpus > 0 {
+		s += fmt.Sprintf(", %d GPU(s)", d.gpus)
+	}
+	return s
+}
+
+// driverCheck proves the driver answers, on the host or in its container, and writes driver-ready; then waits for
+// the extra modules the driver container was asked to load.
+func (o *Options) driverCheck() check {
+	var found *driverInfo // once found, later attempts only wait for the extra modules
+	return check{
+		name: "driver",
+		owns: []string{"driver-ready", "gdrcopy-ready", "nvidia-fs-ready", "nvidia-peermem-ready"},
+		attempt: func(ctx context.Context, p progress) result {
+			if found == nil {
+				d, r := o.findDriver(ctx)
+				if d == nil {
+					return r
+				}
+				p.Logf("%s answers", d)
+				found = d
+			}
+			files := []file{{name: "driver-ready", data: found.env()}}
+			if found.host {
+				return ready(files...)
+			}
+			return o.driverModules(files)
+		},
+	}
+}
+
+// findDriver locates the driver (a host install first, as the driver DaemonSet stands down on such nodes) and
+// probes it with nvidia-smi and NVML.
+func (o *Options) findDriver(ctx context.Context) (*driverInfo, result) {
+	host := hostfs.Root(o.HostRoot)
+	dir, _, err := host.FindExecutable("nvidia-smi", hostfs.BinDirs)
+	if err == nil {
+		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir}
+		return o.probeDriver(ctx, d)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, failed("look for a host driver: %v", err)
+	}
+	ctrReady, err := hostfs.Root(o.OutputDir).Exists(DriverCtrReadyFile)
+	if err != nil {
+		return nil, failed("%v", err)
+	}
+	if !ctrReady {
+		return nil, waiting("no host driver (no nvidia-smi under %s in %s) and the driver container is not ready (no %s in %s)",
+			o.HostRoot, strings.Join(hostfs.BinDirs, ", "), DriverCtrReadyFile, o.OutputDir)
+	}
+	drv := hostfs.Root(o.DriverInstallDir)
+	dir, _, err = drv.FindExecutable("nvidia-smi", hostfs.BinDirs)
+	if err != nil {
+		return nil, waiting("the driver container is ready (%s) but its root has no nvidia-smi: %v", DriverCtrReadyFile, err)
+	}
+	d := &driverInfo{root: drv, rootHostPath: o.DriverInstallDirHostPath, smiDir: dir,
+		devRootHostPath: "/", devRootCtr: o.HostRoot}
+	// device nodes are normally created on the host's /dev; a driver container that keeps its own has them there
+	if own, _ := drv.Exists("dev/nvidiactl"); own {
+		d.devRootHostPath, d.devRootCtr = o.DriverInstallDirHostPath, o.DriverInstallDir
+	}
+	return o.probeDriver(ctx, d)
+}
+
+func (o *Options) probeDriver(ctx context.Context, d *driverInfo) (*driverInfo, result) {
+	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi"}
+	if o.SkipGPUInit {
+		smi.Args = []string{"--version"}
+	}
+	out, err := o.Runner.Run(ctx, smi)
+	if err != nil {
+		return nil, waiting("nvidia-smi under %s failed: %s", filepath.Join(d.root.String(), d.smiDir), describeRun(out, err))
+	}
+	if o.SkipGPUInit { // no GPU is touched: NVML would initialise them
+		return d, result{}
+	}
+	lib, err := d.root.FindLibrary("libnvidia-ml.so.1")
+	if err != nil {
+		return nil, waiting("nvidia-smi answers but NVML is missing: %v", err)
+	}
+	d.gpus, d.version, err = o.countGPUs(lib)
+	if err != nil {
+		return nil, waiting("%v", err)
+	}
+	return d, result{}
+}
+
+// countGPUs loads NVML from lib and returns the number of GPUs it sees (at least one) and the driver version.
+func (o *Options) countGPUs(lib string) (int, string, error) {
+	n := o.NewNVML(lib)
+	if ret := n.Init(); ret != nvml.SUCCESS {
+		return 0, "", fmt.Errorf("NVML (%s) init: %v", lib, ret)
+	}
+	defer n.Shutdown()
+	count, ret := n.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return 0, "", fmt.Errorf("NVML (%s) device count: %v", lib, ret)
+	}
+	if count == 0 {
+		return 0, "", fmt.Errorf("NVML (%s) sees no GPU", lib)
+	}
+	version, ret := n.SystemGetDriverVersion()
+	if ret != nvml.SUCCESS {
+		version = "unknown (" + ret.Error() + ")"
+	}
+	return count, version, nil
+}
+
+// driverModules waits for the modules .driver-ctr-ready switches on; driver-ready is written meanwhile, as the
+// driver itself works.
+func (o *Options) driverModules(files []file) result {
+	raw, err := os.ReadFile(filepath.Join(o.OutputDir, DriverCtrReadyFile))
+	if errors.Is(err, fs.ErrNotExist) { // the driver container is restarting: driver-ready stays, as it was true
+		return waiting("the driver container stopped (%s is gone) before its modules were checked", DriverCtrReadyFile)
+	}
+	if err != nil {
+		return failed("read %s: %v", DriverCtrReadyFile, err)
+	}
+	switches := parseEnv(raw)
+	var wanted []driverModule
+	for _, m := range driverModules {
+		if strings.EqualFold(switches[m.env], "true") {
+			wanted = append(wanted, m)
+		}
+	}
+	if len(wanted) == 0 {
+		return ready(files...)
+	}
+	mods, err := hostfs.Root(o.HostRoot).LoadedModules()
+	if err != nil {
+		return failed("%v", err)
+	}
+	var missing []string
+	for _, m := range wanted {
+		if mods[m.module] {
+			files = append(files, file{name: m.file})
+		} else {
+			missing = append(missing, fmt.Sprintf("%s (%s=true)", m.module, m.env))
+		}
+	}
+	r := ready(files...)
+	if len(missing) > 0 {
+		r = waiting("driver ready; kernel module %s not loaded yet (%s)", strings.Join(missing, ", "),
+			path.Join(o.HostRoot, "proc/modules"))
+		r.files = files
+	}
+	return r
+}
+
+// moduleCheck is a standalone check of one of the driver's extra modules (rdma, gds, gdrcopy).
+func (o *Options) moduleCheck(component string) check {
+	var m driverModule
+	for _, dm := range driverModules {
+		if dm.component == component {
+			m = dm
+		}
+	}
+	return check{
+		name: component,
+		owns: []string{m.file},
+		attempt: func(context.Context, progress) result {
+			mods, err := hostfs.Root(o.HostRoot).LoadedModules()
+			if err != nil {
+				return failed("%v", err)
+			}
+			if !mods[m.module] {
+				return waiting("kernel module %s is not loaded (%s)", m.module, path.Join(o.HostRoot, "proc/modules"))
+			}
+			return ready(file{name: m.file})
+		},
+	}
+}
+
+// toolkitCheck runs in a container the nvidia runtime started with NVIDIA_VISIBLE_DEVICES=all: nvidia-smi and
+// NVML work there only if the toolkit injected the driver.
+func (o *Options) toolkitCheck() check {
+	return check{
+		name: "toolkit",
+		owns: []string{"toolkit-ready"},
+		attempt: func(ctx context.Context, p progress) result {
+			out, err := o.Runner.Run(ctx, Command{Path: "nvidia-smi"})
+			if err != nil {
+				return waiting("nvidia-smi in a container of the nvidia runtime failed: %s (the container toolkit did not inject the driver)",
+					describeRun(out, err))
+			}
+			n, version, err := o.countGPUs("libnvidia-ml.so.1")
+			if err != nil {
+				return waiting("%v in a container of the nvidia runtime", err)
+			}
+			p.Logf("%d GPU(s), driver %s, visible in a container of the nvidia runtime", n, version)
+			return ready(file{name: "toolkit-ready"})
+		},
+	}
+}
+
+// parseEnv reads KEY=VALUE lines (optionally "export ", optionally quoted), as the driver container writes them.
+func parseEnv(raw []byte) map[string]string {
+	env := map[string]string{}
+	s := bufio.NewScanner(bytes.NewReader(raw))
+	for s.Scan() {
+		line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(s.Text()), "export "))
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		env[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
+	}
+	return env
+}
+
+// shellQuote leaves plain paths as they are and single-quotes anything else.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-:+", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,392 @@
+package validation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+	"k8s.io/utils/ptr"
+)
+
+// Workload pod labels (app=<value>): the checks delete their earlier pods on the node by them.
+const (
+	CUDAWorkloadApp   = "nvidia-cuda-validator"
+	PluginWorkloadApp = "nvidia-device-plugin-validator"
+	// GPUResource is the device plugin's resource with MIG strategy single or none.
+	GPUResource corev1.ResourceName = "nvidia.com/gpu"
+	// MIGResourcePrefix prefixes the device plugin's resources with MIG strategy mixed (nvidia.com/mig-1g.10gb).
+	MIGResourcePrefix = "nvidia.com/mig-"
+)
+
+// cudaCheck runs the CUDA sample in a pod on this node. The pod asks for no GPU: the nvidia runtime gives it all
+// of them (NVIDIA_VISIBLE_DEVICES=all), so it runs even when every GPU is allocated to workloads.
+func (o *Options) cudaCheck() check {
+	return check{
+		name: "cuda",
+		owns: []string{"cuda-ready"},
+		attempt: func(ctx context.Context, p progress) result {
+			pr := o.runWorkload(ctx, p, workload{app: CUDAWorkloadApp, container: "cuda-validation"})
+			if !pr.succeeded {
+				return waiting("%s", pr.reason)
+			}
+			return ready(file{name: "cuda-ready"})
+		},
+	}
+}
+
+// pluginCheck waits until the node advertises GPUs and, with WithWorkload, runs the CUDA sample in a pod that
+// requests one of them through the device plugin. A node whose GPUs are all allocated skips the pod: it would wait
+// for a free GPU, which may never come.
+func (o *Options) pluginCheck() check {
+	return check{
+		name: "plugin",
+		owns: []string{"plugin-ready"},
+		attempt: func(ctx context.Context, p progress) result {
+			res, n, r := o.gpuCapacity(ctx, p)
+			if n == 0 {
+				return r
+			}
+			p.Logf("node %s advertises %d %s", o.NodeName, n, res)
+			done := file{name: "plugin-ready"}
+			if !o.WithWorkload {
+				return ready(done)
+			}
+			if err := o.deleteWorkloads(ctx, PluginWorkloadApp); err != nil {
+				return waiting("%v", err)
+			}
+			used, err := o.allocated(ctx, res)
+			switch {
+			case apierrors.IsForbidden(err): // the kubelet's admission answers instead: OutOf<resource>
+				p.Logf("cannot list the node's pods (%v); relying on the kubelet to refuse the pod if no GPU is free", err)
+			case err != nil:
+				return waiting("list the pods on node %s: %v", o.NodeName, err)
+			case used >= n:
+				return skipped(fmt.Sprintf("all %d %s allocated; workload check skipped", n, res), done)
+			}
+			pr := o.runWorkload(ctx, p, workload{app: PluginWorkloadApp, container: "plugin-validation", resource: res})
+			switch {
+			case pr.outOfResource:
+				return skipped(fmt.Sprintf("no free %s (%s); workload check skipped", res, pr.reason), done)
+			case !pr.succeeded:
+				return waiting("%s", pr.reason)
+			}
+			return ready(done)
+		},
+	}
+}
+
+// gpuCapacity watches the Node, up to Timeout, until it has allocatable GPUs: nvidia.com/gpu, or nvidia.com/mig-*
+// (preferred with MIG strategy mixed). It returns the resource and its count; 0 with the reason when none came.
+func (o *Options) gpuCapacity(ctx context.Context, p progress) (corev1.ResourceName, int64, result) {
+	var res corev1.ResourceName
+	var n int64
+	var seen *corev1.Node
+	nodes := o.Client.CoreV1().Nodes()
+	sel := fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = sel
+			return nodes.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = sel
+			return nodes.Watch(ctx, opts)
+		},
+	}
+	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	reported := false
+	_, err := watchtools.UntilWithSync(wctx, cache.ToListWatcherWithWatchListSemantics(lw, o.Client), &corev1.Node{}, nil, func(ev watch.Event) (bool, error) {
+		node, ok := ev.Object.(*corev1.Node)
+		if !ok || node.Name != o.NodeName {
+			return false, nil
+		}
+		if ev.Type == watch.Deleted {
+			return false, fmt.Errorf("node %s was deleted", o.NodeName)
+		}
+		seen = node
+		res, n = gpuResource(node, o.MIGStrategy)
+		if n == 0 && !reported {
+			p.Report(fmt.Sprintf("node advertises no %s or %s* yet (the device plugin registers them)", GPUResource, MIGResourcePrefix))
+			reported = true
+		}
+		return n > 0, nil
+	})
+	if n > 0 {
+		return res, n, result{}
+	}
+	switch {
+	case seen == nil && err != nil:
+		return "", 0, waiting("read node %s: %v", o.NodeName, err)
+	case err != nil && !errors.Is(wctx.Err(), context.DeadlineExceeded):
+		return "", 0, waiting("watch node %s: %v", o.NodeName, err)
+	}
+	return "", 0, waiting("node %s advertises no allocatable %s or %s* after %s: is the device plugin running on it?",
+		o.NodeName, GPUResource, MIGResourcePrefix, o.Timeout)
+}
+
+// gpuResource picks the device plugin's resource on node and its allocatable count.
+func gpuResource(node *corev1.Node, strategy string) (corev1.ResourceName, int64) {
+	var mig []corev1.ResourceName
+	for name, q := range node.Status.Allocatable {
+		if strings.HasPrefix(string(name), MIGResourcePrefix) && q.Value() > 0 {
+			mig = append(mig, name)
+		}
+	}
+	slices.Sort(mig)
+	gpu := node.Status.Allocatable[GPUResource]
+	if len(mig) > 0 && (strategy == "mixed" || gpu.Value() == 0) {
+		q := node.Status.Allocatable[mig[0]]
+		return mig[0], q.Value()
+	}
+	return GPUResource, gpu.Value()
+}
+
+// allocated sums res over the node's pods that still hold it (not Succeeded or Failed), counting a pod as the
+// scheduler does: the larger of its containers' sum and its largest init container.
+func (o *Options) allocated(ctx context.Context, res corev1.ResourceName) (int64, error) {
+	pods, err := o.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", o.NodeName).String(),
+	})
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.Spec.NodeName != o.NodeName || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		total += podRequest(pod, res)
+	}
+	return total, nil
+}
+
+func podRequest(pod *corev1.Pod, res corev1.ResourceName) int64 {
+	get := func(c corev1.Container) int64 {
+		if q, ok := c.Resources.Requests[res]; ok {
+			return q.Value()
+		}
+		q := c.Resources.Limits[res] // extended resources: a limit alone sets the request
+		return q.Value()
+	}
+	var sum, initMax int64
+	for _, c := range pod.Spec.Containers {
+		sum += get(c)
+	}
+	for _, c := range pod.Spec.InitContainers {
+		initMax = max(initMax, get(c))
+	}
+	return max(sum, initMax)
+}
+
+// workload is a pod a check runs on its node.
+type workload struct {
+	app       string
+	container string
+	// resource, when set, is requested once through the device plugin; otherwise the pod sees every GPU through
+	// the runtime (NVIDIA_VISIBLE_DEVICES=all, privileged so the toolkit honours the variable).
+	resource corev1.ResourceName
+}
+
+type podResult struct {
+	succeeded bool
+	// outOfResource: the kubelet refused the pod because the requested GPU was not free.
+	outOfResource bool
+	reason        string
+}
+
+// runWorkload replaces any earlier pod of w on this node with a new one, watches it until it ends or Timeout, and
+// deletes it.
+func (o *Options) runWorkload(ctx context.Context, p progress, w workload) podResult {
+	if err := o.deleteWorkloads(ctx, w.app); err != nil {
+		return podResult{reason: err.Error()}
+	}
+	pods := o.Client.CoreV1().Pods(o.Namespace)
+	pod, err := pods.Create(ctx, o.workloadPod(w), metav1.CreateOptions{})
+	if err != nil {
+		return podResult{reason: fmt.Sprintf("create the %s pod in %s: %v", w.app, o.Namespace, err)}
+	}
+	p.Logf("started pod %s/%s (%s)", pod.Namespace, pod.Name, o.WorkloadImage)
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if err := pods.Delete(dctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
+			p.Logf("could not delete pod %s: %v", pod.Name, err)
+		}
+	}()
+
+	sel := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = sel
+			return pods.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = sel
+			return pods.Watch(ctx, opts)
+		},
+	}
+	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	last, lastReason := pod, ""
+	_, err = watchtools.UntilWithSync(wctx, cache.ToListWatcherWithWatchListSemantics(lw, o.Client), &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+		cur, ok := ev.Object.(*corev1.Pod)
+		if !ok || cur.Name != pod.Name {
+			return false, nil
+		}
+		if ev.Type == watch.Deleted {
+			return false, fmt.Errorf("pod %s was deleted before it finished", pod.Name)
+		}
+		last = cur
+		if cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed {
+			return true, nil
+		}
+		if r := describePending(cur); r != lastReason {
+			lastReason = r
+			p.Report(r)
+		}
+		return false, nil
+	})
+	switch {
+	case last.Status.Phase == corev1.PodSucceeded:
+		return podResult{succeeded: true}
+	case last.Status.Phase == corev1.PodFailed:
+		reason := describeFailure(last)
+		out := strings.HasPrefix(last.Status.Reason, "OutOf") || last.Status.Reason == "UnexpectedAdmissionError"
+		return podResult{outOfResource: out, reason: reason}
+	case errors.Is(wctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
+		return podResult{reason: fmt.Sprintf("pod %s did not finish within %s: %s", pod.Name, o.Timeout, describePending(last))}
+	}
+	return podResult{reason: fmt.Sprintf("watch pod %s: %v (last seen: %s)", pod.Name, err, describePending(last))}
+}
+
+// deleteWorkloads removes the earlier pods of app on this node (a crashed run's, or one still running).
+func (o *Options) deleteWorkloads(ctx context.Context, app string) error {
+	pods := o.Client.CoreV1().Pods(o.Namespace)
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set{"app": app}.String()})
+	if err != nil {
+		return fmt.Errorf("list earlier %s pods in %s: %w", app, o.Namespace, err)
+	}
+	for _, old := range list.Items {
+		if old.Spec.NodeName != o.NodeName || old.Labels["app"] != app {
+			continue
+		}
+		err := pods.Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete earlier pod %s: %w", old.Name, err)
+		}
+	}
+	return nil
+}
+
+func (o *Options) workloadPod(w workload) *corev1.Pod {
+	c := corev1.Container{
+		Name:                     w.container,
+		Image:                    o.WorkloadImage,
+		ImagePullPolicy:          corev1.PullPolicy(o.PullPolicy),
+		Command:                  o.WorkloadCommand,
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	annotations := map[string]string{}
+	if w.resource == "" {
+		c.Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
+		c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+		// with the NRI plugin instead of a runtime class, CDI injects the GPUs by this annotation
+		annotations["nvidia.cdi.k8s.io/container."+w.container] = "management.nvidia.com/gpu=all"
+	} else {
+		one := resource.MustParse("1")
+		c.Resources.Limits = corev1.ResourceList{w.resource: one}
+		c.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: w.app + "-",
+			Namespace:    o.Namespace,
+			Labels:       map[string]string{"app": w.app, "app.kubernetes.io/managed-by": "kube-gpu-stack-validator"},
+			Annotations:  annotations,
+		},
+		Spec: corev1.PodSpec{
+			NodeName:                      o.NodeName,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			AutomountServiceAccountToken:  ptr.To(false),
+			ActiveDeadlineSeconds:         ptr.To(int64(o.Timeout.Seconds()) + 30), // gone even if this validator is
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers:                    []corev1.Container{c},
+		},
+	}
+	if o.RuntimeClass != "" {
+		pod.Spec.RuntimeClassName = ptr.To(o.RuntimeClass)
+	}
+	for _, s := range o.PullSecrets {
+		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	return pod
+}
+
+// describePending says what a pod that has not finished is waiting for.
+func describePending(pod *corev1.Pod) string {
+	for _, cs := range slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses) {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+			s := fmt.Sprintf("pod %s: container %s waiting: %s", pod.Name, cs.Name, w.Reason)
+			if w.Message != "" {
+				s += ": " + w.Message
+			}
+			return s
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Message != "" {
+			return fmt.Sprintf("pod %s not scheduled: %s", pod.Name, c.Message)
+		}
+	}
+	phase := pod.Status.Phase
+	if phase == "" {
+		phase = corev1.PodPending
+	}
+	return fmt.Sprintf("pod %s is %s", pod.Name, phase)
+}
+
+// describeFailure says why a pod failed: the kubelet's refusal, or the failing container's exit and last words.
+func describeFailure(pod *corev1.Pod) string {
+	if pod.Status.Reason != "" && (len(pod.Status.ContainerStatuses) == 0 || strings.HasPrefix(pod.Status.Reason, "OutOf")) {
+		return fmt.Sprintf("pod %s failed: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+	}
+	for _, cs := range slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses) {
+		t := cs.State.Terminated
+		if t == nil || t.ExitCode == 0 {
+			continue
+		}
+		s := fmt.Sprintf("pod %s: container %s exited %d", pod.Name, cs.Name, t.ExitCode)
+		if t.Reason != "" {
+			s += " (" + t.Reason + ")"
+		}
+		if last := lastLine(t.Message); last != "" {
+			s += ": " + last
+		}
+		return s
+	}
+	if pod.Status.Reason != "" {
+		return fmt.Sprintf("pod %s failed: %s: %s", pod.Name, pod.Status.Reason, pod.Status.Message)
+	}
+	return fmt.Sprintf("pod %s failed", pod.Name)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
