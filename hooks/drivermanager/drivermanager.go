@@ -1,0 +1,554 @@
+// Package drivermanager is the node-local work before a driver pod (re)installs the NVIDIA driver: the init
+// container `driver-manager uninstall-driver` of every driver and vGPU-manager pod.
+//
+// One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
+//
+//	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, stand down
+//	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver
+//	              no modules loaded                                        -> clear stale files, validation-required
+//	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
+//	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
+//	              drain-required -> drain the node
+//	pause         pod-restart-required + operand switches paused; watch until their pods are gone
+//	unload        delete_module in dependency order (a busy module with auto-drain: drain once, retry)
+//	unmount       the stale driver root, recursively; the stale pid file
+//	restore       switches resumed -> validation-required; our cordon stays until UncordonOptions sees the
+//	              node's validator Ready with the new driver -> uncordon-required -> upgrade-done
+//
+// Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
+// pod restarts. A failing run resumes what it paused, lifts the cordon it made, and leaves the node
+// upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
+package drivermanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// Defaults.
+const (
+	// DefaultOperandTimeout bounds the wait for paused operands' pods to leave the node.
+	DefaultOperandTimeout = 5 * time.Minute
+	// ComponentLabel carries the operand name on every operand pod.
+	ComponentLabel = "app.kubernetes.io/component"
+	// cordonReason is the value of nodestate.CordonedAnnotation the manager writes.
+	cordonReason = "driver-upgrade"
+	// maxReason keeps the reason annotation readable.
+	maxReason = 1024
+)
+
+// Eviction configures evicting the node's GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*).
+type Eviction struct {
+	Enabled            bool
+	Force              bool
+	DeleteEmptyDirData bool
+	// Timeout bounds the eviction (0: gpudrain.DefaultTimeout).
+	Timeout time.Duration
+}
+
+// Drain configures the fallback full drain (ENABLE_AUTO_DRAIN, DRAIN_*).
+type Drain struct {
+	Enabled            bool
+	Force              bool
+	DeleteEmptyDirData bool
+	PodSelector        string
+	// Timeout bounds the drain (0: gpudrain.DefaultTimeout).
+	Timeout time.Duration
+}
+
+// Options configure one run of the driver manager on one node.
+type Options struct {
+	// Client talks to the API server.
+	Client kubernetes.Interface
+	// NodeName is this node (NODE_NAME).
+	NodeName string
+	// Namespace is where the operand pods run (OPERATOR_NAMESPACE).
+	Namespace string
+	// Host is the node's filesystem and kernel.
+	Host kmod.Host
+	// Digest is the DRIVER_CONFIG_DIGEST of the driver about to start; equal to the loaded driver's, the loaded
+	// driver is kept.
+	Digest string
+	// ForceReinstall unloads the driver even when the digests match (FORCE_REINSTALL).
+	ForceReinstall bool
+	// Eviction and Drain say how the node's workloads are moved off.
+	Eviction Eviction
+	Drain    Drain
+	// OperandTimeout bounds the wait for paused operands' pods to go (default DefaultOperandTimeout).
+	OperandTimeout time.Duration
+	// Log receives progress; nil logs to Run's writer.
+	Log *slog.Logger
+	// Now is the clock for nodestate.UpgradeSinceAnnotation (default time.Now).
+	Now func() time.Time
+	// AfterStep, when set, is called after each of Steps; an error stops the run at once and is returned as is,
+	// with nothing restored — what a kill at that point leaves (for tests and harnesses proving convergence).
+	AfterStep func(step string) error
+}
+
+// Steps are the points a run can be stopped at through Options.AfterStep, in order.
+var Steps = []string{"detect", "cordon", "evict", "pause", "operands", "unload", "unmount"}
+
+// Complete fills defaults.
+func (o *Options) Complete() {
+	o.Host.Complete()
+	if o.OperandTimeout <= 0 {
+		o.OperandTimeout = DefaultOperandTimeout
+	}
+	if o.Eviction.Timeout <= 0 {
+		o.Eviction.Timeout = gpudrain.DefaultTimeout
+	}
+	if o.Drain.Timeout <= 0 {
+		o.Drain.Timeout = gpudrain.DefaultTimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate rejects options Run cannot act on.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.Client == nil {
+		errs = append(errs, errors.New("no API client"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("no node name: set NODE_NAME (the pod's spec.nodeName)"))
+	}
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("no operand namespace: set OPERATOR_NAMESPACE (the pod's namespace)"))
+	}
+	if _, err := labels.Parse(o.Drain.PodSelector); err != nil {
+		errs = append(errs, fmt.Errorf("DRAIN_POD_SELECTOR_LABEL %q: %w", o.Drain.PodSelector, err))
+	}
+	errs = append(errs, o.Host.Validate())
+	return errors.Join(errs...)
+}
+
+// Run does the node's work and writes one summary line to out. On failure it restores the node (see the package
+// comment) and returns an error that says what is in the way.
+func (o *Options) Run(ctx context.Context, out io.Writer) error {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(out, nil))
+	}
+	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out}
+	node, err := o.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", o.NodeName, err)
+	}
+	m.node = node
+	summary, err := m.run(ctx)
+	var stopped *stoppedError
+	if errors.As(err, &stopped) {
+		return stopped.err
+	}
+	if err != nil {
+		return m.failed(ctx, err)
+	}
+	fmt.Fprintln(out, summary)
+	return nil
+}
+
+type manager struct {
+	o        *Options
+	log      *slog.Logger
+	drainLog *slog.Logger // gpudrain names the node itself
+	out      io.Writer
+	node     *corev1.Node
+}
+
+// stoppedError is a run stopped by AfterStep: returned without restoring anything.
+type stoppedError struct{ err error }
+
+func (e *stoppedError) Error() string { return e.err.Error() }
+
+// step ends a step; AfterStep may stop the run there.
+func (m *manager) step(name string) error {
+	if m.o.AfterStep == nil {
+		return nil
+	}
+	if err := m.o.AfterStep(name); err != nil {
+		return &stoppedError{err}
+	}
+	return nil
+}
+
+func (m *manager) run(ctx context.Context) (string, error) {
+	h := m.o.Host
+	mods, err := h.Loaded()
+	if err != nil {
+		return "", err
+	}
+	files, err := h.DriverPodFiles()
+	if err != nil {
+		return "", err
+	}
+	if smi := h.HostDriver(); smi != "" && len(files) == 0 {
+		return m.preInstalled(ctx, smi)
+	}
+	recorded, _, err := h.RecordedDigest()
+	if err != nil {
+		return "", err
+	}
+	if err := m.step("detect"); err != nil {
+		return "", err
+	}
+	switch {
+	case len(mods) == 0:
+		return m.notLoaded(ctx)
+	case !m.o.ForceReinstall && m.o.Digest != "" && m.o.Digest == recorded:
+		return m.keep(ctx)
+	}
+	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
+		"digest", short(m.o.Digest), "recordedDigest", short(recorded), "forceReinstall", m.o.ForceReinstall)
+	return m.upgrade(ctx)
+}
+
+func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) {
+	if err := m.apply(ctx, nodestate.MarkPreInstalled(m.node)); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("host driver found (%s) and no driver pod's files: node %s marked %s=%s; standing down",
+		smi, m.o.NodeName, nodestate.DriverDeployLabel, nodestate.PreInstalled), nil
+}
+
+// keep is the fast path: the loaded driver has the new pod's config. Only leftovers of an interrupted run are
+// undone; a node still waiting for validation keeps its cordon and state for UncordonOptions.
+func (m *manager) keep(ctx context.Context) (string, error) {
+	cleared, err := m.clearStale()
+	if err != nil {
+		return "", err
+	}
+	resume, err := nodestate.Resume(m.node)
+	if err != nil {
+		return "", err
+	}
+	p := []nodestate.Patch{resume}
+	pending := "; validation of the new driver still pending (state and cordon kept)"
+	if !waitingForValidation(m.node) {
+		p, pending = append(p, nodestate.Uncordon(m.node), m.state(nodestate.UpgradeDone, "")), ""
+	}
+	if err := m.apply(ctx, p...); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", short(m.o.Digest), cleared, pending), nil
+}
+
+// notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; the cordon
+// of an upgrade in progress stays until validation.
+func (m *manager) notLoaded(ctx context.Context) (string, error) {
+	cleared, err := m.clearStale()
+	if err != nil {
+		return "", err
+	}
+	resume, err := nodestate.Resume(m.node)
+	if err != nil {
+		return "", err
+	}
+	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, "")}
+	kept := ""
+	if inProgress(m.node) && nodestate.CordonedByUs(m.node) {
+		kept = "; the upgrade's cordon stays until validation passes"
+	} else {
+		p = append(p, nodestate.Uncordon(m.node))
+	}
+	if err := m.apply(ctx, p...); err != nil {
+		return "", err
+	}
+	return "no NVIDIA driver loaded: the new driver installs next" + cleared + kept, nil
+}
+
+func (m *manager) upgrade(ctx context.Context) (string, error) {
+	moveOff := m.o.Eviction.Enabled || m.o.Drain.Enabled
+	if err := m.apply(ctx, m.state(nodestate.CordonRequired, "")); err != nil {
+		return "", err
+	}
+	p := []nodestate.Patch{m.state(nodestate.PodDeletionRequired, "")}
+	if moveOff {
+		p = append(p, nodestate.Cordon(m.node, cordonReason))
+	}
+	if err := m.apply(ctx, p...); err != nil {
+		return "", err
+	}
+	if err := m.step("cordon"); err != nil {
+		return "", err
+	}
+	drained := false
+	if m.o.Eviction.Enabled {
+		if err := m.evictGPUPods(ctx); err != nil {
+			if !m.o.Drain.Enabled {
+				return "", fmt.Errorf("evict GPU pods: %w", err)
+			}
+			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
+			if err := m.drain(ctx, err.Error()); err != nil {
+				return "", err
+			}
+			drained = true
+		}
+	}
+	if err := m.step("evict"); err != nil {
+		return "", err
+	}
+	pause, err := nodestate.Pause(m.node, nodestate.PausableOperands)
+	if err != nil {
+		return "", err
+	}
+	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
+		return "", err
+	}
+	if err := m.step("pause"); err != nil {
+		return "", err
+	}
+	if err := m.waitOperandsGone(ctx); err != nil {
+		return "", err
+	}
+	if err := m.step("operands"); err != nil {
+		return "", err
+	}
+	unloaded, err := m.o.Host.Unload()
+	var busy *kmod.BusyError
+	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained {
+		m.log.Info("driver busy; draining the node (auto-drain) and retrying", "err", err)
+		if err := m.drain(ctx, err.Error()); err != nil {
+			return "", err
+		}
+		more, uerr := m.o.Host.Unload()
+		unloaded, err = append(unloaded, more...), uerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("unload the driver: %w", err)
+	}
+	m.log.Info("driver unloaded", "modules", unloaded)
+	if err := m.step("unload"); err != nil {
+		return "", err
+	}
+	cleared, err := m.clearStale()
+	if err != nil {
+		return "", err
+	}
+	if err := m.step("unmount"); err != nil {
+		return "", err
+	}
+	resume, err := nodestate.Resume(m.node)
+	if err != nil {
+		return "", err
+	}
+	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, "")); err != nil {
+		return "", err
+	}
+	cordon := ""
+	if nodestate.CordonedByUs(m.node) {
+		cordon = "; cordoned until the node's validation passes"
+	}
+	return fmt.Sprintf("unloaded %s%s; operands resumed; the new driver installs next%s",
+		strings.Join(unloaded, ", "), cleared, cordon), nil
+}
+
+func (m *manager) evictGPUPods(ctx context.Context) error {
+	d := gpudrain.Options{
+		Client: m.o.Client, Node: m.o.NodeName, GPUOnly: true, Log: m.drainLog,
+		Force: m.o.Eviction.Force, DeleteEmptyDirData: m.o.Eviction.DeleteEmptyDirData, Timeout: m.o.Eviction.Timeout,
+	}
+	d.Complete()
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	res, err := d.Run(ctx, m.out)
+	if err == nil && len(res.Pods) > 0 {
+		m.log.Info("GPU pods evicted", "pods", res.Pods)
+	}
+	return err
+}
+
+func (m *manager) drain(ctx context.Context, why string) error {
+	if err := m.apply(ctx, m.state(nodestate.DrainRequired, why)); err != nil {
+		return err
+	}
+	d := gpudrain.Options{
+		Client: m.o.Client, Node: m.o.NodeName, PodSelector: m.o.Drain.PodSelector, Log: m.drainLog,
+		Force: m.o.Drain.Force, DeleteEmptyDirData: m.o.Drain.DeleteEmptyDirData, Timeout: m.o.Drain.Timeout,
+	}
+	d.Complete()
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	res, err := d.Run(ctx, m.out)
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	m.log.Info("node drained", "pods", res.Pods)
+	return nil
+}
+
+// waitOperandsGone watches until no pod of a paused operand is left on the node.
+func (m *manager) waitOperandsGone(ctx context.Context) error {
+	var paused []string
+	for _, op := range nodestate.PausableOperands {
+		if m.node.Labels[nodestate.DeployLabelPrefix+op] == nodestate.Paused {
+			paused = append(paused, op)
+		}
+	}
+	if len(paused) == 0 {
+		return nil
+	}
+	req, err := labels.NewRequirement(ComponentLabel, selection.In, paused)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.o.OperandTimeout)
+	defer cancel()
+	pods, err := kwatch.Start(ctx, kwatch.NodePods(m.o.Client, m.o.Namespace, m.o.NodeName, req.String()), &corev1.Pod{})
+	if err != nil {
+		return fmt.Errorf("watch operand pods: %w", err)
+	}
+	err = kwatch.Until(ctx, pods, func(ps []*corev1.Pod) (bool, error) { return len(ps) == 0, nil })
+	if err != nil {
+		var left []string
+		for _, p := range pods.List() {
+			left = append(left, fmt.Sprintf("%s/%s (%s)", p.Namespace, p.Name, p.Labels[ComponentLabel]))
+		}
+		return fmt.Errorf("paused operands' pods still on the node after %s: %s (is their DaemonSet's node affinity honouring the %s* switches?): %w",
+			m.o.OperandTimeout, strings.Join(left, ", "), nodestate.DeployLabelPrefix, err)
+	}
+	m.log.Info("paused operands are gone", "operands", paused)
+	return nil
+}
+
+// clearStale unmounts what is left of a previous driver container's root and removes its pid file.
+func (m *manager) clearStale() (string, error) {
+	unmounted, err := m.o.Host.UnmountDriverRoot()
+	if err != nil {
+		return "", fmt.Errorf("unmount the stale driver root: %w", err)
+	}
+	removed, err := m.o.Host.RemovePidFile()
+	if err != nil {
+		return "", err
+	}
+	var done []string
+	if len(unmounted) > 0 {
+		done = append(done, fmt.Sprintf("unmounted %d stale driver root mounts", len(unmounted)))
+	}
+	if removed {
+		done = append(done, "removed the stale pid file")
+	}
+	if len(done) == 0 {
+		return "", nil
+	}
+	m.log.Info("cleared the previous driver's files", "unmounted", unmounted, "pidFile", removed)
+	return "; " + strings.Join(done, ", "), nil
+}
+
+// failed restores the node after a failed run and says what to do.
+func (m *manager) failed(ctx context.Context, cause error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	reason := oneLine(cause.Error())
+	node, err := m.o.Client.CoreV1().Nodes().Get(ctx, m.o.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
+	}
+	m.node = node
+	resume, err := nodestate.Resume(node)
+	if err != nil {
+		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
+	}
+	if err := m.apply(ctx, resume, nodestate.Uncordon(node), m.state(nodestate.UpgradeFailed, reason)); err != nil {
+		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
+	}
+	return fmt.Errorf("node %s: %w; operands resumed, our cordon lifted, node labelled %s=%s; fix the cause above, then restart this driver pod",
+		m.o.NodeName, cause, nodestate.UpgradeStateLabel, nodestate.UpgradeFailed)
+}
+
+// apply sends the patches as one and keeps the node as the server returns it.
+func (m *manager) apply(ctx context.Context, ps ...nodestate.Patch) error {
+	node, err := nodestate.Apply(ctx, m.o.Client, m.o.NodeName, merge(ps...))
+	if err != nil {
+		return err
+	}
+	m.node = node
+	return nil
+}
+
+func (m *manager) state(s nodestate.UpgradeState, reason string) nodestate.Patch {
+	return nodestate.SetUpgradeState(m.node, s, reason, m.o.Now().UTC().Format(time.RFC3339))
+}
+
+// merge combines patches; later ones win on the same key.
+func merge(ps ...nodestate.Patch) nodestate.Patch {
+	var out nodestate.Patch
+	for _, p := range ps {
+		for k, v := range p.Labels {
+			if out.Labels == nil {
+				out.Labels = map[string]*string{}
+			}
+			out.Labels[k] = v
+		}
+		for k, v := range p.Annotations {
+			if out.Annotations == nil {
+				out.Annotations = map[string]*string{}
+			}
+			out.Annotations[k] = v
+		}
+		if p.Unschedulable != nil {
+			out.Unschedulable = p.Unschedulable
+		}
+	}
+	return out
+}
+
+// inProgress: the node is between the start of a driver change and its validation.
+func inProgress(node *corev1.Node) bool {
+	switch nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) {
+	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
+		nodestate.ValidationRequired, nodestate.UncordonRequired:
+		return true
+	}
+	return false
+}
+
+func waitingForValidation(node *corev1.Node) bool {
+	s := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+	return s == nodestate.ValidationRequired || s == nodestate.UncordonRequired
+}
+
+func moduleNames(mods []kmod.Module) []string {
+	out := make([]string, 0, len(mods))
+	for _, m := range mods {
+		out = append(out, m.Name)
+	}
+	return out
+}
+
+func short(digest string) string {
+	if len(digest) > 12 {
+		return digest[:12]
+	}
+	if digest == "" {
+		return "(none)"
+	}
+	return digest
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxReason {
+		s = s[:maxReason-3] + "..."
+	}
+	return s
+}

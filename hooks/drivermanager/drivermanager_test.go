@@ -1,0 +1,490 @@
+package drivermanager
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+const (
+	nodeName  = "gpu-1"
+	namespace = "gpu-system"
+	oldDigest = "1111111111111111111111111111111111111111111111111111111111111111"
+	newDigest = "2222222222222222222222222222222222222222222222222222222222222222"
+)
+
+// env is one node: its fixture host tree with a containerized driver loaded (old digest, root mounted, pid
+// file), and the API objects of a fake cluster.
+type env struct {
+	t      *testing.T
+	host   *kmodtest.Fixture
+	client *fake.Clientset
+}
+
+func newEnv(t *testing.T, node *corev1.Node) *env {
+	t.Helper()
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.DriverState(oldDigest)
+	f.PidFile()
+	f.MountDriverRoot()
+	return &env{t: t, host: f, client: fake.NewClientset(node)}
+}
+
+func gpuNode(labels map[string]string) *corev1.Node {
+	l := map[string]string{"nvidia.com/gpu.present": "true"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: l}}
+}
+
+func (e *env) options(digest string) *Options {
+	o := &Options{
+		Client: e.client, NodeName: nodeName, Namespace: namespace, Host: e.host.Host(), Digest: digest,
+		Eviction: Eviction{Enabled: true}, Now: func() time.Time { return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC) },
+		OperandTimeout: 5 * time.Second,
+	}
+	o.Complete()
+	if err := o.Validate(); err != nil {
+		e.t.Fatal(err)
+	}
+	return o
+}
+
+func (e *env) run(o *Options) (string, error) {
+	var out bytes.Buffer
+	err := o.Run(context.Background(), &out)
+	return out.String(), err
+}
+
+func (e *env) node() *corev1.Node {
+	e.t.Helper()
+	n, err := e.client.CoreV1().Nodes().Get(context.Background(), nodeName, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// mutatingActions lists the API writes the run made, as "verb resource[/subresource]".
+func (e *env) mutatingActions() []string {
+	var out []string
+	for _, a := range e.client.Actions() {
+		switch a.GetVerb() {
+		case "get", "list", "watch":
+			continue
+		}
+		r := a.GetResource().Resource
+		if s := a.GetSubresource(); s != "" {
+			r += "/" + s
+		}
+		out = append(out, a.GetVerb()+" "+r)
+	}
+	return out
+}
+
+func (e *env) moduleCalls() []string {
+	var out []string
+	for _, c := range e.host.Kernel.CallList() {
+		if strings.HasPrefix(c, "delete_module ") {
+			out = append(out, strings.TrimPrefix(c, "delete_module "))
+		}
+	}
+	return out
+}
+
+func state(n *corev1.Node) nodestate.UpgradeState {
+	return nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+}
+
+// assertNothingPaused: every switch is back and the pause record is gone.
+func assertNothingPaused(t *testing.T, n *corev1.Node) {
+	t.Helper()
+	for k, v := range n.Labels {
+		if v == nodestate.Paused {
+			t.Errorf("%s is still %s", k, v)
+		}
+	}
+	if _, ok := n.Annotations[nodestate.PausedLabelsAnnotation]; ok {
+		t.Errorf("pause record %s left on the node", nodestate.PausedLabelsAnnotation)
+	}
+}
+
+func TestHostDriverMarksPreInstalledAndTouchesNothingElse(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LoadDriver() // loaded by the host's own driver
+	f.Use("nvidia", 2)
+	f.HostNvidiaSMI("usr/bin")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))}
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	if n.Labels[nodestate.DriverDeployLabel] != nodestate.PreInstalled {
+		t.Fatalf("driver switch = %q, want pre-installed", n.Labels[nodestate.DriverDeployLabel])
+	}
+	if got := e.mutatingActions(); !slices.Equal(got, []string{"patch nodes"}) {
+		t.Fatalf("API writes %v, want the one node patch", got)
+	}
+	if n.Spec.Unschedulable || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" || state(n) != "" {
+		t.Fatalf("node changed beyond the mark: unschedulable=%v labels=%v", n.Spec.Unschedulable, n.Labels)
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Fatalf("kernel calls on a host-driver node: %v", calls)
+	}
+	if !strings.Contains(out, "usr/bin/nvidia-smi") || !strings.Contains(out, "standing down") {
+		t.Fatalf("summary: %q", out)
+	}
+}
+
+func TestFastPathKeepsTheDriverAndTheWorkloads(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	e.host.Use("nvidia", 3) // workloads hold the GPUs
+	gpuPod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml"},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": *resourceQty(1)}}}}},
+	}
+	if _, err := e.client.CoreV1().Pods("ml").Create(context.Background(), gpuPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.client.ClearActions()
+	e.host.DriverState(newDigest) // the running driver has the new pod's config
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls := e.moduleCalls(); len(calls) != 0 {
+		t.Fatalf("fast path unloaded modules: %v", calls)
+	}
+	if got := e.mutatingActions(); !slices.Equal(got, []string{"patch nodes"}) {
+		t.Fatalf("API writes %v, want only the state patch (no eviction, no cordon)", got)
+	}
+	n := e.node()
+	if n.Spec.Unschedulable || state(n) != nodestate.UpgradeDone {
+		t.Fatalf("node unschedulable=%v state=%q, want schedulable and upgrade-done", n.Spec.Unschedulable, state(n))
+	}
+	if !slices.Equal(e.host.LoadedModules(), []string{"nvidia", "nvidia_modeset", "nvidia_uvm", "nvidia_drm"}) {
+		t.Fatalf("modules now %v", e.host.LoadedModules())
+	}
+	// The previous driver container's root is stale (its container is gone); it is cleared for the new one.
+	if m := e.host.Mounts(); len(m) != 0 || e.host.PidFileExists() {
+		t.Fatalf("stale driver root %v / pid file left", m)
+	}
+	if !strings.Contains(out, "kept the loaded driver, evicted nothing") {
+		t.Fatalf("summary: %q", out)
+	}
+}
+
+func TestFastPathUndoesLeftoversOfAnInterruptedRun(t *testing.T) {
+	node := gpuNode(map[string]string{"nvidia.com/gpu.deploy.dcgm": "false"})
+	e := newEnv(t, node)
+	// An earlier run cordoned and paused, then died; the old driver was never unloaded.
+	o := e.options(newDigest)
+	o.AfterStep = killAfter("pause")
+	if _, err := e.run(o); !errors.Is(err, errCrashed) {
+		t.Fatalf("err = %v", err)
+	}
+	if n := e.node(); !n.Spec.Unschedulable || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+		t.Fatal("setup: the interrupted run did not cordon and pause")
+	}
+	e.host.DriverState(newDigest)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
+		t.Fatalf("unschedulable=%v ours=%v state=%q", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+	if n.Labels["nvidia.com/gpu.deploy.dcgm"] != "false" {
+		t.Fatalf("admin's dcgm=false became %q", n.Labels["nvidia.com/gpu.deploy.dcgm"])
+	}
+	if _, ok := n.Labels["nvidia.com/gpu.deploy.device-plugin"]; ok {
+		t.Fatal("device-plugin switch was absent before the pause and must be absent again")
+	}
+	if calls := e.moduleCalls(); len(calls) != 0 {
+		t.Fatalf("modules unloaded: %v", calls)
+	}
+}
+
+func TestUpgradeUnloadsClearsAndWaitsForValidation(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	e.host.LoadModule("nvidia_peermem", "nvidia")
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia"}
+	if got := e.moduleCalls(); !slices.Equal(got, want) {
+		t.Fatalf("delete_module calls %v, want %v", got, want)
+	}
+	if m := e.host.Mounts(); len(m) != 0 || e.host.PidFileExists() {
+		t.Fatalf("driver root %v / pid file left", m)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" {
+		t.Fatalf("device-plugin switch %q, want true restored", n.Labels["nvidia.com/gpu.deploy.device-plugin"])
+	}
+	if !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want our cordon kept in validation-required", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+	if !strings.Contains(out, "cordoned until the node's validation passes") {
+		t.Fatalf("summary: %q", out)
+	}
+	// The states it passed through, in order.
+	var states []string
+	for _, a := range e.client.Actions() {
+		if p, ok := a.(interface{ GetPatch() []byte }); ok {
+			for _, s := range []nodestate.UpgradeState{nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.PodRestartRequired, nodestate.ValidationRequired} {
+				if strings.Contains(string(p.GetPatch()), `"`+nodestate.UpgradeStateLabel+`":"`+string(s)+`"`) {
+					states = append(states, string(s))
+				}
+			}
+		}
+	}
+	if !slices.Equal(states, []string{"cordon-required", "pod-deletion-required", "pod-restart-required", "validation-required"}) {
+		t.Fatalf("states written: %v", states)
+	}
+}
+
+func TestAdminCordonIsNeverLifted(t *testing.T) {
+	node := gpuNode(nil)
+	node.Spec.Unschedulable = true // the admin's
+	e := newEnv(t, node)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 5, 0, time.UTC))
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	if !n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want the admin's cordon kept", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+}
+
+func TestBusyDriverFailsRestoresAndNamesTheProcess(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	e.host.Use("nvidia", 1)
+	e.host.OpenDevice(31337, "stray-cuda-app", "/dev/nvidia0")
+	_, err := e.run(e.options(newDigest))
+	if err == nil {
+		t.Fatal("a busy driver did not fail the run")
+	}
+	for _, want := range []string{"kernel module nvidia is in use", "pid 31337 (stray-cuda-app)", "upgrade-failed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatal("our cordon was not lifted after the failure")
+	}
+	if state(n) != nodestate.UpgradeFailed || !strings.Contains(n.Annotations[nodestate.UpgradeReasonAnnotation], "stray-cuda-app") {
+		t.Fatalf("state %q reason %q", state(n), n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+}
+
+func TestNoDriverLoadedClearsStaleFilesWithoutEvicting(t *testing.T) {
+	f := kmodtest.New(t)
+	f.DriverState(oldDigest)
+	f.PidFile()
+	f.MountDriverRoot()
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if m := f.Mounts(); len(m) != 0 || f.PidFileExists() {
+		t.Fatalf("stale root %v / pid file left", m)
+	}
+	if got := e.mutatingActions(); !slices.Equal(got, []string{"patch nodes"}) {
+		t.Fatalf("API writes %v, want only the state patch", got)
+	}
+	if n := e.node(); n.Spec.Unschedulable || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("unschedulable=%v state=%q", n.Spec.Unschedulable, state(n))
+	}
+}
+
+// A run killed after any step, then started again (the kubelet restarts the init container), converges: the
+// driver is unloaded, nothing is paused, our cordon is kept only while validation is pending, and the
+// uncordon step finishes the node. An admin's cordon survives all of it.
+func TestCrashAfterEachStepConverges(t *testing.T) {
+	for _, adminCordon := range []bool{false, true} {
+		for _, step := range Steps {
+			name := step
+			if adminCordon {
+				name += "/admin-cordoned"
+			}
+			t.Run(name, func(t *testing.T) {
+				node := gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm": "false"})
+				node.Spec.Unschedulable = adminCordon
+				e := newEnv(t, node)
+				o := e.options(newDigest)
+				o.AfterStep = killAfter(step)
+				if _, err := e.run(o); !errors.Is(err, errCrashed) {
+					t.Fatalf("first run: %v, want the injected crash", err)
+				}
+				if _, err := e.run(e.options(newDigest)); err != nil {
+					t.Fatalf("restarted run: %v", err)
+				}
+				if mods := e.host.LoadedModules(); len(mods) != 0 {
+					t.Fatalf("modules still loaded: %v", mods)
+				}
+				n := e.node()
+				assertNothingPaused(t, n)
+				if n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" || n.Labels["nvidia.com/gpu.deploy.dcgm"] != "false" {
+					t.Fatalf("switches not as before: %v", n.Labels)
+				}
+				if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || nodestate.CordonedByUs(n) == adminCordon {
+					t.Fatalf("state=%q unschedulable=%v ours=%v", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+				}
+				// The new driver loads; its pod's manager restarts once more (fast path), then validation passes.
+				e.host.LoadDriver()
+				e.host.DriverState(newDigest)
+				if _, err := e.run(e.options(newDigest)); err != nil {
+					t.Fatal(err)
+				}
+				if n := e.node(); state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
+					t.Fatalf("fast path during validation: state=%q unschedulable=%v; want both kept", state(n), n.Spec.Unschedulable)
+				}
+				validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC))
+				if err := uncordon(e); err != nil {
+					t.Fatal(err)
+				}
+				n = e.node()
+				if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable != adminCordon || nodestate.CordonedByUs(n) {
+					t.Fatalf("end: state=%q unschedulable=%v ours=%v", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+				}
+			})
+		}
+	}
+}
+
+func TestUncordonWaitsForAValidatorReadyAfterTheChange(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	// A validator Ready since before the change vouches for the old driver only.
+	validatorReady(t, e, time.Date(2026, 9, 1, 11, 0, 0, 0, time.UTC))
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 300 * time.Millisecond}
+	o.Complete()
+	err := o.Run(context.Background(), &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "stays cordoned") {
+		t.Fatalf("err = %v", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.UpgradeFailed || !n.Spec.Unschedulable {
+		t.Fatalf("state=%q unschedulable=%v; want upgrade-failed and still cordoned", state(n), n.Spec.Unschedulable)
+	}
+	// Nothing to do in a state other than validation-required / uncordon-required; the pod is then ready.
+	var out bytes.Buffer
+	o.ReadyFile = filepath.Join(t.TempDir(), "driver-validated")
+	if err := o.Run(context.Background(), &out); err != nil || !strings.Contains(out.String(), "nothing to do") {
+		t.Fatalf("%v %q", err, out.String())
+	}
+	if _, err := os.Stat(o.ReadyFile); err != nil {
+		t.Errorf("the ready file was not written: %v", err)
+	}
+}
+
+func TestUncordonWritesTheReadyFileOnlyOnceValidated(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 200 * time.Millisecond, ReadyFile: ready}
+	o.Complete()
+	if err := o.Run(context.Background(), &bytes.Buffer{}); err == nil {
+		t.Fatal("no validator yet, yet the wait succeeded")
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the ready file was written before the node validated")
+	}
+}
+
+func validatorReady(t *testing.T, e *env, at time.Time) {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-operator-validator-" + at.Format("150405"), Namespace: namespace,
+			Labels: map[string]string{ComponentLabel: DefaultValidatorComponent}},
+		Spec: corev1.PodSpec{NodeName: nodeName},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue,
+			LastTransitionTime: metav1.NewTime(at)}}},
+	}
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func uncordon(e *env) error {
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second}
+	o.Complete()
+	return o.Run(context.Background(), &bytes.Buffer{})
+}
+
+var errCrashed = errors.New("killed (test)")
+
+func killAfter(step string) func(string) error {
+	return func(s string) error {
+		if s == step {
+			return errCrashed
+		}
+		return nil
+	}
+}
+
+func resourceQty(n int64) *resource.Quantity { return resource.NewQuantity(n, resource.DecimalSI) }
+
+// With auto-drain, a driver still busy after the GPU pods left (a pod the GPU filter cannot see) makes the run
+// drain the node once and unload again.
+func TestBusyDriverWithAutoDrainDrainsAndRetries(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	busyOnce := true
+	e.host.Kernel.Fail = func(call string) error {
+		if call == "delete_module nvidia" && busyOnce {
+			busyOnce = false
+			return unix.EBUSY
+		}
+		return nil
+	}
+	o := e.options(newDigest)
+	o.Drain.Enabled = true
+	if _, err := e.run(o); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.moduleCalls(); !slices.Equal(got, []string{"nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia", "nvidia"}) {
+		t.Fatalf("delete_module calls %v; want nvidia tried again after the drain", got)
+	}
+	drained := false
+	for _, a := range e.client.Actions() {
+		if p, ok := a.(interface{ GetPatch() []byte }); ok && strings.Contains(string(p.GetPatch()), string(nodestate.DrainRequired)) {
+			drained = true
+		}
+	}
+	if n := e.node(); !drained || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("drain-required written: %v; end state %q", drained, state(n))
+	}
+}

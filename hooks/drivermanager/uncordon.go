@@ -1,0 +1,174 @@
+package drivermanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
+)
+
+// Defaults of UncordonOptions.
+const (
+	// DefaultValidatorComponent is the operator validator's app.kubernetes.io/component.
+	DefaultValidatorComponent = "operator-validator"
+	// DefaultValidationTimeout bounds the wait for the validator (the GPU Operator's 600 s).
+	DefaultValidationTimeout = 10 * time.Minute
+)
+
+// UncordonOptions configure the last step of a driver change, `driver-manager uncordon-when-valid`: once the
+// node's validator pod is Ready with the new driver, lift the cordon the driver manager made and mark the node
+// upgrade-done. It runs in the driver pod next to the driver container (as a sidecar, Hold set), since the driver
+// manager itself is an init container that exits before the new driver installs.
+type UncordonOptions struct {
+	// Client talks to the API server.
+	Client kubernetes.Interface
+	// NodeName is this node (NODE_NAME).
+	NodeName string
+	// Namespace is where the validator pod runs (OPERATOR_NAMESPACE).
+	Namespace string
+	// Component is the validator pods' app.kubernetes.io/component (default DefaultValidatorComponent; the
+	// vGPU manager's pods use sandbox-validator).
+	Component string
+	// Timeout bounds the wait (default DefaultValidationTimeout). When it passes the node becomes
+	// upgrade-failed and stays cordoned: a node returns to workloads only with a working driver.
+	Timeout time.Duration
+	// Hold keeps Run from returning after success until ctx ends, so a sidecar container does not restart.
+	Hold bool
+	// ReadyFile, when set, is written once the node needs nothing more from this driver change; the sidecar's
+	// readiness probe waits for it, so the driver pod (and with it the DaemonSet's rolling update) only counts as
+	// available once the node validated with the new driver. That keeps the nodes in flight within maxUnavailable.
+	ReadyFile string
+	// Log receives progress; nil logs to Run's writer.
+	Log *slog.Logger
+	// Now is the clock for nodestate.UpgradeSinceAnnotation (default time.Now).
+	Now func() time.Time
+}
+
+// Complete fills defaults.
+func (o *UncordonOptions) Complete() {
+	if o.Component == "" {
+		o.Component = DefaultValidatorComponent
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultValidationTimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate rejects options Run cannot act on.
+func (o *UncordonOptions) Validate() error {
+	var errs []error
+	if o.Client == nil {
+		errs = append(errs, errors.New("no API client"))
+	}
+	if o.NodeName == "" {
+		errs = append(errs, errors.New("no node name: set NODE_NAME (the pod's spec.nodeName)"))
+	}
+	if o.Namespace == "" {
+		errs = append(errs, errors.New("no validator namespace: set OPERATOR_NAMESPACE (the pod's namespace)"))
+	}
+	return errors.Join(errs...)
+}
+
+// Run finishes the node's driver change when it is in validation-required or uncordon-required, and does
+// nothing in any other state. It writes one summary line to out.
+func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(out, nil))
+	}
+	summary, err := o.run(ctx, log.With("node", o.NodeName))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, summary)
+	if o.ReadyFile != "" {
+		if err := statusfiles.Write(filepath.Dir(o.ReadyFile), filepath.Base(o.ReadyFile), []byte(summary+"\n")); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	if o.Hold {
+		<-ctx.Done()
+	}
+	return nil
+}
+
+func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, error) {
+	nodes := o.Client.CoreV1().Nodes()
+	node, err := nodes.Get(ctx, o.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("get node %s: %w", o.NodeName, err)
+	}
+	now := func() string { return o.Now().UTC().Format(time.RFC3339) }
+	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+	switch state {
+	case nodestate.ValidationRequired:
+		// Only a validator that turned Ready after the driver changed vouches for the new driver.
+		since, _ := time.Parse(time.RFC3339, node.Annotations[nodestate.UpgradeSinceAnnotation])
+		log.Info("waiting for the validator with the new driver", "component", o.Component, "since", since, "timeout", o.Timeout)
+		pod, err := o.waitValidator(ctx, since)
+		if err != nil {
+			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after the driver change (%v); the node stays cordoned: check the driver and validator pods' logs",
+				o.Component, o.Timeout, err)
+			if _, perr := nodestate.Apply(context.WithoutCancel(ctx), o.Client, o.NodeName, nodestate.SetUpgradeState(node, nodestate.UpgradeFailed, reason, now())); perr != nil {
+				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
+			}
+			return "", errors.New(reason)
+		}
+		log.Info("validator ready", "pod", pod)
+		if node, err = nodestate.Apply(ctx, o.Client, o.NodeName, nodestate.SetUpgradeState(node, nodestate.UncordonRequired, "", now())); err != nil {
+			return "", err
+		}
+	case nodestate.UncordonRequired:
+	default:
+		return fmt.Sprintf("node %s is %q, not waiting for validation: nothing to do", o.NodeName, state), nil
+	}
+	ours := nodestate.CordonedByUs(node)
+	p := merge(nodestate.Uncordon(node), nodestate.SetUpgradeState(node, nodestate.UpgradeDone, "", now()))
+	if _, err := nodestate.Apply(ctx, o.Client, o.NodeName, p); err != nil {
+		return "", err
+	}
+	if ours {
+		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
+	}
+	return fmt.Sprintf("node %s validated with the new driver: upgrade-done (no cordon of ours to lift)", o.NodeName), nil
+}
+
+// waitValidator watches the node's validator pods until one has been Ready since `since` and returns its name.
+func (o *UncordonOptions) waitValidator(ctx context.Context, since time.Time) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	pods, err := kwatch.Start(ctx, kwatch.NodePods(o.Client, o.Namespace, o.NodeName, ComponentLabel+"="+o.Component), &corev1.Pod{})
+	if err != nil {
+		return "", err
+	}
+	var found string
+	err = kwatch.Until(ctx, pods, func(ps []*corev1.Pod) (bool, error) {
+		for _, p := range ps {
+			if p.DeletionTimestamp != nil {
+				continue
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && !c.LastTransitionTime.Time.Before(since) {
+					found = p.Namespace + "/" + p.Name
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	return found, err
+}

@@ -1,0 +1,171 @@
+// Package drivermanagercli is the `driver-manager` command: `uninstall-driver`, the init container of the driver
+// and vGPU-manager pods (configured by the environment the chart sets), and `uncordon-when-valid`, which lifts the
+// upgrade's cordon once the node validates with the new driver.
+package drivermanagercli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+)
+
+// NewCommand returns the driver-manager root command writing its logs and summary lines to out.
+func NewCommand(out io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "driver-manager",
+		Short:         "Node-local driver changes: move GPU workloads off, pause operands, unload the driver",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(uninstallCommand(out), uncordonCommand(out))
+	return root
+}
+
+func uninstallCommand(out io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "uninstall-driver",
+		Short: "Prepare the node for the driver about to start (configured by environment variables)",
+		Long: `Prepare the node for the driver about to start: keep the loaded driver when DRIVER_CONFIG_DIGEST matches
+the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*), drain on failure
+(ENABLE_AUTO_DRAIN, DRAIN_*), pause the GPU operands, unload the NVIDIA modules and clear the old driver root.
+A host-installed driver marks the node pre-installed instead. Timeouts are Go durations ("300s"; a bare number
+is seconds; "0s" means the 5m default bound).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := OptionsFromEnv(os.Getenv)
+			if err != nil {
+				return err
+			}
+			if o.Client, err = client(); err != nil {
+				return err
+			}
+			o.Log = slog.New(slog.NewTextHandler(out, nil))
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+}
+
+func uncordonCommand(out io.Writer) *cobra.Command {
+	o := drivermanager.UncordonOptions{}
+	cmd := &cobra.Command{
+		Use:   "uncordon-when-valid",
+		Short: "After a driver change, uncordon the node once its validator is Ready with the new driver",
+		Long: `Run next to the driver container (a sidecar with --hold): when the node is validation-required, wait
+(watching, bounded by --timeout) until the node's validator pod is Ready with the new driver, then lift the
+cordon the driver manager made and mark the node upgrade-done. In any other state it does nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			o.NodeName, o.Namespace = os.Getenv("NODE_NAME"), os.Getenv("OPERATOR_NAMESPACE")
+			if o.Client, err = client(); err != nil {
+				return err
+			}
+			o.Log = slog.New(slog.NewTextHandler(out, nil))
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+	cmd.Flags().StringVar(&o.Component, "validator-component", drivermanager.DefaultValidatorComponent, "app.kubernetes.io/component of the node's validator pods")
+	cmd.Flags().DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
+	cmd.Flags().BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
+	cmd.Flags().StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's readiness probe waits for it)")
+	return cmd
+}
+
+// OptionsFromEnv reads the driver manager's environment (the names the GPU Operator's driver manager uses).
+func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
+	e := env{get: getenv}
+	o := drivermanager.Options{
+		NodeName:       getenv("NODE_NAME"),
+		Namespace:      getenv("OPERATOR_NAMESPACE"),
+		Digest:         strings.TrimSpace(getenv("DRIVER_CONFIG_DIGEST")),
+		ForceReinstall: e.bool("FORCE_REINSTALL", false),
+		Host:           kmod.Host{Root: getenv("HOST_ROOT"), DriverRoot: getenv("DRIVER_ROOT")},
+		Eviction: drivermanager.Eviction{
+			Enabled:            e.bool("ENABLE_GPU_POD_EVICTION", true),
+			Force:              e.bool("EVICTION_USE_FORCE", false),
+			DeleteEmptyDirData: e.bool("EVICTION_DELETE_EMPTYDIR_DATA", false),
+			Timeout:            e.duration("EVICTION_TIMEOUT_SECONDS"),
+		},
+		Drain: drivermanager.Drain{
+			Enabled:            e.bool("ENABLE_AUTO_DRAIN", false),
+			Force:              e.bool("DRAIN_USE_FORCE", false),
+			DeleteEmptyDirData: e.bool("DRAIN_DELETE_EMPTYDIR_DATA", false),
+			PodSelector:        getenv("DRAIN_POD_SELECTOR_LABEL"),
+			Timeout:            e.duration("DRAIN_TIMEOUT_SECONDS"),
+		},
+	}
+	return o, errors.Join(e.errs...)
+}
+
+type env struct {
+	get  func(string) string
+	errs []error
+}
+
+func (e *env) bool(name string, def bool) bool {
+	v := strings.TrimSpace(e.get(name))
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: want true or false", name, v))
+		return def
+	}
+	return b
+}
+
+// duration reads a Go duration; a bare number is seconds (the variables' names say seconds). 0 means the
+// package default bound.
+func (e *env) duration(name string) time.Duration {
+	v := strings.TrimSpace(e.get(name))
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: want a duration such as 300s or 5m", name, v))
+		return 0
+	}
+	return d
+}
+
+// client uses $KUBECONFIG when set, else the pod's service account.
+func client() (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kc := os.Getenv("KUBECONFIG"); kc != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kc)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("API client config: %w", err)
+	}
+	cfg.UserAgent = "kube-gpu-stack-driver-manager"
+	return kubernetes.NewForConfig(cfg)
+}

@@ -1,0 +1,73 @@
+package drivermanagercli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
+)
+
+func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// The environment the chart renders (operands/driver: driver.managerEnv, gpu-stack-lib.driverManagerContainer).
+func TestOptionsFromTheChartsEnvironment(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(map[string]string{
+		"NODE_NAME": "gpu-1", "OPERATOR_NAMESPACE": "gpu-system", "HOST_ROOT": "/host", "DRIVER_ROOT": "/run/nvidia/driver",
+		"DRIVER_CONFIG_DIGEST":    " abc \n",
+		"ENABLE_GPU_POD_EVICTION": "true", "EVICTION_USE_FORCE": "false", "EVICTION_TIMEOUT_SECONDS": "300s",
+		"EVICTION_DELETE_EMPTYDIR_DATA": "false", "ENABLE_AUTO_DRAIN": "true", "DRAIN_USE_FORCE": "true",
+		"DRAIN_POD_SELECTOR_LABEL": "app!=critical", "DRAIN_TIMEOUT_SECONDS": "0s", "DRAIN_DELETE_EMPTYDIR_DATA": "true",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.NodeName != "gpu-1" || o.Namespace != "gpu-system" || o.Digest != "abc" || o.Host.Root != "/host" {
+		t.Fatalf("%+v", o)
+	}
+	if !o.Eviction.Enabled || o.Eviction.Force || o.Eviction.Timeout != 300*time.Second {
+		t.Fatalf("eviction %+v", o.Eviction)
+	}
+	if !o.Drain.Enabled || !o.Drain.Force || !o.Drain.DeleteEmptyDirData || o.Drain.PodSelector != "app!=critical" {
+		t.Fatalf("drain %+v", o.Drain)
+	}
+	// "0s" is "no bound" upstream; here it takes the default bound.
+	o.Complete()
+	if o.Drain.Timeout != gpudrain.DefaultTimeout {
+		t.Fatalf("drain timeout %s, want the default bound %s", o.Drain.Timeout, gpudrain.DefaultTimeout)
+	}
+}
+
+func TestOptionsFromEnvDefaultsAndBareSeconds(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(map[string]string{"EVICTION_TIMEOUT_SECONDS": "90"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Eviction.Enabled || o.Drain.Enabled || o.ForceReinstall || o.Eviction.Timeout != 90*time.Second {
+		t.Fatalf("%+v", o)
+	}
+}
+
+func TestOptionsFromEnvNamesBadValues(t *testing.T) {
+	_, err := OptionsFromEnv(getenv(map[string]string{"ENABLE_AUTO_DRAIN": "yes please", "DRAIN_TIMEOUT_SECONDS": "5 minutes"}))
+	if err == nil || !strings.Contains(err.Error(), "ENABLE_AUTO_DRAIN") || !strings.Contains(err.Error(), "DRAIN_TIMEOUT_SECONDS") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestCommandsAreWired(t *testing.T) {
+	var out bytes.Buffer
+	cmd := NewCommand(&out)
+	for _, name := range []string{"uninstall-driver", "uncordon-when-valid"} {
+		if c, _, err := cmd.Find([]string{name}); err != nil || c.Name() != name {
+			t.Errorf("subcommand %s: %v", name, err)
+		}
+	}
+	c, _, _ := cmd.Find([]string{"uncordon-when-valid"})
+	for _, f := range []string{"validator-component", "timeout", "hold"} {
+		if c.Flags().Lookup(f) == nil {
+			t.Errorf("uncordon-when-valid lacks --%s", f)
+		}
+	}
+}

@@ -1,0 +1,393 @@
+// Package kmod is the driver manager's view of a node's NVIDIA kernel modules, the containerized driver's files
+// and its root mount. Every path goes through a root (the host's filesystem as mounted in the pod, and the pod's
+// own filesystem), and the two system calls that change the host go through Kernel, so the whole flow runs in
+// tests against a fixture tree with a fake Kernel.
+package kmod
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// UnloadOrder lists the NVIDIA modules in the order they can be removed: each one only after every module
+// that depends on it (nvidia_drm holds nvidia_modeset, which holds nvidia; the others hold nvidia).
+var UnloadOrder = []string{
+	"nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia_peermem", "nvidia_fs", "nvidia_vgpu_vfio", "gdrdrv", "nvidia",
+}
+
+// Kernel is the system calls that change the host; tests pass a fake.
+type Kernel interface {
+	// DeleteModule removes a loaded module without forcing it (delete_module(2)); a module in use fails with
+	// EBUSY or EAGAIN.
+	DeleteModule(name string) error
+	// Unmount detaches the mount at target (umount2(2)).
+	Unmount(target string) error
+}
+
+// System is the real Kernel.
+type System struct{}
+
+// DeleteModule calls delete_module(2) with O_NONBLOCK, as rmmod does: a module in use fails at once instead of
+// waiting for its users.
+func (System) DeleteModule(name string) error { return unix.DeleteModule(name, unix.O_NONBLOCK) }
+
+// Unmount calls umount2(2) with MNT_DETACH: a stale driver root whose container is gone may still be some
+// process's working directory, and a lazy unmount still frees the path for the new driver.
+func (System) Unmount(target string) error { return unix.Unmount(target, unix.MNT_DETACH) }
+
+// Defaults for Host's paths.
+const (
+	DefaultRoot       = "/host"
+	DefaultOwnRoot    = "/"
+	DefaultDriverRoot = "/run/nvidia/driver"
+	DefaultMountInfo  = "/proc/self/mountinfo"
+)
+
+// Host is the node as the driver manager sees it.
+type Host struct {
+	// Root is the host's root filesystem, read only: proc, sys, the host's binaries, and the state file the
+	// containerized driver writes under run/nvidia.
+	Root string
+	// OwnRoot is the root of the manager's own mount namespace ("/" in the pod): the driver root mount, the pid
+	// file and MountInfo live there. Tests point both roots at one fixture tree.
+	OwnRoot string
+	// DriverRoot is where the containerized driver mounts its root, under OwnRoot (/run/nvidia/driver); its
+	// parent holds the driver's pid file.
+	DriverRoot string
+	// MountInfo is the manager's mount table, under OwnRoot (/proc/self/mountinfo).
+	MountInfo string
+	// Kernel removes modules and unmounts.
+	Kernel Kernel
+}
+
+// Complete fills the defaults of empty fields.
+func (h *Host) Complete() {
+	if h.Root == "" {
+		h.Root = DefaultRoot
+	}
+	if h.OwnRoot == "" {
+		h.OwnRoot = DefaultOwnRoot
+	}
+	if h.DriverRoot == "" {
+		h.DriverRoot = DefaultDriverRoot
+	}
+	if h.MountInfo == "" {
+		h.MountInfo = DefaultMountInfo
+	}
+	if h.Kernel == nil {
+		h.Kernel = System{}
+	}
+}
+
+// Validate rejects paths the manager cannot work with.
+func (h *Host) Validate() error {
+	if !filepath.IsAbs(h.DriverRoot) || filepath.Clean(h.DriverRoot) == "/" {
+		return fmt.Errorf("driver root %q: want an absolute path below / (e.g. %s)", h.DriverRoot, DefaultDriverRoot)
+	}
+	return nil
+}
+
+func (h Host) host(p ...string) string { return filepath.Join(append([]string{h.Root}, p...)...) }
+func (h Host) own(p string) string     { return filepath.Join(h.OwnRoot, p) }
+
+// StateFile is the file the containerized driver writes its DRIVER_CONFIG_DIGEST to, under Root.
+func (h Host) StateFile() string { return h.host("run", "nvidia", "nvidia-driver.state") }
+
+// PidFile is the containerized driver's pid file, next to the driver root, under OwnRoot.
+func (h Host) PidFile() string {
+	return filepath.Join(filepath.Dir(h.own(h.DriverRoot)), "nvidia-driver.pid")
+}
+
+// Module is a loaded NVIDIA kernel module.
+type Module struct {
+	Name string
+	// Refcnt is the module's use count (-1 when unknown).
+	Refcnt int
+	// Holders are the loaded modules that depend on it.
+	Holders []string
+}
+
+// Loaded returns the NVIDIA modules of UnloadOrder that are loaded, in that order: listed in proc/modules or
+// with a sys/module/<m>/refcnt (only loadable modules have one).
+func (h Host) Loaded() ([]Module, error) {
+	listed := map[string]bool{}
+	b, err := os.ReadFile(h.host("proc", "modules"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read loaded modules: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 0 {
+			listed[f[0]] = true
+		}
+	}
+	var mods []Module
+	for _, name := range UnloadOrder {
+		_, statErr := os.Stat(h.host("sys", "module", name, "refcnt"))
+		if !listed[name] && statErr != nil {
+			continue
+		}
+		mods = append(mods, Module{Name: name, Refcnt: h.refcnt(name), Holders: h.holders(name)})
+	}
+	return mods, nil
+}
+
+func (h Host) refcnt(name string) int {
+	b, err := os.ReadFile(h.host("sys", "module", name, "refcnt"))
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func (h Host) holders(name string) []string {
+	entries, _ := os.ReadDir(h.host("sys", "module", name, "holders"))
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// HostDriver returns the host's own nvidia-smi (a driver installed on the host, not by a driver pod), as a path
+// under Root, or "" when there is none.
+func (h Host) HostDriver() string {
+	for _, dir := range []string{"usr/bin", "usr/sbin", "bin", "sbin"} {
+		p := h.host(dir, "nvidia-smi")
+		// Lstat: an absolute symlink on the host would resolve inside the pod, not under Root.
+		if _, err := os.Lstat(p); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// RecordedDigest returns the DRIVER_CONFIG_DIGEST the running containerized driver recorded, and whether it
+// recorded one.
+func (h Host) RecordedDigest() (string, bool, error) {
+	b, err := os.ReadFile(h.StateFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read driver state: %w", err)
+	}
+	return strings.TrimSpace(string(b)), true, nil
+}
+
+// DriverPodFiles reports what a containerized driver left on the node: its state file, its pid file or a mount
+// on the driver root. A node with any of them is not a host-driver node.
+func (h Host) DriverPodFiles() ([]string, error) {
+	var found []string
+	for _, p := range []string{h.StateFile(), h.PidFile()} {
+		if _, err := os.Stat(p); err == nil {
+			found = append(found, p)
+		}
+	}
+	mounts, err := h.DriverRootMounts()
+	if err != nil {
+		return nil, err
+	}
+	return append(found, mounts...), nil
+}
+
+// DriverRootMounts returns the mount points at or below DriverRoot in MountInfo, as paths in the manager's
+// namespace, in unmount order: deepest first, and of mounts stacked on one path the latest first.
+func (h Host) DriverRootMounts() ([]string, error) {
+	b, err := os.ReadFile(h.own(h.MountInfo))
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	root := filepath.Clean(h.DriverRoot)
+	var mps []string
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(f[4])
+		if mp == root || strings.HasPrefix(mp, root+"/") {
+			mps = append(mps, mp)
+		}
+	}
+	slices.Reverse(mps) // later mounts sit on top of earlier ones
+	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return mps, nil
+}
+
+// unescapeMountPath undoes the kernel's octal escapes in mountinfo (\040 for a space, \011, \012, \134).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b bytes.Buffer
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// UnmountDriverRoot unmounts everything at or below DriverRoot, deepest first, and returns what it unmounted. A
+// path that is no longer a mount point (a parent's unmount took it along) is not an error.
+func (h Host) UnmountDriverRoot() ([]string, error) {
+	mps, err := h.DriverRootMounts()
+	if err != nil {
+		return nil, err
+	}
+	var done []string
+	for _, mp := range mps {
+		err := h.Kernel.Unmount(h.own(mp))
+		switch {
+		case err == nil:
+			done = append(done, mp)
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		default:
+			return done, fmt.Errorf("unmount %s: %w", mp, err)
+		}
+	}
+	return done, nil
+}
+
+// RemovePidFile removes the driver's stale pid file and reports whether there was one.
+func (h Host) RemovePidFile() (bool, error) {
+	err := os.Remove(h.PidFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("remove stale pid file: %w", err)
+	}
+	return true, nil
+}
+
+// BusyError is a module that cannot be removed because something uses it.
+type BusyError struct {
+	Module string
+	// Refcnt is its use count (-1 when unknown).
+	Refcnt int
+	// Holders are the loaded modules that depend on it.
+	Holders []string
+	// Processes have a /dev/nvidia* device open.
+	Processes []Process
+	// Err is the system call's error.
+	Err error
+}
+
+// Error names the module and what holds it, so the message says what to stop.
+func (e *BusyError) Error() string {
+	var why []string
+	if e.Refcnt >= 0 {
+		why = append(why, fmt.Sprintf("use count %d", e.Refcnt))
+	}
+	if len(e.Holders) > 0 {
+		why = append(why, "held by modules "+strings.Join(e.Holders, ", "))
+	}
+	if len(e.Processes) > 0 {
+		ps := make([]string, 0, len(e.Processes))
+		for _, p := range e.Processes {
+			ps = append(ps, p.String())
+		}
+		why = append(why, "/dev/nvidia* open in "+strings.Join(ps, ", "))
+	} else {
+		why = append(why, "no process on the node has /dev/nvidia* open")
+	}
+	return fmt.Sprintf("kernel module %s is in use (%s): %v", e.Module, strings.Join(why, "; "), e.Err)
+}
+
+// Unwrap returns the system call's error.
+func (e *BusyError) Unwrap() error { return e.Err }
+
+// Unload removes the loaded NVIDIA modules in UnloadOrder and returns the ones it removed. A module in use stops
+// it with a *BusyError naming the module's holders and the processes that have the GPUs open.
+func (h Host) Unload() ([]string, error) {
+	var done []string
+	for _, name := range UnloadOrder {
+		if _, err := os.Stat(h.host("sys", "module", name, "refcnt")); err != nil {
+			continue
+		}
+		err := h.Kernel.DeleteModule(name)
+		switch {
+		case err == nil:
+			done = append(done, name)
+		case errors.Is(err, unix.ENOENT):
+			// gone meanwhile
+		case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
+			procs, _ := h.DeviceUsers()
+			return done, &BusyError{Module: name, Refcnt: h.refcnt(name), Holders: h.holders(name), Processes: procs, Err: err}
+		default:
+			return done, fmt.Errorf("unload kernel module %s: %w", name, err)
+		}
+	}
+	return done, nil
+}
+
+// Process is a host process.
+type Process struct {
+	PID  int
+	Comm string
+}
+
+// String is "pid 1234 (nv-hostengine)".
+func (p Process) String() string { return fmt.Sprintf("pid %d (%s)", p.PID, p.Comm) }
+
+// DeviceUsers returns the host processes that have a /dev/nvidia* device open, by their proc/<pid>/fd links.
+// Processes that exit or cannot be read meanwhile are skipped.
+func (h Host) DeviceUsers() ([]Process, error) {
+	entries, err := os.ReadDir(h.host("proc"))
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var out []Process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fds, err := os.ReadDir(h.host("proc", e.Name(), "fd"))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			target, err := os.Readlink(h.host("proc", e.Name(), "fd", fd.Name()))
+			if err == nil && strings.HasPrefix(target, "/dev/nvidia") {
+				out = append(out, Process{PID: pid, Comm: h.comm(e.Name())})
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Process) int { return a.PID - b.PID })
+	return out, nil
+}
+
+func (h Host) comm(pid string) string {
+	f, err := os.Open(h.host("proc", pid, "comm"))
+	if err != nil {
+		return "?"
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	if s.Scan() {
+		return s.Text()
+	}
+	return "?"
+}

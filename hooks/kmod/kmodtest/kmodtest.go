@@ -1,0 +1,267 @@
+// Package kmodtest builds fixture host trees for kmod and a fake Kernel that acts on them the way Linux does:
+// a module is removable only when nothing holds or uses it, removing it releases the modules it used, and an
+// unmount takes the mount out of the mount table.
+package kmodtest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+)
+
+// DriverRoot is the fixture's driver root, in the manager's namespace.
+const DriverRoot = "/run/nvidia/driver"
+
+// Fixture is a host tree under Root; the host's root and the manager's own root are the same tree.
+type Fixture struct {
+	t    testing.TB
+	Root string
+	// Kernel acts on the tree.
+	Kernel *Kernel
+}
+
+// New returns an empty node: no modules, no driver files, an empty mount table below the root mount.
+func New(t testing.TB) *Fixture {
+	t.Helper()
+	f := &Fixture{t: t, Root: t.TempDir()}
+	f.Kernel = &Kernel{f: f}
+	f.mkdir("proc", "self")
+	f.mkdir("sys", "module")
+	f.mkdir("run", "nvidia")
+	f.write("proc/modules", "")
+	f.write("proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+	return f
+}
+
+// Host is the kmod.Host over the fixture, with the fake Kernel.
+func (f *Fixture) Host() kmod.Host {
+	return kmod.Host{Root: f.Root, OwnRoot: f.Root, DriverRoot: DriverRoot, MountInfo: "/proc/self/mountinfo", Kernel: f.Kernel}
+}
+
+func (f *Fixture) path(p ...string) string { return filepath.Join(append([]string{f.Root}, p...)...) }
+
+func (f *Fixture) mkdir(p ...string) {
+	f.t.Helper()
+	if err := os.MkdirAll(f.path(p...), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *Fixture) write(p, content string) {
+	f.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(f.path(p)), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.WriteFile(f.path(p), []byte(content), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// LoadModule loads name, using the modules in deps (each gets name as a holder and one more use).
+func (f *Fixture) LoadModule(name string, deps ...string) {
+	f.t.Helper()
+	f.mkdir("sys", "module", name, "holders")
+	f.write(filepath.Join("sys/module", name, "refcnt"), "0\n")
+	for _, d := range deps {
+		if err := os.Symlink("../../"+name, f.path("sys", "module", d, "holders", name)); err != nil {
+			f.t.Fatal(err)
+		}
+		f.addRefcnt(d, 1)
+	}
+	b, _ := os.ReadFile(f.path("proc", "modules"))
+	used := "-"
+	if len(deps) > 0 {
+		used = strings.Join(deps, ",") + ","
+	}
+	f.write("proc/modules", string(b)+fmt.Sprintf("%s 1234 0 %s Live 0x0000000000000000\n", name, used))
+}
+
+// LoadDriver loads the modules a containerized driver loads: nvidia, nvidia_modeset, nvidia_uvm and
+// nvidia_drm, with their real dependencies.
+func (f *Fixture) LoadDriver() {
+	f.LoadModule("nvidia")
+	f.LoadModule("nvidia_modeset", "nvidia")
+	f.LoadModule("nvidia_uvm", "nvidia")
+	f.LoadModule("nvidia_drm", "nvidia_modeset")
+}
+
+// Use adds n users (open device files, kernel references) to a loaded module.
+func (f *Fixture) Use(module string, n int) { f.addRefcnt(module, n) }
+
+func (f *Fixture) addRefcnt(module string, n int) {
+	f.t.Helper()
+	p := filepath.Join("sys/module", module, "refcnt")
+	b, err := os.ReadFile(f.path(p))
+	if err != nil {
+		f.t.Fatalf("module %s is not loaded in the fixture: %v", module, err)
+	}
+	c, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	f.write(p, strconv.Itoa(c+n)+"\n")
+}
+
+// OpenDevice makes host process pid (named comm) hold dev (e.g. /dev/nvidia0) open.
+func (f *Fixture) OpenDevice(pid int, comm, dev string) {
+	f.t.Helper()
+	f.mkdir("proc", strconv.Itoa(pid), "fd")
+	f.write(filepath.Join("proc", strconv.Itoa(pid), "comm"), comm+"\n")
+	if err := os.Symlink("/dev/null", f.path("proc", strconv.Itoa(pid), "fd", "0")); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Symlink(dev, f.path("proc", strconv.Itoa(pid), "fd", "7")); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// HostNvidiaSMI installs nvidia-smi on the host under dir (e.g. usr/bin).
+func (f *Fixture) HostNvidiaSMI(dir string) { f.write(filepath.Join(dir, "nvidia-smi"), "#!/bin/sh\n") }
+
+// DriverState records digest as the running containerized driver does.
+func (f *Fixture) DriverState(digest string) { f.write("run/nvidia/nvidia-driver.state", digest+"\n") }
+
+// PidFile writes the containerized driver's pid file.
+func (f *Fixture) PidFile() { f.write("run/nvidia/nvidia-driver.pid", "4242\n") }
+
+// PidFileExists reports whether the pid file is there.
+func (f *Fixture) PidFileExists() bool {
+	_, err := os.Stat(f.path("run", "nvidia", "nvidia-driver.pid"))
+	return err == nil
+}
+
+// Mount adds a mount at mountPoint (a path in the manager's namespace) to the mount table.
+func (f *Fixture) Mount(mountPoint string) {
+	f.t.Helper()
+	f.mkdir(mountPoint)
+	b, _ := os.ReadFile(f.path("proc", "self", "mountinfo"))
+	esc := strings.ReplaceAll(mountPoint, " ", `\040`)
+	f.write("proc/self/mountinfo", string(b)+fmt.Sprintf("%d 22 0:99 / %s rw,relatime shared:9 - overlay overlay rw\n", 100+strings.Count(string(b), "\n"), esc))
+}
+
+// MountDriverRoot mounts a driver root the way the containerized driver does: the root and a few mounts below.
+func (f *Fixture) MountDriverRoot() {
+	f.Mount(DriverRoot)
+	f.Mount(DriverRoot + "/proc")
+	f.Mount(DriverRoot + "/dev")
+	f.Mount(DriverRoot + "/dev/shm")
+}
+
+// Mounts returns the mount points in the mount table below the root mount.
+func (f *Fixture) Mounts() []string {
+	b, _ := os.ReadFile(f.path("proc", "self", "mountinfo"))
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if fs := strings.Fields(line); len(fs) > 4 && fs[4] != "/" {
+			out = append(out, strings.ReplaceAll(fs[4], `\040`, " "))
+		}
+	}
+	return out
+}
+
+// LoadedModules returns the modules in proc/modules.
+func (f *Fixture) LoadedModules() []string {
+	b, _ := os.ReadFile(f.path("proc", "modules"))
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if fs := strings.Fields(line); len(fs) > 0 {
+			out = append(out, fs[0])
+		}
+	}
+	return out
+}
+
+// Kernel is the fake kmod.Kernel. It records every call.
+type Kernel struct {
+	f  *Fixture
+	mu sync.Mutex
+	// Calls are "delete_module NAME" and "umount PATH" (PATH as given, under the fixture root).
+	Calls []string
+	// Fail, when set, is consulted before each call; a non-nil error fails it.
+	Fail func(call string) error
+}
+
+// CallList returns a copy of Calls.
+func (k *Kernel) CallList() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.Calls)
+}
+
+func (k *Kernel) record(call string) error {
+	k.mu.Lock()
+	k.Calls = append(k.Calls, call)
+	fail := k.Fail
+	k.mu.Unlock()
+	if fail != nil {
+		return fail(call)
+	}
+	return nil
+}
+
+// DeleteModule removes a module whose use count is 0 (EAGAIN while other modules hold it, EBUSY while it is
+// otherwise in use, ENOENT when not loaded), releasing the modules it used.
+func (k *Kernel) DeleteModule(name string) error {
+	if err := k.record("delete_module " + name); err != nil {
+		return err
+	}
+	f := k.f
+	dir := f.path("sys", "module", name)
+	b, err := os.ReadFile(filepath.Join(dir, "refcnt"))
+	if err != nil {
+		return unix.ENOENT
+	}
+	if holders, _ := os.ReadDir(filepath.Join(dir, "holders")); len(holders) > 0 {
+		return unix.EAGAIN
+	}
+	if c, _ := strconv.Atoi(strings.TrimSpace(string(b))); c > 0 {
+		return unix.EBUSY
+	}
+	mods, _ := os.ReadFile(f.path("proc", "modules"))
+	var keep []string
+	for line := range strings.Lines(string(mods)) {
+		fs := strings.Fields(line)
+		if len(fs) > 3 && fs[0] == name {
+			for _, d := range strings.Split(strings.Trim(fs[3], ",-"), ",") {
+				if d == "" {
+					continue
+				}
+				_ = os.Remove(f.path("sys", "module", d, "holders", name))
+				f.addRefcnt(d, -1)
+			}
+			continue
+		}
+		keep = append(keep, line)
+	}
+	f.write("proc/modules", strings.Join(keep, ""))
+	return os.RemoveAll(dir)
+}
+
+// Unmount removes the latest mount at target from the mount table (EINVAL when target is not a mount point).
+func (k *Kernel) Unmount(target string) error {
+	if err := k.record("umount " + target); err != nil {
+		return err
+	}
+	f := k.f
+	mp, err := filepath.Rel(f.Root, target)
+	if err != nil {
+		return unix.EINVAL
+	}
+	mp = "/" + mp
+	b, _ := os.ReadFile(f.path("proc", "self", "mountinfo"))
+	lines := slices.Collect(strings.Lines(string(b)))
+	for i := len(lines) - 1; i >= 0; i-- {
+		if fs := strings.Fields(lines[i]); len(fs) > 4 && strings.ReplaceAll(fs[4], `\040`, " ") == mp {
+			lines = slices.Delete(lines, i, i+1)
+			f.write("proc/self/mountinfo", strings.Join(lines, ""))
+			return nil
+		}
+	}
+	return unix.EINVAL
+}
