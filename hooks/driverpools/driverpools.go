@@ -22,8 +22,6 @@ type Pool struct {
 	// NodeSelectorTerms is the pool's own node selection (for the default pool: not any other pool), without the
 	// GPU, role and per-OS terms.
 	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
-	// Digest is the pool's DRIVER_CONFIG_DIGEST (container pools).
-	Digest string `json:"digest,omitempty"`
 	// MaxUnavailable bounds the pool's nodes upgrading at once (a number or a percentage).
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
 	// AutoUpgrade false: the DaemonSets are OnDelete.
@@ -37,6 +35,8 @@ type Pool struct {
 type DaemonSet struct {
 	Name              string                    `json:"name"`
 	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
+	// Digest is its DRIVER_CONFIG_DIGEST: what the driver on its nodes will be after the release.
+	Digest string `json:"digest"`
 }
 
 // Parse reads the DRIVER_POOLS JSON; empty means no pools (the driver is disabled).
@@ -71,19 +71,19 @@ func Matching(pools []Pool, node *corev1.Node) ([]Pool, error) {
 	return out, nil
 }
 
-// DaemonSetFor returns the name of the pool's driver DaemonSet that selects node, or "" when none does (its OS or
-// kernel has no driver image in the pool). A pool rendered without DaemonSets answers "" too.
-func (p Pool) DaemonSetFor(node *corev1.Node) (string, error) {
-	for _, ds := range p.DaemonSets {
+// DaemonSetFor returns the pool's driver DaemonSet that selects node, or nil when none does (its OS or kernel
+// has no driver image in the pool).
+func (p Pool) DaemonSetFor(node *corev1.Node) (*DaemonSet, error) {
+	for i, ds := range p.DaemonSets {
 		ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: ds.NodeSelectorTerms}, node)
 		if err != nil {
-			return "", fmt.Errorf("driver DaemonSet %s: bad node selector: %w", ds.Name, err)
+			return nil, fmt.Errorf("driver DaemonSet %s: bad node selector: %w", ds.Name, err)
 		}
 		if ok {
-			return ds.Name, nil
+			return &p.DaemonSets[i], nil
 		}
 	}
-	return "", nil
+	return nil, nil
 }
 
 // Names lists the pools' names.

@@ -90,11 +90,18 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
-	for _, f := range []informers.SharedInformerFactory{nsFactory, relFactory, eventFactory, clusterFactory} {
-		f.Start(ctx.Done())
-		defer f.Shutdown()
+	factories := []informers.SharedInformerFactory{nsFactory, relFactory, eventFactory, clusterFactory}
+	stop := make(chan struct{})
+	defer func() {
+		close(stop) // the informers must stop before Shutdown waits for them
+		for _, f := range factories {
+			f.Shutdown()
+		}
+	}()
+	for _, f := range factories {
+		f.Start(stop)
 	}
-	for _, f := range []informers.SharedInformerFactory{nsFactory, relFactory, eventFactory, clusterFactory} {
+	for _, f := range factories {
 		for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 			if !ok {
 				return nil, fmt.Errorf("watch %v in %s: not synced before the deadline", typ, o.Namespace)

@@ -2,6 +2,10 @@
 // switches, upgrade state, the stack's own cordons, pre-installed marks it made, every kube-gpu-stack.io/
 // annotation) and the objects Helm never deletes because hooks created them, so `helm uninstall` leaves nodes as
 // they were before install. It touches nothing the stack did not write.
+//
+// It first removes the release's operand DaemonSets and waits for their pods to go: Helm would delete them right
+// after anyway, and while they run a validator or driver manager could write its marks again behind the cleanup
+// (restoring a paused switch brings that operand's pod straight back).
 package stackcleanup
 
 import (
@@ -10,13 +14,20 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
@@ -57,6 +68,10 @@ type Options struct {
 	Dynamic dynamic.Interface
 	// Namespace is the release namespace (namespaced objects to delete live there).
 	Namespace string
+	// Release names the release whose operand DaemonSets are stopped first (label app.kubernetes.io/instance).
+	Release string
+	// OperandTimeout bounds the wait for the operand pods to go.
+	OperandTimeout time.Duration
 	// Delete names the hook-created objects to remove.
 	Delete []Object
 }
@@ -66,15 +81,74 @@ func (o *Options) Validate() error {
 	switch {
 	case o.Client == nil || (o.Dynamic == nil && len(o.Delete) > 0):
 		return errors.New("no Kubernetes client")
-	case o.Namespace == "":
-		return errors.New("name the release namespace (--namespace)")
+	case o.Namespace == "" || o.Release == "":
+		return errors.New("name the release and its namespace (--release, --namespace)")
+	}
+	if o.OperandTimeout <= 0 {
+		o.OperandTimeout = time.Minute
 	}
 	return nil
+}
+
+// stopOperands deletes the release's DaemonSets and watches until no pod of them is left.
+func stopOperands(ctx context.Context, o Options, out io.Writer) error {
+	sel := labels.Set{"app.kubernetes.io/instance": o.Release}.String()
+	background := metav1.DeletePropagationBackground
+	err := o.Client.AppsV1().DaemonSets(o.Namespace).DeleteCollection(ctx,
+		metav1.DeleteOptions{PropagationPolicy: &background}, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return fmt.Errorf("delete the release's DaemonSets: %w", err)
+	}
+	pods := o.Client.CoreV1().Pods(o.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
+			lo.LabelSelector = sel
+			return pods.List(ctx, lo)
+		},
+		WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
+			lo.LabelSelector = sel
+			return pods.Watch(ctx, lo)
+		},
+	}
+	wctx, cancel := context.WithTimeout(ctx, o.OperandTimeout)
+	defer cancel()
+	var left []string
+	var synced cache.Store
+	gone := func() bool {
+		left = left[:0]
+		for _, obj := range synced.List() {
+			if p := obj.(*corev1.Pod); ownedByDaemonSet(p) {
+				left = append(left, p.Name)
+			}
+		}
+		return len(left) == 0
+	}
+	// the precondition sees the synced store once; each later event re-checks the same (updated) store
+	_, err = watchtools.UntilWithSync(wctx, lw, &corev1.Pod{},
+		func(store cache.Store) (bool, error) { synced = store; return gone(), nil },
+		func(watch.Event) (bool, error) { return gone(), nil })
+	if err != nil {
+		return fmt.Errorf("operand pods still running after %s: %v: %w", o.OperandTimeout, left, err)
+	}
+	fmt.Fprintln(out, "operand DaemonSets removed and their pods gone")
+	return nil
+}
+
+func ownedByDaemonSet(p *corev1.Pod) bool {
+	for _, ref := range p.OwnerReferences {
+		if ref.Kind == "DaemonSet" {
+			return true
+		}
+	}
+	return false
 }
 
 // Run cleans every node, then deletes the named objects (absent ones are fine: a rerun converges). It reports one
 // line per node it changed and a summary line.
 func Run(ctx context.Context, o Options, out io.Writer) error {
+	if err := stopOperands(ctx, o, out); err != nil {
+		return err
+	}
 	nodes, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)

@@ -115,21 +115,21 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				"drain it and remove the driver pod first", node.Name, pool.Name, pool.Source))
 			continue
 		}
-		if len(pool.DaemonSets) > 0 {
-			if ds, err := pool.DaemonSetFor(node); err != nil {
-				return nil, err
-			} else if ds == "" {
-				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s (%s %s, kernel %s): pool %s has no driver "+
-					"image for its OS/kernel any more", node.Name, node.Labels[osIDLabel], node.Labels[osVersionLabel],
-					node.Labels[kernelLabel], pool.Name))
-				continue
-			}
+		ds, err := pool.DaemonSetFor(node)
+		if err != nil {
+			return nil, err
 		}
-		from := podDigest(pod)
-		if from == pool.Digest || pool.Digest == "" || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+		if ds == nil {
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s (%s %s, kernel %s): pool %s has no driver "+
+				"image for its OS/kernel any more", node.Name, node.Labels[osIDLabel], node.Labels[osVersionLabel],
+				node.Labels[kernelLabel], pool.Name))
 			continue
 		}
-		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, From: from, To: pool.Digest})
+		from := podDigest(pod)
+		if from == ds.Digest || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+			continue
+		}
+		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, From: from, To: ds.Digest})
 	}
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int { return strings.Compare(a.Pool+"/"+a.Node, b.Pool+"/"+b.Node) })
 

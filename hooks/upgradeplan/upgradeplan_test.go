@@ -50,7 +50,8 @@ func gpuWorkload(node string) *corev1.Pod {
 var everyGPUNode = []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "nvidia.com/gpu.present", Operator: corev1.NodeSelectorOpExists}}}}
 
 func pool(digest string, maxUnavailable intstr.IntOrString) []driverpools.Pool {
-	return []driverpools.Pool{{Name: "default", Source: "container", NodeSelectorTerms: everyGPUNode, Digest: digest, MaxUnavailable: &maxUnavailable}}
+	return []driverpools.Pool{{Name: "default", Source: "container", NodeSelectorTerms: everyGPUNode, MaxUnavailable: &maxUnavailable,
+		DaemonSets: []driverpools.DaemonSet{{Name: "nvidia-driver-daemonset-ubuntu22.04", NodeSelectorTerms: everyGPUNode, Digest: digest}}}}
 }
 
 func run(t *testing.T, pools []driverpools.Pool, objs ...runtime.Object) (*Plan, string, error, *fake.Clientset) {
@@ -117,9 +118,9 @@ func TestRefusesUnsafeUpgradesAndChangesNothing(t *testing.T) {
 }
 
 func TestRefusesNodesPoolsNoLongerCover(t *testing.T) {
-	pools := []driverpools.Pool{{Name: "a100", Source: "container", Digest: "new",
+	pools := []driverpools.Pool{{Name: "a100", Source: "container",
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: corev1.NodeSelectorOpIn, Values: []string{"a100"}}}}},
-		DaemonSets:        []driverpools.DaemonSet{{Name: "nvidia-driver-a100-ubuntu22.04", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: osIDLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu"}}}}}}}}}
+		DaemonSets:        []driverpools.DaemonSet{{Name: "nvidia-driver-a100-ubuntu22.04", NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: osIDLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{"ubuntu"}}}}}, Digest: "new"}}}}
 	_, out, err, _ := run(t, pools,
 		readyNode("h100", map[string]string{"gpu": "h100"}), driverPod("h100", "old"),
 		readyNode("rhel", map[string]string{"gpu": "a100", osIDLabel: "rhel"}), driverPod("rhel", "old"))
