@@ -34,7 +34,7 @@ func NewCommand(out io.Writer) *cobra.Command {
 	flags.AddFlags(root.PersistentFlags())
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
-	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, out), statusCommand(flags, &release, out),
+	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
 		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out))
 	return root
 }
@@ -84,7 +84,7 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 	return cmd
 }
 
-func cleanupCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.Command {
+func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	var del []string
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -94,7 +94,7 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.
 			if err != nil {
 				return err
 			}
-			o := stackcleanup.Options{Client: client, Namespace: ns}
+			o := stackcleanup.Options{Client: client, Namespace: ns, Release: *release}
 			for _, d := range del {
 				obj, err := stackcleanup.ParseObject(d)
 				if err != nil {
