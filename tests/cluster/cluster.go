@@ -24,6 +24,7 @@ import (
 	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
 	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
 	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
+	"sigs.k8s.io/yaml"
 )
 
 // Binaries the control plane needs in its folder (built by ci/build-controlplane.sh).
@@ -70,6 +71,9 @@ type Options struct {
 	BinDir string
 	// Log receives the child processes' output; nil discards it.
 	Log io.Writer
+	// HarnessComponents are pod components (label app.kubernetes.io/component) that kwok leaves alone: the tests
+	// play the kubelet for them (tests/kubelet), running the project's own code instead of faking success.
+	HarnessComponents []string
 }
 
 // Start starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and returns once the API
@@ -109,7 +113,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
-	stages, err := c.writeKwokStages()
+	stages, err := c.writeKwokStages(opts.HarnessComponents)
 	if err != nil {
 		c.Stop()
 		return nil, err
@@ -160,12 +164,41 @@ func (c *Cluster) writeKubeconfig() error {
 }
 
 // writeKwokStages writes kwok's own fast stages: nodes become Ready at once and keep a lease; pods become Ready,
-// Jobs' pods complete, and deleted pods go away.
-func (c *Cluster) writeKwokStages() (string, error) {
-	docs := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease,
-		podfast.DefaultPodReady, podfast.DefaultPodComplete, podfast.DefaultPodDelete}
+// Jobs' pods complete, and deleted pods go away. Pods of the harness components are left out of "ready" and
+// "complete", so only the harness decides how they end.
+func (c *Cluster) writeKwokStages(harness []string) (string, error) {
+	docs := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease}
+	for _, stage := range []string{podfast.DefaultPodReady, podfast.DefaultPodComplete} {
+		if len(harness) > 0 {
+			var err error
+			if stage, err = excludeComponents(stage, harness); err != nil {
+				return "", err
+			}
+		}
+		docs = append(docs, stage)
+	}
+	docs = append(docs, podfast.DefaultPodDelete)
 	path := filepath.Join(c.dir, "kwok-stages.yaml")
 	return path, os.WriteFile(path, []byte(strings.Join(docs, "\n---\n")), 0o600)
+}
+
+// excludeComponents adds "component NotIn harness" to a kwok Stage's selector.
+func excludeComponents(stage string, harness []string) (string, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(stage), &doc); err != nil {
+		return "", err
+	}
+	spec, _ := doc["spec"].(map[string]any)
+	sel, _ := spec["selector"].(map[string]any)
+	if sel == nil {
+		return "", fmt.Errorf("kwok stage without a selector: %.80s", stage)
+	}
+	exprs, _ := sel["matchExpressions"].([]any)
+	sel["matchExpressions"] = append(exprs, map[string]any{
+		"key": `.metadata.labels["app.kubernetes.io/component"]`, "operator": "NotIn", "values": harness,
+	})
+	out, err := yaml.Marshal(doc)
+	return string(out), err
 }
 
 func (c *Cluster) spawn(path string, args, env []string, log io.Writer) error {

@@ -24,6 +24,14 @@ type Target struct {
 	Kubeconfig, Release, Namespace string
 	// Timeout bounds --wait.
 	Timeout time.Duration
+	// NoWait installs as `helm install` without --wait: the post-install gate is then the only wait, and it says
+	// why a workload is not ready (Helm's own wait runs before the hooks and only says "timed out").
+	NoWait bool
+	// ChartVersion, when set, stamps the chart's version and appVersion (tests pin both to one value; a release
+	// bumps both).
+	ChartVersion string
+	// KeepFailed leaves a failed release installed (for inspection); by default it is uninstalled again.
+	KeepFailed bool
 }
 
 func (t Target) config() (*action.Configuration, error) {
@@ -38,7 +46,8 @@ func (t Target) config() (*action.Configuration, error) {
 }
 
 // Install installs the chart from the repository with values files and --set overrides, waiting until every
-// workload is ready. A failed install is uninstalled again, so it never blocks the next one.
+// workload is ready and the hooks have run. A failed install is uninstalled again (unless KeepFailed), so it never
+// blocks the next one.
 func (t Target) Install(ctx context.Context, valueFiles []string, set ...string) (*release.Release, error) {
 	cfg, err := t.config()
 	if err != nil {
@@ -54,11 +63,13 @@ func (t Target) Install(ctx context.Context, valueFiles []string, set ...string)
 	}
 	inst := action.NewInstall(cfg)
 	inst.ReleaseName, inst.Namespace, inst.CreateNamespace = t.Release, t.Namespace, true
-	inst.Wait, inst.Timeout = true, t.Timeout
+	inst.Wait, inst.Timeout = !t.NoWait, t.Timeout
 	rel, err := inst.RunWithContext(ctx, chrt, vals)
 	if err != nil {
-		_ = t.Uninstall()
-		return nil, fmt.Errorf("helm install %v: %w", valueFiles, err)
+		if !t.KeepFailed {
+			_ = t.Uninstall()
+		}
+		return rel, fmt.Errorf("helm install %v: %w", valueFiles, err)
 	}
 	return rel, nil
 }
@@ -121,4 +132,46 @@ func Expected(ctx context.Context, client kubernetes.Interface, rel *release.Rel
 		ptrs = append(ptrs, &nodes.Items[i])
 	}
 	return placement.Place(dss, ptrs)
+}
+
+// Test runs the release's test hooks, as `helm test` (and Flux's test.enable) does.
+func (t Target) Test() (*release.Release, error) {
+	cfg, err := t.config()
+	if err != nil {
+		return nil, err
+	}
+	rt := action.NewReleaseTesting(cfg)
+	rt.Namespace, rt.Timeout = t.Namespace, t.Timeout
+	rel, err := rt.Run(t.Release)
+	if err != nil {
+		return rel, fmt.Errorf("helm test %s: %w", t.Release, err)
+	}
+	return rel, nil
+}
+
+// Upgrade upgrades the release to the chart in the repository with values files and --set overrides (values
+// are replaced, as `helm upgrade` without --reuse-values does), running the upgrade hooks.
+func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string) (*release.Release, error) {
+	cfg, err := t.config()
+	if err != nil {
+		return nil, err
+	}
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		return nil, err
+	}
+	if t.ChartVersion != "" {
+		chrt.Metadata.Version, chrt.Metadata.AppVersion = t.ChartVersion, t.ChartVersion
+	}
+	vals, err := chartrender.Values(valueFiles, set)
+	if err != nil {
+		return nil, err
+	}
+	up := action.NewUpgrade(cfg)
+	up.Namespace, up.Wait, up.Timeout = t.Namespace, !t.NoWait, t.Timeout
+	rel, err := up.RunWithContext(ctx, t.Release, chrt, vals)
+	if err != nil {
+		return rel, fmt.Errorf("helm upgrade %v: %w", valueFiles, err)
+	}
+	return rel, nil
 }

@@ -1,0 +1,324 @@
+// Package kubelet plays the kubelet for the stack's own containers on simulated nodes. kwok marks ordinary pods
+// Running at once; for the pods this package handles (excluded from kwok's stages, see cluster.Options) it runs the
+// project's code instead — the hook Jobs' `kube-gpu-stack` commands in-process against the real API server, and
+// the validator's checks with outcomes the test sets — and writes the pod status a kubelet would: Succeeded or
+// Failed for a Job's pod, Ready or stuck in an init container for a validator.
+package kubelet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+)
+
+// ComponentLabel names a pod's operand or hook.
+const ComponentLabel = "app.kubernetes.io/component"
+
+// Validators are the validator DaemonSets' components; HookComponents the chart's hook pods'.
+var (
+	Validators     = []string{"operator-validator", "sandbox-validator"}
+	HookComponents = []string{"validation-gate", "validation-test", "cleanup", "pre-upgrade"}
+)
+
+// Components is every component this package plays the kubelet for.
+func Components() []string { return append(append([]string{}, Validators...), HookComponents...) }
+
+// Run records one hook pod's run.
+type Run struct {
+	Pod, Component string
+	Args           []string
+	ExitCode       int
+	Output         string
+	Started, Ended time.Time
+}
+
+// Kubelet is the stand-in. Create it with Start.
+type Kubelet struct {
+	client     kubernetes.Interface
+	kubeconfig string
+
+	mu       sync.Mutex
+	outcomes map[string]map[string]nodestate.Validation // node -> check -> outcome (absent: ready)
+	runs     []Run
+	handled  map[types.UID]bool
+	readyAt  map[string]time.Time // node -> when its validator pod was last marked Ready
+	inFlight map[string]int       // hook component -> runs in progress
+	pokes    chan string          // node names whose validators must be re-evaluated
+}
+
+// Start watches pods of the handled components and acts on each once it is bound to a node.
+func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
+	k := &Kubelet{client: client, kubeconfig: kubeconfig, outcomes: map[string]map[string]nodestate.Validation{},
+		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64)}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
+	}))
+	pods := factory.Core().V1().Pods().Informer()
+	handle := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			k.consider(ctx, pod)
+		}
+	}
+	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: handle, UpdateFunc: func(_, obj any) { handle(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case node := <-k.pokes:
+				for _, obj := range pods.GetStore().List() {
+					if pod := obj.(*corev1.Pod); pod.Spec.NodeName == node && isValidator(pod) && pod.DeletionTimestamp == nil {
+						k.validate(ctx, pod)
+					}
+				}
+			}
+		}
+	}()
+	return k, nil
+}
+
+func isValidator(pod *corev1.Pod) bool {
+	c := pod.Labels[ComponentLabel]
+	return c == Validators[0] || c == Validators[1]
+}
+
+// SetOutcome makes check report v on node from now on (and re-runs that node's validators); Reset forgets all.
+func (k *Kubelet) SetOutcome(node, check string, v nodestate.Validation) {
+	k.mu.Lock()
+	if k.outcomes[node] == nil {
+		k.outcomes[node] = map[string]nodestate.Validation{}
+	}
+	k.outcomes[node][check] = v
+	k.mu.Unlock()
+	k.pokes <- node
+}
+
+// Reset makes every check pass again on every node (validators re-run as their pods are recreated).
+func (k *Kubelet) Reset() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.outcomes = map[string]map[string]nodestate.Validation{}
+}
+
+// ReadyAt is when node's validator pod was last marked Ready (zero: never).
+func (k *Kubelet) ReadyAt(node string) time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.readyAt[node]
+}
+
+// InFlight reports how many runs of a hook component are in progress.
+func (k *Kubelet) InFlight(component string) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.inFlight[component]
+}
+
+// Runs returns the hook runs so far, oldest first.
+func (k *Kubelet) Runs() []Run {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]Run(nil), k.runs...)
+}
+
+// consider acts once on a bound, live pod.
+func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
+	if pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return
+	}
+	k.mu.Lock()
+	seen := k.handled[pod.UID]
+	k.handled[pod.UID] = true
+	k.mu.Unlock()
+	if seen {
+		return
+	}
+	if isValidator(pod) {
+		go k.validate(ctx, pod)
+		return
+	}
+	go k.runHook(ctx, pod)
+}
+
+// runHook runs the hook container's command in-process, as the container would, and ends the pod with its exit code.
+func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
+	c := pod.Spec.Containers[0]
+	args := append(append([]string{}, c.Command...), c.Args...)
+	if len(args) > 0 && strings.HasSuffix(args[0], "kube-gpu-stack") {
+		args = args[1:]
+	}
+	run := Run{Pod: pod.Name, Component: pod.Labels[ComponentLabel], Args: args, Started: time.Now()}
+	k.mu.Lock()
+	k.inFlight[run.Component]++
+	k.mu.Unlock()
+	k.setStatus(ctx, pod, running(pod, true, nil))
+	var out bytes.Buffer
+	argv := append(append([]string{}, args...), "--kubeconfig", k.kubeconfig)
+	for _, e := range c.Env {
+		if e.Name == "DRIVER_POOLS" { // the container reads it from its environment; in-process it is a flag
+			argv = append(argv, "--driver-pools", e.Value)
+		}
+	}
+	cmd := stackcli.NewCommand(&out)
+	cmd.SetArgs(argv)
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	err := cmd.ExecuteContext(ctx)
+	run.Ended = time.Now()
+	if err != nil {
+		run.ExitCode = 1
+		fmt.Fprintln(&out, "kube-gpu-stack:", err)
+	}
+	run.Output = out.String()
+	k.mu.Lock()
+	k.runs = append(k.runs, run)
+	k.inFlight[run.Component]--
+	k.mu.Unlock()
+	k.setStatus(ctx, pod, terminated(pod, run.ExitCode))
+}
+
+// validate plays the validator pod: each init container's check reports the outcome the test set for this node
+// (ready by default) on the node, as the real check does; the pod turns Ready only when all passed, and otherwise
+// stays in the first failing or waiting init container.
+func (k *Kubelet) validate(ctx context.Context, pod *corev1.Pod) {
+	k.mu.Lock()
+	outcomes := map[string]nodestate.Validation{}
+	for c, v := range k.outcomes[pod.Spec.NodeName] {
+		outcomes[c] = v
+	}
+	k.mu.Unlock()
+	stuck := -1
+	var stuckAt nodestate.Validation
+	for i, c := range pod.Spec.InitContainers {
+		if len(c.Command) < 2 || c.Command[0] != "validator" {
+			continue
+		}
+		check := c.Command[1]
+		v, ok := outcomes[check]
+		if !ok {
+			v = nodestate.Validation{State: nodestate.CheckReady}
+		}
+		if stuck >= 0 {
+			break // later checks have not run yet
+		}
+		if _, err := nodestate.Apply(ctx, k.client, pod.Spec.NodeName, nodestate.SetValidation(check, v)); err != nil {
+			return
+		}
+		if !v.Passed() {
+			stuck, stuckAt = i, v
+		}
+	}
+	if stuck < 0 {
+		k.setStatus(ctx, pod, running(pod, true, nil))
+		k.mu.Lock()
+		k.readyAt[pod.Spec.NodeName] = time.Now()
+		k.mu.Unlock()
+		return
+	}
+	reason := "CrashLoopBackOff"
+	if stuckAt.State == nodestate.CheckWaiting {
+		reason = ""
+	}
+	k.setStatus(ctx, pod, running(pod, false, &initStuck{stuck, reason, stuckAt.String()}))
+}
+
+type initStuck struct {
+	index           int
+	reason, message string
+}
+
+func (k *Kubelet) setStatus(ctx context.Context, pod *corev1.Pod, st corev1.PodStatus) {
+	_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		cur, err := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if cur.UID != pod.UID || cur.DeletionTimestamp != nil {
+			return true, nil
+		}
+		cur.Status = st
+		_, err = k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err == nil, nil
+	})
+}
+
+func condition(t corev1.PodConditionType, ok bool) corev1.PodCondition {
+	s := corev1.ConditionFalse
+	if ok {
+		s = corev1.ConditionTrue
+	}
+	return corev1.PodCondition{Type: t, Status: s, LastTransitionTime: metav1.Now()}
+}
+
+// running is a Running pod: ready, or held in an init container.
+func running(pod *corev1.Pod, ready bool, stuck *initStuck) corev1.PodStatus {
+	now := metav1.Now()
+	st := corev1.PodStatus{Phase: corev1.PodRunning, StartTime: &now, HostIP: "127.0.0.1", PodIP: "127.0.0.1"}
+	for i, c := range pod.Spec.InitContainers {
+		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image}
+		switch {
+		case stuck == nil || i < stuck.index:
+			cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now}
+			cs.Ready = true
+		case i == stuck.index && stuck.reason != "":
+			cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: stuck.reason, Message: stuck.message}
+			cs.RestartCount = 1
+		case i == stuck.index:
+			cs.State.Running = &corev1.ContainerStateRunning{StartedAt: now}
+		default:
+			cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: "PodInitializing"}
+		}
+		st.InitContainerStatuses = append(st.InitContainerStatuses, cs)
+	}
+	for _, c := range pod.Spec.Containers {
+		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: ready}
+		if stuck == nil {
+			started := true
+			cs.Started = &started
+			cs.State.Running = &corev1.ContainerStateRunning{StartedAt: now}
+		} else {
+			cs.State.Waiting = &corev1.ContainerStateWaiting{Reason: "PodInitializing"}
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+	}
+	st.Conditions = []corev1.PodCondition{condition(corev1.PodScheduled, true), condition(corev1.PodInitialized, stuck == nil),
+		condition(corev1.ContainersReady, ready), condition(corev1.PodReady, ready)}
+	return st
+}
+
+// terminated is a run-to-completion pod that ended with code.
+func terminated(pod *corev1.Pod, code int) corev1.PodStatus {
+	now := metav1.Now()
+	phase, reason := corev1.PodSucceeded, "Completed"
+	if code != 0 {
+		phase, reason = corev1.PodFailed, "Error"
+	}
+	st := corev1.PodStatus{Phase: phase, StartTime: &now, HostIP: "127.0.0.1", PodIP: "127.0.0.1"}
+	for _, c := range pod.Spec.Containers {
+		st.ContainerStatuses = append(st.ContainerStatuses, corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Reason: reason, StartedAt: now, FinishedAt: now}}})
+	}
+	st.Conditions = []corev1.PodCondition{condition(corev1.PodScheduled, true), condition(corev1.PodInitialized, true),
+		condition(corev1.ContainersReady, false), condition(corev1.PodReady, false)}
+	return st
+}
