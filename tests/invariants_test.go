@@ -128,8 +128,25 @@ func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
 // userSuppliedImages are images a profile names but the chart does not ship: the licensed vGPU manager.
 var userSuppliedImages = regexp.MustCompile(`^nvcr\.io/nvaie/`)
 
+// imagesOf returns the images a container runs or starts: its own image, and the value of every env entry named
+// *_IMAGE (images the container launches itself, such as the validator's CUDA workload pod), by where they appear.
+func imagesOf(c map[string]any) map[string]string {
+	name, _ := c["name"].(string)
+	out := map[string]string{c["image"].(string): "container " + name}
+	env, _ := c["env"].([]any)
+	for _, e := range env {
+		e := e.(map[string]any)
+		k, _ := e["name"].(string)
+		if v, ok := e["value"].(string); ok && strings.HasSuffix(k, "_IMAGE") {
+			out[v] = "env " + k + " of container " + name
+		}
+	}
+	return out
+}
+
 // TestImageListMatchesChart: the artifacthub.io/images annotation lists exactly the images the profiles can
-// render (the air-gapped image list is built from it).
+// render, including images named only in an env var for a pod the container starts (the air-gapped image list is
+// built from it).
 func TestImageListMatchesChart(t *testing.T) {
 	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
 	if err != nil {
@@ -148,11 +165,13 @@ func TestImageListMatchesChart(t *testing.T) {
 		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				for _, c := range containersOf(ps) {
-					img := strings.ReplaceAll(c["image"].(string), ":"+chartrender.ChartVersion, ":"+md.AppVersion)
-					if p.name == "private-registry" || userSuppliedImages.MatchString(img) {
-						continue // the mirror's copies of the same images; user-supplied images
+					for img, what := range imagesOf(c) {
+						img = strings.ReplaceAll(img, ":"+chartrender.ChartVersion, ":"+md.AppVersion)
+						if p.name == "private-registry" || userSuppliedImages.MatchString(img) {
+							continue // the mirror's copies of the same images; user-supplied images
+						}
+						rendered[img] = where + " " + what
 					}
-					rendered[img] = where
 				}
 			}
 		}

@@ -8,24 +8,15 @@ gpu-stack-lib.driverManagerContainer: the `driver-manager uninstall-driver` init
 main container starts it stops what uses the GPUs on the node (as the caller's switches allow) and unloads the
 loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded driver's. dict:
   ctx           the operand chart's context
-  image         optional image map (the operand's manager.image); its empty registry, repository and pullPolicy
-                take global.stackImage's. A pinned tag there keeps chart-only releases from rolling driver pods.
-                Without it: the project's image at the chart's appVersion.
+  image         optional image map (the operand's manager.image), resolved by gpu-stack-lib.driverManagerImage: its
+                empty registry, repository and pullPolicy take global.stackImage's. A pinned tag there keeps
+                chart-only releases from rolling driver pods. Without it: the project's image at the appVersion.
   env           the caller's switches, NAME -> value (ENABLE_GPU_POD_EVICTION, ENABLE_AUTO_DRAIN, DRAIN_*,
                 DRIVER_CONFIG_DIGEST, ...); they win over the base env below
   volumeMounts  optional extra mounts (e.g. /run/mellanox/drivers to wait for MOFED)
 */}}
 {{- define "gpu-stack-lib.driverManagerContainer" -}}
-{{- $stack := .ctx.Values.global.stackImage -}}
-{{- $img := deepCopy (.image | default dict) -}}
-{{- $ref := "" -}}
-{{- if .image -}}
-{{- $_ := set $img "registry" ($img.registry | default $stack.registry) -}}
-{{- $_ = set $img "repository" ($img.repository | default $stack.repository) -}}
-{{- $ref = include "gpu-stack-lib.image" (dict "ctx" .ctx "image" $img "defaultTag" .ctx.Chart.AppVersion) -}}
-{{- else -}}
-{{- $ref = include "gpu-stack-lib.stackImage" .ctx -}}
-{{- end -}}
+{{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
 {{- /* DRIVER_ROOT is where a containerized driver mounts its root: under /run/nvidia, which the driver images fix */ -}}
 {{- $env := dict
   "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
@@ -37,8 +28,8 @@ loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded
 {{- include "gpu-stack-lib.container" (dict
   "ctx" .ctx
   "name" "driver-manager"
-  "image" $ref
-  "pullPolicy" ($img.pullPolicy | default $stack.pullPolicy)
+  "image" $image.ref
+  "pullPolicy" $image.pullPolicy
   "command" (list "driver-manager" "uninstall-driver")
   "env" (mergeOverwrite $env (deepCopy (.env | default dict)))
   "volumeMounts" (concat (list
@@ -48,6 +39,68 @@ loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded
     (.volumeMounts | default list))
   "securityContext" (dict "privileged" true)
 ) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.driverManagerImage: the driver manager's image as {"ref", "pullPolicy"}: the operand's manager.image,
+its empty registry, repository and pullPolicy taken from global.stackImage, its tag pinned (without one: the
+chart's appVersion); without an image, the project's image at the appVersion. The driver manager init container and
+the driver-upgrade-gate sidecar of one pod run this same image. dict "ctx" . ["image" IMAGE]
+*/}}
+{{- define "gpu-stack-lib.driverManagerImage" -}}
+{{- $stack := .ctx.Values.global.stackImage -}}
+{{- $img := deepCopy (.image | default dict) -}}
+{{- $ref := "" -}}
+{{- if .image -}}
+{{- $_ := set $img "registry" ($img.registry | default $stack.registry) -}}
+{{- $_ = set $img "repository" ($img.repository | default $stack.repository) -}}
+{{- $ref = include "gpu-stack-lib.image" (dict "ctx" .ctx "image" $img "defaultTag" .ctx.Chart.AppVersion) -}}
+{{- else -}}
+{{- $ref = include "gpu-stack-lib.stackImage" .ctx -}}
+{{- end -}}
+{{- toJson (dict "ref" $ref "pullPolicy" ($img.pullPolicy | default $stack.pullPolicy)) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.uncordonSidecar: the `driver-upgrade-gate` sidecar of a driver-class pod (driver, vGPU manager), as
+{"container": CONTAINER, "volume": VOLUME} for the pod's containers and volumes. It runs `driver-manager
+uncordon-when-valid --hold`: after a driver change (the node is validation-required) it waits for the node's
+validator pod to turn Ready with the new driver, then lifts the driver manager's cordon and marks the node
+upgrade-done; in any other state it has nothing to wait for. Either way it then writes its ready file, which its
+readiness probe waits on: the pod, and with it the DaemonSet's rolling update, counts a node as available only once
+it validated with the new driver, so no more than maxUnavailable nodes are ever in flight. It runs the driver
+manager's image (gpu-stack-lib.driverManagerImage: pinned, so a chart-only release changes no pod template), with
+the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, pods list/watch). dict:
+  ctx                 the operand chart's context
+  image               as gpu-stack-lib.driverManagerContainer (the operand's manager.image)
+  validatorComponent  optional app.kubernetes.io/component of the node's validator pods (the binary's default is
+                      operator-validator; the vGPU manager's nodes have sandbox-validator)
+*/}}
+{{- define "gpu-stack-lib.uncordonSidecar" -}}
+{{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
+{{- $dir := "/run/kube-gpu-stack" -}}
+{{- $args := list "--hold" "--ready-file" (printf "%s/driver-validated" $dir) -}}
+{{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
+{{- $container := include "gpu-stack-lib.container" (dict
+  "ctx" .ctx
+  "name" "driver-upgrade-gate"
+  "image" $image.ref
+  "pullPolicy" $image.pullPolicy
+  "command" (list "driver-manager" "uncordon-when-valid")
+  "args" $args
+  "env" (dict
+    "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
+    "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
+  "volumeMounts" (list (dict "name" "driver-upgrade-gate" "mountPath" $dir))
+  "securityContext" (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")))
+  "spec" (dict
+    "readinessProbe" (dict
+      "exec" (dict "command" (list "validator" "wait" "--dir" $dir "--interval" "200ms" "--timeout" "2s" "driver-validated"))
+      "periodSeconds" 10
+      "timeoutSeconds" 5)
+    "resources" (dict "requests" (dict "cpu" "5m" "memory" "32Mi") "limits" (dict "memory" "128Mi")))
+) | fromYaml -}}
+{{- toJson (dict "container" $container "volume" (dict "name" "driver-upgrade-gate" "emptyDir" (dict "sizeLimit" "1Mi"))) -}}
 {{- end }}
 
 {{/*

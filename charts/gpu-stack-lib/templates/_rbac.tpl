@@ -1,15 +1,21 @@
 {{/*
 gpu-stack-lib.rbac: a ServiceAccount and, when rules are given, a ClusterRole / Role bound to it.
-dict "ctx" . "name" NAME ["clusterRules" (list RULE ...)] ["rules" (list RULE ...)]
+dict "ctx" . "name" NAME ["clusterRules" (list RULE ...)] ["rules" (list RULE ...)] ["component" COMPONENT]
+["annotations" MAP: put on every object, e.g. Helm hook annotations (gpu-stack-lib.hookRbac)]
 Cluster-scoped names carry the release namespace so two releases in two namespaces do not collide.
 */}}
 {{- define "gpu-stack-lib.rbac" -}}
-{{- $meta := dict "ctx" .ctx "name" .name -}}
-{{- $clusterName := printf "%s-%s" .name .ctx.Release.Namespace | trunc 63 | trimSuffix "-" -}}
+{{- $meta := dict "ctx" .ctx "name" .name "component" .component -}}
+{{- $annotations := .annotations -}}
+{{- $clusterName := include "gpu-stack-lib.rbacClusterName" . -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
   {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- with include "gpu-stack-lib.pullSecrets" .ctx }}
 imagePullSecrets:
   {{- . | nindent 2 }}
@@ -22,6 +28,10 @@ metadata:
   name: {{ $clusterName }}
   labels:
     {{- include "gpu-stack-lib.labels" $meta | nindent 4 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 rules:
   {{- toYaml .clusterRules | nindent 2 }}
 ---
@@ -31,6 +41,10 @@ metadata:
   name: {{ $clusterName }}
   labels:
     {{- include "gpu-stack-lib.labels" $meta | nindent 4 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: ClusterRole
@@ -46,6 +60,10 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata:
   {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 rules:
   {{- toYaml .rules | nindent 2 }}
 ---
@@ -53,6 +71,10 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata:
   {{- include "gpu-stack-lib.metadata" $meta | nindent 2 }}
+  {{- with $annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: Role
@@ -62,6 +84,11 @@ subjects:
     name: {{ .name }}
     namespace: {{ .ctx.Release.Namespace }}
 {{- end }}
+{{- end }}
+
+{{/* gpu-stack-lib.rbacClusterName: the name of gpu-stack-lib.rbac's ClusterRole and ClusterRoleBinding; dict "ctx" . "name" NAME */}}
+{{- define "gpu-stack-lib.rbacClusterName" -}}
+{{- printf "%s-%s" .name .ctx.Release.Namespace | trunc 63 | trimSuffix "-" -}}
 {{- end }}
 
 {{/* gpu-stack-lib.configMap: dict "ctx" . "name" NAME "data" MAP */}}

@@ -34,6 +34,66 @@
 {{- end }}
 
 {{/*
+driver.variants: every driver DaemonSet the chart renders, one per container pool x OS tag (x kernel with
+usePrecompiled), as {"items": [...]} in render order, each {"pool", "key" (the pool's values key, for errors),
+"values" (the pool's values; precompiled pools get the nvidia.com/precompiled pod label), "os" (OSINFO), "imageOS"
+(OSINFO whose tag is the image's suffix: <kernel>-<os tag> for precompiled drivers), "kernel", "name", "match" (the
+OS/kernel requirements and the pool's selector), "matchAny" (the default pool's exclusion of the other pools),
+"digest" (DRIVER_CONFIG_DIGEST)}. The one source of these facts: daemonset.yaml renders the DaemonSets from it and
+the umbrella's hooks read it (DRIVER_POOLS), so the pre-upgrade plan compares the digests the DaemonSets carry.
+Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host and none pools have no variant.
+*/}}
+{{- define "driver.variants" -}}
+{{- include "driver.checks" . -}}
+{{- $names := list -}}
+{{- $items := list -}}
+{{- range $pool := (include "driver.pools" . | fromJson).items }}
+{{- if eq $pool.source "container" }}
+{{- $v := $pool.values | default $.Values -}}
+{{- $key := ternary "driver" (printf "driver.pools[%s]" $pool.name) (eq $pool.name "default") -}}
+{{- $kernels := list "" -}}
+{{- if $v.usePrecompiled -}}
+{{- if not $v.kernels }}{{ fail (printf "%s.kernels: usePrecompiled needs the kernels of the pool's nodes (their feature.node.kubernetes.io/kernel-version.full), one DaemonSet each" $key) }}{{ end -}}
+{{- if $v.image.digest }}{{ fail (printf "%s.image.digest: a digest pins one image, but precompiled drivers use one image per kernel and OS; set image.tag to the driver branch instead" $key) }}{{ end -}}
+{{- $kernels = $v.kernels -}}
+{{- $v = deepCopy $v -}}
+{{- $_ := set $v "podLabels" (merge (dict "nvidia.com/precompiled" "true") (deepCopy ($v.podLabels | default dict))) -}}
+{{- end -}}
+{{- $ctx := dict "Values" $v -}}
+{{- include "driver.checks" $ctx -}}
+{{- range $os := (include "gpu-stack-lib.osList" (dict "tags" $v.os "key" (printf "%s.os" $key)) | fromJson).items }}
+{{- range $kernel := $kernels }}
+{{- /* precompiled images are tagged <version>-<kernel>-<os tag> */ -}}
+{{- $imageOS := $os -}}
+{{- $match := concat $os.match $pool.requirements -}}
+{{- $parts := list $os.suffix -}}
+{{- if $kernel -}}
+{{- $imageOS = merge (dict "tag" (printf "%s-%s" $kernel $os.tag)) $os -}}
+{{- $match = append $match (dict "key" "feature.node.kubernetes.io/kernel-version.full" "operator" "In" "values" (list $kernel)) -}}
+{{- $parts = append $parts (regexReplaceAll "[^a-z0-9]+" (lower $kernel) "-" | trimAll "-") -}}
+{{- end -}}
+{{- $name := include "gpu-stack-lib.poolDaemonSetName" (dict "prefix" "nvidia-driver" "pool" $pool.name "parts" $parts) -}}
+{{- if has $name $names }}{{ fail (printf "%s: DaemonSet name %s is generated twice; rename the pool or drop the duplicate OS tag or kernel" $key $name) }}{{ end -}}
+{{- $names = append $names $name -}}
+{{- $items = append $items (dict
+  "pool" $pool.name
+  "key" $key
+  "values" $v
+  "os" $os
+  "imageOS" $imageOS
+  "kernel" $kernel
+  "name" $name
+  "match" $match
+  "matchAny" $pool.exclude
+  "digest" (include "driver.configDigest" (dict "ctx" $ctx "os" $os "imageOS" $imageOS))) -}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "items" $items) -}}
+{{- end }}
+
+{{/*
 driver.configDigest: DRIVER_CONFIG_DIGEST of one OS's DaemonSet: a sha256 over only what changes the installed
 driver (images without their registry, so moving to a mirror reinstalls nothing; module type; RDMA, GDS, GDRCopy;
 the licensing, repository, certificate and module-parameter sources). With an unchanged digest the driver

@@ -1,11 +1,13 @@
 {{/*
 validator.workloadEnv: environment of the checks that start a workload pod on the node (cuda, plugin): the pod's
-image, pull policy, pull secrets and runtime class, and the namespace to create it in.
+image, pull policy, pull secrets and runtime class, the CUDA sample image its workload runs (the plugin check's
+optional workload runs it too), and the namespace to create it in.
 */}}
 {{- define "validator.workloadEnv" -}}
 {{- $secrets := list -}}
 {{- range include "gpu-stack-lib.pullSecrets" . | fromYamlArray }}{{ $secrets = append $secrets .name }}{{ end -}}
 OPERATOR_NAMESPACE: {fieldRef: {fieldPath: metadata.namespace}}
+CUDA_WORKLOAD_IMAGE: {{ include "gpu-stack-lib.image" (dict "ctx" . "image" .Values.cuda.workloadImage) | quote }}
 VALIDATOR_IMAGE: {{ include "gpu-stack-lib.stackImage" . | quote }}
 VALIDATOR_IMAGE_PULL_POLICY: {{ .Values.global.stackImage.pullPolicy | quote }}
 VALIDATOR_RUNTIME_CLASS: {{ include "gpu-stack-lib.runtimeClassName" . | quote }}

@@ -1,0 +1,44 @@
+{{/*
+Names and shared pieces of the hook objects (hooks-validation.yaml, tests/validation-test.yaml,
+validation-test-rbac.yaml, hooks-pre-upgrade.yaml, hooks-cleanup.yaml). Names are fixed: one release per
+namespace, like the operands.
+*/}}
+
+{{/* kube-gpu-stack.hookNames: the hook objects' names, as JSON {gate, test, preUpgrade, cleanup, report} */}}
+{{- define "kube-gpu-stack.hookNames" -}}
+{{- toJson (dict
+  "gate" "kube-gpu-stack-validation-gate"
+  "test" "kube-gpu-stack-validation-test"
+  "preUpgrade" "kube-gpu-stack-pre-upgrade"
+  "cleanup" "kube-gpu-stack-cleanup"
+  "report" "kube-gpu-stack-validation-report") -}}
+{{- end }}
+
+{{/*
+kube-gpu-stack.checkEnv: the env of `kube-gpu-stack check` and `kube-gpu-stack pre-upgrade`: DRIVER_POOLS, the
+driver pools and their DaemonSets as the driver chart renders them (driver.variants, defined by the driver
+subchart; named templates are global, and it is called only when that subchart is enabled).
+*/}}
+{{- define "kube-gpu-stack.checkEnv" -}}
+{{- $pools := "[]" -}}
+{{- if .Values.driver.enabled -}}
+{{- $variants := (include "driver.variants" (dict "Values" .Values.driver) | fromJson).items -}}
+{{- $pools = include "gpu-stack-lib.driverPools" (dict "values" .Values.driver "variants" $variants) -}}
+{{- end -}}
+{{- toJson (dict "DRIVER_POOLS" $pools) -}}
+{{- end }}
+
+{{/*
+kube-gpu-stack.checkRules: what `kube-gpu-stack check` reads, as JSON {"cluster": [RULE...], "namespace": [RULE...]}:
+the nodes (labels, validation annotations), and in the release namespace the operand DaemonSets, their revisions
+and pods, and the events that say why a pod is missing (FailedCreate with the admission reason).
+*/}}
+{{- define "kube-gpu-stack.checkRules" -}}
+{{- $read := list "get" "list" "watch" -}}
+{{- toJson (dict
+  "cluster" (list (dict "apiGroups" (list "") "resources" (list "nodes") "verbs" $read))
+  "namespace" (list
+    (dict "apiGroups" (list "") "resources" (list "pods" "events") "verbs" $read)
+    (dict "apiGroups" (list "apps") "resources" (list "daemonsets" "controllerrevisions") "verbs" $read)
+    (dict "apiGroups" (list "events.k8s.io") "resources" (list "events") "verbs" $read))) -}}
+{{- end }}

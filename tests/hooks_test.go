@@ -1,0 +1,861 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+)
+
+// The hook objects' fixed names (one release per namespace, like the operands).
+const (
+	gateName       = "kube-gpu-stack-validation-gate"
+	testName       = "kube-gpu-stack-validation-test"
+	preUpgradeName = "kube-gpu-stack-pre-upgrade"
+	cleanupName    = "kube-gpu-stack-cleanup"
+	reportName     = "kube-gpu-stack-validation-report"
+)
+
+// helmTimeout is Helm's and Flux's default --timeout: a hook's pod must be stopped before it.
+const helmTimeout = 300
+
+// hookObject is a rendered object with Helm hook annotations.
+type hookObject struct {
+	object
+	events, deletePolicy, outputLog string
+	weight                          int
+}
+
+func (h hookObject) key() string { return strings.ToLower(h.kind()) + "/" + h.name() }
+
+// hookObjects returns the rendered objects that are Helm hooks.
+func hookObjects(t *testing.T, stream string) []hookObject {
+	t.Helper()
+	var out []hookObject
+	for _, o := range objects(t, stream) {
+		meta, _ := o.Raw["metadata"].(map[string]any)
+		ann, _ := meta["annotations"].(map[string]any)
+		events, ok := ann["helm.sh/hook"].(string)
+		if !ok {
+			continue
+		}
+		h := hookObject{object: o, events: events}
+		h.deletePolicy, _ = ann["helm.sh/hook-delete-policy"].(string)
+		h.outputLog, _ = ann["helm.sh/hook-output-log-policy"].(string)
+		w, _ := ann["helm.sh/hook-weight"].(string)
+		var err error
+		if h.weight, err = strconv.Atoi(w); w != "" && err != nil {
+			t.Fatalf("%s: hook weight %q is not a number", h.key(), w)
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// decode converts a generic object into a typed one.
+func decode[T any](t *testing.T, o object) *T {
+	t.Helper()
+	b, err := json.Marshal(o.Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s %s: %v", o.kind(), o.name(), err)
+	}
+	return &v
+}
+
+// hookPod is a hook's pod spec with the Job around it (nil for a bare Pod) and its one container.
+type hookPod struct {
+	job  *batchv1.Job
+	spec corev1.PodSpec
+	c    corev1.Container
+}
+
+func podOf(t *testing.T, h hookObject) hookPod {
+	t.Helper()
+	var p hookPod
+	switch h.kind() {
+	case "Job":
+		p.job = decode[batchv1.Job](t, h.object)
+		p.spec = p.job.Spec.Template.Spec
+	case "Pod":
+		p.spec = decode[corev1.Pod](t, h.object).Spec
+	default:
+		t.Fatalf("%s is not a Job or Pod", h.key())
+	}
+	if len(p.spec.Containers) != 1 || len(p.spec.InitContainers) != 0 {
+		t.Fatalf("%s: want one container, got %d (+%d init)", h.key(), len(p.spec.Containers), len(p.spec.InitContainers))
+	}
+	p.c = p.spec.Containers[0]
+	return p
+}
+
+// deadline is the pod's activeDeadlineSeconds, wherever the kind keeps it.
+func (p hookPod) deadline() *int64 {
+	if p.job != nil {
+		return p.job.Spec.ActiveDeadlineSeconds
+	}
+	return p.spec.ActiveDeadlineSeconds
+}
+
+// flag is the value after name in the container's args.
+func (p hookPod) flag(name string) string {
+	if i := slices.Index(p.c.Args, name); i >= 0 && i+1 < len(p.c.Args) {
+		return p.c.Args[i+1]
+	}
+	return ""
+}
+
+// flags are all values given to a repeated flag.
+func (p hookPod) flags(name string) []string {
+	var out []string
+	for i, a := range p.c.Args {
+		if a == name && i+1 < len(p.c.Args) {
+			out = append(out, p.c.Args[i+1])
+		}
+	}
+	return out
+}
+
+// boolFlag is the value of a --name=BOOL argument ("" when absent).
+func boolFlag(p hookPod, name string) string {
+	for _, a := range p.c.Args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (p hookPod) env(name string) (string, bool) {
+	for _, e := range p.c.Env {
+		if e.Name == name {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// restrictedViolations checks a pod spec against the Pod Security "restricted" profile (baseline included):
+// no host namespaces, ports or hostPath volumes, only the restricted volume types, non-root with a non-zero UID,
+// RuntimeDefault/Localhost seccomp, no privilege escalation, all capabilities dropped (NET_BIND_SERVICE may be
+// added), no privileged containers, no unsafe sysctls, SELinux and proc mount at their defaults.
+func restrictedViolations(spec corev1.PodSpec) []string {
+	var v []string
+	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
+		v = append(v, "host namespaces")
+	}
+	for _, vol := range spec.Volumes {
+		s := vol.VolumeSource
+		if s.ConfigMap == nil && s.EmptyDir == nil && s.Projected == nil && s.Secret == nil && s.DownwardAPI == nil &&
+			s.CSI == nil && s.PersistentVolumeClaim == nil && s.Ephemeral == nil {
+			v = append(v, "volume "+vol.Name+" has a type restricted pods may not use")
+		}
+	}
+	psc := spec.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	if len(psc.Sysctls) > 0 {
+		v = append(v, "sysctls")
+	}
+	if psc.SELinuxOptions != nil && (psc.SELinuxOptions.User != "" || psc.SELinuxOptions.Role != "") {
+		v = append(v, "pod SELinux user/role")
+	}
+	if psc.RunAsUser != nil && *psc.RunAsUser == 0 {
+		v = append(v, "pod runAsUser 0")
+	}
+	seccompOK := func(p *corev1.SeccompProfile) bool {
+		return p != nil && (p.Type == corev1.SeccompProfileTypeRuntimeDefault || p.Type == corev1.SeccompProfileTypeLocalhost)
+	}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		sc := c.SecurityContext
+		if sc == nil {
+			sc = &corev1.SecurityContext{}
+		}
+		for _, p := range c.Ports {
+			if p.HostPort != 0 {
+				v = append(v, c.Name+": hostPort")
+			}
+		}
+		if sc.Privileged != nil && *sc.Privileged {
+			v = append(v, c.Name+": privileged")
+		}
+		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			v = append(v, c.Name+": allowPrivilegeEscalation is not false")
+		}
+		if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			v = append(v, c.Name+": capabilities do not drop ALL")
+		} else if slices.ContainsFunc(sc.Capabilities.Add, func(c corev1.Capability) bool { return c != "NET_BIND_SERVICE" }) {
+			v = append(v, c.Name+": adds capabilities")
+		}
+		nonRoot := (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) || (sc.RunAsNonRoot == nil && psc.RunAsNonRoot != nil && *psc.RunAsNonRoot)
+		if !nonRoot {
+			v = append(v, c.Name+": runAsNonRoot is not true")
+		}
+		if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
+			v = append(v, c.Name+": runAsUser 0")
+		}
+		if !seccompOK(sc.SeccompProfile) && !(sc.SeccompProfile == nil && seccompOK(psc.SeccompProfile)) {
+			v = append(v, c.Name+": seccomp profile is not RuntimeDefault or Localhost")
+		}
+		if sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount {
+			v = append(v, c.Name+": procMount")
+		}
+		if sc.SELinuxOptions != nil && (sc.SELinuxOptions.User != "" || sc.SELinuxOptions.Role != "") {
+			v = append(v, c.Name+": SELinux user/role")
+		}
+	}
+	return v
+}
+
+// TestHookJobsAreSafeAndBounded: in every profile, each hook that runs a pod (the pre-upgrade, gate and cleanup
+// Jobs, the helm test Pod) runs the project's binary once (backoffLimit 0, restartPolicy Never), is stopped before Helm's
+// default 5m timeout (activeDeadlineSeconds = the binary's --timeout + 30), runs under the restricted Pod
+// Security profile with a token for its own ServiceAccount, and carries the hook annotations each needs.
+func TestHookJobsAreSafeAndBounded(t *testing.T) {
+	type want struct{ kind, events, deletePolicy, outputLog, subcommand string }
+	wants := map[string]want{
+		gateName:    {"Job", "post-install,post-upgrade", "before-hook-creation", "hook-succeeded,hook-failed", "check"},
+		testName:    {"Pod", "test", "before-hook-creation", "hook-failed", "check"},
+		cleanupName: {"Job", "pre-delete", "before-hook-creation,hook-succeeded", "hook-failed", "cleanup"},
+		// the plan is worth seeing in `helm upgrade` output, and its log after a refusal
+		preUpgradeName: {"Job", "pre-upgrade", "before-hook-creation", "hook-succeeded,hook-failed", "pre-upgrade"},
+	}
+	for _, p := range profiles(t) {
+		t.Run(p.name, func(t *testing.T) {
+			seen := map[string]bool{}
+			for _, h := range hookObjects(t, render(t, newestKube, []string{p.file})) {
+				if h.kind() != "Job" && h.kind() != "Pod" {
+					continue
+				}
+				w, ok := wants[h.name()]
+				if !ok {
+					t.Errorf("unexpected hook %s", h.key())
+					continue
+				}
+				seen[h.name()] = true
+				if h.kind() != w.kind || h.events != w.events || h.deletePolicy != w.deletePolicy || h.outputLog != w.outputLog {
+					t.Errorf("%s: hook %s, delete policy %q, output log policy %q; want a %s with %s, %q, %q",
+						h.key(), h.events, h.deletePolicy, h.outputLog, w.kind, w.events, w.deletePolicy, w.outputLog)
+				}
+				if h.weight != 10 {
+					t.Errorf("%s: weight %d, want 10 (above its RBAC's 5)", h.key(), h.weight)
+				}
+				pod := podOf(t, h)
+				if pod.job != nil && (pod.job.Spec.BackoffLimit == nil || *pod.job.Spec.BackoffLimit != 0) {
+					t.Errorf("%s: backoffLimit %v, want 0", h.key(), pod.job.Spec.BackoffLimit)
+				}
+				if pod.job != nil && pod.job.Spec.TTLSecondsAfterFinished != nil {
+					t.Errorf("%s: ttlSecondsAfterFinished set; Argo CD would see the Job vanish", h.key())
+				}
+				if pod.spec.RestartPolicy != corev1.RestartPolicyNever {
+					t.Errorf("%s: restartPolicy %q, want Never", h.key(), pod.spec.RestartPolicy)
+				}
+				d := pod.deadline()
+				if d == nil || *d >= helmTimeout {
+					t.Errorf("%s: activeDeadlineSeconds %v, want below Helm's default timeout (%ds)", h.key(), d, helmTimeout)
+				}
+				if timeout := pod.flag("--timeout"); w.subcommand == "check" && (d == nil || timeout != fmt.Sprintf("%ds", *d-30)) {
+					t.Errorf("%s: --timeout %q with activeDeadlineSeconds %v; want the deadline 30s after the binary's", h.key(), timeout, d)
+				}
+				if v := restrictedViolations(pod.spec); len(v) > 0 {
+					t.Errorf("%s is not PSS restricted: %s", h.key(), strings.Join(v, "; "))
+				}
+				if pod.spec.ServiceAccountName != h.name() || pod.spec.AutomountServiceAccountToken == nil || !*pod.spec.AutomountServiceAccountToken {
+					t.Errorf("%s: serviceAccountName %q, automount %v; want its own ServiceAccount with a token", h.key(),
+						pod.spec.ServiceAccountName, pod.spec.AutomountServiceAccountToken)
+				}
+				if !strings.HasPrefix(pod.c.Image, "ghcr.io/kube-gpu-stack/kube-gpu-stack:") && p.name != "private-registry" {
+					t.Errorf("%s runs %s, not the project's image", h.key(), pod.c.Image)
+				}
+				if got := append(slices.Clone(pod.c.Command), pod.c.Args...); len(got) < 2 || got[0] != "kube-gpu-stack" || got[1] != w.subcommand {
+					t.Errorf("%s runs %v, want kube-gpu-stack %s", h.key(), got, w.subcommand)
+				}
+				if pod.flag("--namespace") != chartrender.Namespace || pod.flag("--release") != chartrender.ReleaseName {
+					t.Errorf("%s: --namespace %q --release %q", h.key(), pod.flag("--namespace"), pod.flag("--release"))
+				}
+				if pod.c.Resources.Requests.Memory().IsZero() || pod.c.Resources.Limits.Memory().IsZero() {
+					t.Errorf("%s: no memory request and limit", h.key())
+				}
+				if report := pod.flag("--report-configmap"); (h.name() == gateName) != (report == reportName) {
+					t.Errorf("%s: --report-configmap %q (only the gate writes %s)", h.key(), report, reportName)
+				}
+				if _, ok := pod.env("DRIVER_POOLS"); ok != (w.subcommand == "check" || w.subcommand == "pre-upgrade") {
+					t.Errorf("%s: DRIVER_POOLS set=%v", h.key(), ok)
+				}
+				if evict, force := boolFlag(pod, "--evict"), boolFlag(pod, "--force"); (evict != "" && force != "") != (w.subcommand == "pre-upgrade") {
+					t.Errorf("%s: --evict %q --force %q (only the pre-upgrade plan takes them)", h.key(), evict, force)
+				}
+			}
+			for name := range wants {
+				if !seen[name] {
+					t.Errorf("no hook %s rendered", name)
+				}
+			}
+		})
+	}
+}
+
+// TestHookRBAC: the gate's, the pre-upgrade plan's and the cleanup's ServiceAccount, roles and bindings are hooks
+// of their Job's events with a lower weight (created first), with the Job's delete policy (the gate's and the
+// plan's never hook-succeeded, so a failed Job keeps its RBAC and log); the test's are ordinary release objects.
+// Every hook pod's ServiceAccount exists. The check may only read (nodes cluster-wide; pods, DaemonSets, revisions
+// and events in the namespace), plus write its one report ConfigMap (the gate). The plan gets least privilege: read
+// and patch nodes (upgrade-required), list pods and PodDisruptionBudgets cluster-wide (GPU pods a budget never lets
+// go), list the driver pods in the namespace; nothing else.
+func TestHookRBAC(t *testing.T) {
+	stream := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")})
+	hooks := map[string]hookObject{}
+	for _, h := range hookObjects(t, stream) {
+		hooks[h.key()] = h
+	}
+	plain := map[string]object{}
+	for _, o := range objects(t, stream) {
+		plain[strings.ToLower(o.kind())+"/"+o.name()] = o
+	}
+	clusterName := func(n string) string { return n + "-" + chartrender.Namespace }
+	rbacKeys := func(n string) []string {
+		return []string{"serviceaccount/" + n, "role/" + n, "rolebinding/" + n, "clusterrole/" + clusterName(n), "clusterrolebinding/" + clusterName(n)}
+	}
+	for _, tc := range []struct{ name, events, deletePolicy string }{
+		{gateName, "post-install,post-upgrade", "before-hook-creation"},
+		{preUpgradeName, "pre-upgrade", "before-hook-creation"},
+		{cleanupName, "pre-delete", "before-hook-creation,hook-succeeded"},
+	} {
+		for _, k := range rbacKeys(tc.name) {
+			h, ok := hooks[k]
+			if !ok {
+				t.Errorf("%s is not rendered as a hook", k)
+				continue
+			}
+			if h.events != tc.events || h.deletePolicy != tc.deletePolicy || h.weight != 5 || h.outputLog != "" {
+				t.Errorf("%s: hook %s weight %d delete policy %q output log %q; want %s weight 5 %q", k, h.events, h.weight,
+					h.deletePolicy, h.outputLog, tc.events, tc.deletePolicy)
+			}
+		}
+	}
+	for _, k := range rbacKeys(testName) {
+		if _, ok := plain[k]; !ok {
+			t.Errorf("%s not rendered", k)
+		}
+		if _, ok := hooks[k]; ok {
+			t.Errorf("%s is a hook; `helm test --logs` fails on test hooks that are not pods", k)
+		}
+	}
+
+	read := []string{"get", "list", "watch"}
+	rulesOf := func(key string) []rbacv1.PolicyRule {
+		o, ok := plain[key]
+		if !ok {
+			t.Fatalf("%s not rendered", key)
+		}
+		if o.kind() == "Role" {
+			return decode[rbacv1.Role](t, o).Rules
+		}
+		return decode[rbacv1.ClusterRole](t, o).Rules
+	}
+	checkRead := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "events"}, Verbs: read},
+		{APIGroups: []string{"apps"}, Resources: []string{"daemonsets", "controllerrevisions"}, Verbs: read},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: read},
+	}
+	nodesRead := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: read}}
+	report := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{reportName}, Verbs: []string{"get", "update", "patch"}},
+	}
+	for key, want := range map[string][]rbacv1.PolicyRule{
+		"role/" + gateName:                     append(slices.Clone(checkRead), report...),
+		"clusterrole/" + clusterName(gateName): nodesRead,
+		"role/" + testName:                     checkRead,
+		"clusterrole/" + clusterName(testName): nodesRead,
+		"role/" + preUpgradeName:               {{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}}},
+		"clusterrole/" + clusterName(preUpgradeName): {
+			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "patch"}},
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+			{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list"}},
+		},
+	} {
+		if got := rulesOf(key); !equalJSON(got, want) {
+			t.Errorf("%s rules:\n got  %s\n want %s", key, mustJSON(got), mustJSON(want))
+		}
+	}
+	for _, key := range []string{"rolebinding/" + gateName, "rolebinding/" + testName, "rolebinding/" + preUpgradeName, "rolebinding/" + cleanupName} {
+		rb := decode[rbacv1.RoleBinding](t, plain[key])
+		name := strings.TrimPrefix(key, "rolebinding/")
+		if rb.RoleRef.Name != name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != name || rb.Subjects[0].Namespace != chartrender.Namespace {
+			t.Errorf("%s binds %v to %v", key, rb.RoleRef, rb.Subjects)
+		}
+	}
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+func equalJSON(a, b any) bool { return mustJSON(a) == mustJSON(b) }
+
+// TestCleanupDeletesExactlyWhatHooksLeave: the pre-delete cleanup's --delete list is exactly the hook objects Helm
+// leaves behind (every hook without hook-succeeded in its delete policy: the gate's Job and RBAC, the test Pod, the
+// NodeFeatureRule), plus the gate's report ConfigMap; its roles allow deleting exactly those names, stopping the
+// release's DaemonSets first, and patching nodes. With nfd.mode=none there is no NodeFeatureRule to name (nor its API).
+func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
+	profile := filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")
+	for _, tc := range []struct {
+		name string
+		set  []string
+	}{
+		{"nfd-bundled", nil},
+		{"nfd-none", []string{"nfd.mode=none", "nfd.enabled=false", "gfd.useNodeFeatureAPI=false"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := render(t, newestKube, []string{profile}, tc.set...)
+			hooks := hookObjects(t, stream)
+			var left []string
+			var cleanup *hookObject
+			for i, h := range hooks {
+				if h.kind() == "Job" && h.name() == cleanupName {
+					cleanup = &hooks[i]
+				}
+				if !strings.Contains(h.deletePolicy, "hook-succeeded") {
+					left = append(left, h.key())
+				}
+			}
+			if cleanup == nil {
+				t.Fatal("no cleanup Job rendered")
+			}
+			left = append(left, "configmap/"+reportName)
+			slices.Sort(left)
+			if tc.name == "nfd-bundled" != slices.Contains(left, "nodefeaturerule/nvidia-gpu-present") {
+				t.Fatalf("the NodeFeatureRule hook is rendered=%v with %s", !slices.Contains(left, "nodefeaturerule/nvidia-gpu-present"), tc.name)
+			}
+			del := podOf(t, *cleanup).flags("--delete")
+			if got := slices.Sorted(slices.Values(del)); !slices.Equal(got, left) {
+				t.Errorf("cleanup --delete:\n got  %v\n want %v", got, left)
+			}
+
+			// what its roles allow deleting, as kind/name (resources named by the cleanup's --delete kinds)
+			kindOf := map[string]string{"jobs": "job", "pods": "pod", "serviceaccounts": "serviceaccount", "configmaps": "configmap",
+				"roles": "role", "rolebindings": "rolebinding", "clusterroles": "clusterrole",
+				"clusterrolebindings": "clusterrolebinding", "nodefeaturerules": "nodefeaturerule"}
+			clusterScoped := map[string]bool{"clusterrole": true, "clusterrolebinding": true, "nodefeaturerule": true}
+			var deletable []string
+			nodePatch, stopRules := false, 0
+			for _, h := range hooks {
+				var rules []rbacv1.PolicyRule
+				switch {
+				case h.kind() == "Role" && h.name() == cleanupName:
+					rules = decode[rbacv1.Role](t, h.object).Rules
+				case h.kind() == "ClusterRole" && h.name() == cleanupName+"-"+chartrender.Namespace:
+					rules = decode[rbacv1.ClusterRole](t, h.object).Rules
+				default:
+					continue
+				}
+				for _, r := range rules {
+					// stopping the operands first: list+deletecollection of DaemonSets, list+watch of pods, in the namespace
+					if h.kind() == "Role" && (slices.Equal(r.Resources, []string{"daemonsets"}) && slices.Equal(r.Verbs, []string{"list", "deletecollection"}) ||
+						slices.Equal(r.Resources, []string{"pods"}) && slices.Equal(r.Verbs, []string{"list", "watch"})) && len(r.ResourceNames) == 0 {
+						stopRules++
+						continue
+					}
+					if slices.Equal(r.Resources, []string{"nodes"}) && h.kind() == "ClusterRole" {
+						nodePatch = slices.Equal(r.Verbs, []string{"get", "list", "watch", "patch"}) && len(r.ResourceNames) == 0
+						continue
+					}
+					if !slices.Equal(r.Verbs, []string{"delete"}) || len(r.ResourceNames) == 0 || len(r.Resources) != 1 {
+						t.Errorf("%s %s: rule %s grants more than deleting named objects", h.kind(), h.name(), mustJSON(r))
+						continue
+					}
+					kind := kindOf[r.Resources[0]]
+					if clusterScoped[kind] != (h.kind() == "ClusterRole") {
+						t.Errorf("%s %s: rule for %s in the wrong kind of role", h.kind(), h.name(), r.Resources[0])
+					}
+					for _, n := range r.ResourceNames {
+						deletable = append(deletable, kind+"/"+n)
+					}
+				}
+			}
+			if !nodePatch {
+				t.Error("the cleanup's ClusterRole does not allow exactly get/list/watch/patch on nodes")
+			}
+			if stopRules != 2 {
+				t.Errorf("the cleanup's Role has %d of the 2 rules that stop the operands first", stopRules)
+			}
+			if got := slices.Sorted(slices.Values(deletable)); !slices.Equal(got, left) {
+				t.Errorf("the cleanup may delete:\n got  %v\n want %v", got, left)
+			}
+		})
+	}
+}
+
+// driverPool is one DRIVER_POOLS entry, as the hooks read it.
+type driverPool = driverpools.Pool
+
+// gatePools decodes the gate Job's DRIVER_POOLS with the hooks' own parser and checks the test Pod and the
+// pre-upgrade Job carry the same.
+func gatePools(t *testing.T, stream string) []driverPool {
+	t.Helper()
+	raw := map[string]string{}
+	for _, h := range hookObjects(t, stream) {
+		if h.name() == gateName && h.kind() == "Job" || h.name() == testName && h.kind() == "Pod" || h.name() == preUpgradeName && h.kind() == "Job" {
+			v, ok := podOf(t, h).env("DRIVER_POOLS")
+			if !ok {
+				t.Fatalf("%s has no DRIVER_POOLS", h.key())
+			}
+			raw[h.name()] = v
+		}
+	}
+	if raw[gateName] == "" || raw[gateName] != raw[testName] || raw[gateName] != raw[preUpgradeName] {
+		t.Fatalf("DRIVER_POOLS of the gate, the test and the pre-upgrade plan differ or are missing: %q vs %q vs %q",
+			raw[gateName], raw[testName], raw[preUpgradeName])
+	}
+	pools, err := driverpools.Parse(raw[gateName])
+	if err != nil {
+		t.Fatalf("DRIVER_POOLS %s: %v", raw[gateName], err)
+	}
+	return pools
+}
+
+// TestDriverPoolsEnvMatchesDriverDaemonSets: the DRIVER_POOLS the gate gets describe the driver DaemonSets that
+// are rendered: matched with the same selector evaluator the gate uses, every GPU node is selected by exactly
+// one pool, and a node a driver DaemonSet schedules on is selected by that DaemonSet's pool; host pools have no
+// DaemonSet. Covered: the default pool alone, pools on one label, and pools whose selectors need several terms
+// to exclude (the default pool's OR'ed alternatives). Without the driver chart the list is empty.
+func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
+	multiTerm := writeTemp(t, "pools.yaml", `driver:
+  pools:
+    - name: r570
+      nodeSelector:
+        matchLabels: {nvidia.com/driver.pool: r570}
+      image: {tag: "570.195.03"}
+    - name: old-kernel
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: In, values: [precompiled]}
+          - {key: feature.node.kubernetes.io/kernel-version.full, operator: In, values: [5.15.0-140-generic]}
+      os: [ubuntu22.04]
+    - name: host
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: Exists}
+          - {key: nvidia.com/driver.pool, operator: NotIn, values: [r570, precompiled]}
+      source: host
+`)
+	values := func(name string) string { return filepath.Join(chartrender.RepoRoot(), "values", name+".yaml") }
+	for _, tc := range []struct {
+		name  string
+		files []string
+		pools []string
+		// node -> pool, for nodes whose pool is the point of the case
+		want map[string]string
+	}{
+		{"default-only", []string{values("container-only")}, []string{"default"},
+			map[string]string{"pool-r570-rhel9": "default", "container-ubuntu2204": "default"}},
+		{"driver-pools", []string{values("driver-pools")}, []string{"default", "r570", "precompiled", "host"},
+			map[string]string{"pool-r570-rhel9": "r570", "pool-precompiled-k6-8": "precompiled", "pool-host": "host", "container-rhel9": "default"}},
+		{"multi-term", []string{multiTerm}, []string{"default", "r570", "old-kernel", "host"},
+			map[string]string{"pool-precompiled-k5-15": "old-kernel", "pool-precompiled-k6-8": "default", "pool-host": "host", "pool-r570-ubuntu2404": "r570"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := render(t, newestKube, tc.files)
+			pools := gatePools(t, stream)
+			var names []string
+			for _, p := range pools {
+				names = append(names, p.Name)
+			}
+			if !slices.Equal(names, tc.pools) {
+				t.Fatalf("DRIVER_POOLS pools %v, want %v (the default pool first, then as listed)", names, tc.pools)
+			}
+			if tc.name == "multi-term" && len(pools[0].NodeSelectorTerms) < 2 {
+				t.Fatalf("the default pool has %d terms; the case needs several", len(pools[0].NodeSelectorTerms))
+			}
+			dss, err := placement.DaemonSets(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var drivers []placement.DaemonSet
+			for _, ds := range dss {
+				if ds.Operand == "driver" {
+					drivers = append(drivers, ds)
+				}
+			}
+			poolOfDS := func(ds string) string {
+				best := ""
+				for _, p := range pools {
+					prefix := "nvidia-driver-" + p.Name + "-"
+					if p.Name == "default" {
+						prefix = "nvidia-driver-daemonset-"
+					}
+					if strings.HasPrefix(ds, prefix) && len(p.Name) > len(best) {
+						best = p.Name
+					}
+				}
+				return best
+			}
+			var nodes []*corev1.Node
+			for _, n := range nodefixtures.RoleMatrix() {
+				nodes = append(nodes, n.Object())
+			}
+			place, err := placement.Place(drivers, nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, n := range nodes {
+				if n.Labels["nvidia.com/gpu.present"] != "true" {
+					continue
+				}
+				var selected []driverPool
+				for _, p := range pools {
+					ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: p.NodeSelectorTerms}, n)
+					if err != nil {
+						t.Fatalf("pool %s: %v", p.Name, err)
+					}
+					if ok {
+						selected = append(selected, p)
+					}
+				}
+				if len(selected) != 1 {
+					t.Errorf("GPU node %s is selected by %d pools %v", n.Name, len(selected), selected)
+					continue
+				}
+				got[n.Name] = selected[0].Name
+				if ds, ok := place[n.Name]["driver"]; ok && poolOfDS(ds) != selected[0].Name {
+					t.Errorf("node %s: driver DaemonSet %s (pool %s), but DRIVER_POOLS selects pool %s", n.Name, ds, poolOfDS(ds), selected[0].Name)
+				}
+				if _, ok := place[n.Name]["driver"]; ok && selected[0].Source != "container" {
+					t.Errorf("node %s gets a driver DaemonSet, but its pool %s has source %s", n.Name, selected[0].Name, selected[0].Source)
+				}
+			}
+			for node, pool := range tc.want {
+				if got[node] != pool {
+					t.Errorf("node %s: DRIVER_POOLS selects pool %q, want %q", node, got[node], pool)
+				}
+			}
+			placed := 0
+			for _, n := range nodes {
+				if _, ok := place[n.Name]["driver"]; ok {
+					placed++
+				}
+			}
+			if placed == 0 {
+				t.Fatal("no driver DaemonSet placed on any fixture; the comparison proved nothing")
+			}
+		})
+	}
+
+	t.Run("no-driver", func(t *testing.T) {
+		if pools := gatePools(t, render(t, newestKube, []string{values("host-driver")})); len(pools) != 0 {
+			t.Errorf("driver.enabled=false renders DRIVER_POOLS %v, want []", pools)
+		}
+	})
+}
+
+// TestHookValues: the hooks values reach the hook objects: switches remove exactly their hook (the cleanup still
+// names what an earlier revision's hooks left), timeouts move the binary's --timeout and the deadline, and
+// scheduling merges with the globals as it does for operands. The pre-upgrade plan's --evict/--force follow
+// driver.manager.gpuPodDeletion.
+func TestHookValues(t *testing.T) {
+	profile := []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")}
+	kinds := func(stream string) []string {
+		var out []string
+		for _, h := range hookObjects(t, stream) {
+			if h.kind() != "NodeFeatureRule" {
+				out = append(out, h.key())
+			}
+		}
+		for _, o := range objects(t, stream) {
+			if strings.HasPrefix(o.name(), testName) {
+				out = append(out, "release:"+strings.ToLower(o.kind())+"/"+o.name())
+			}
+		}
+		return slices.Sorted(slices.Values(out))
+	}
+	all := kinds(render(t, newestKube, profile))
+	has := func(list []string, name string) bool {
+		return slices.ContainsFunc(list, func(k string) bool { return strings.Contains(k, "/"+name) })
+	}
+	for _, tc := range []struct {
+		set      string
+		gone     string
+		stayKeys []string
+	}{
+		{"hooks.validation.enabled=false", gateName, []string{cleanupName, testName, preUpgradeName}},
+		{"hooks.test.enabled=false", testName, []string{gateName, cleanupName, preUpgradeName}},
+		{"hooks.preUpgrade.enabled=false", preUpgradeName, []string{gateName, cleanupName, testName}},
+		{"hooks.cleanup.enabled=false", cleanupName, []string{gateName, testName, preUpgradeName}},
+	} {
+		got := kinds(render(t, newestKube, profile, tc.set))
+		if has(got, tc.gone) {
+			t.Errorf("%s: still renders %s objects: %v", tc.set, tc.gone, got)
+		}
+		for _, k := range tc.stayKeys {
+			if !has(got, k) {
+				t.Errorf("%s: no %s objects left: %v", tc.set, k, got)
+			}
+		}
+		if len(got) >= len(all) {
+			t.Errorf("%s removed nothing", tc.set)
+		}
+		if tc.gone == gateName || tc.gone == preUpgradeName {
+			for _, h := range hookObjects(t, render(t, newestKube, profile, tc.set)) {
+				if h.kind() == "Job" && h.name() == cleanupName && !slices.Contains(podOf(t, h).flags("--delete"), "job/"+tc.gone) {
+					t.Errorf("%s: the cleanup no longer deletes a %s Job an earlier revision left", tc.set, tc.gone)
+				}
+			}
+		}
+	}
+
+	overlay := writeTemp(t, "hooks.yaml", `global:
+  nodeSelector: {kubernetes.io/os: linux, pool: gpu}
+  tolerations: [{key: global.example/taint, operator: Exists}]
+hooks:
+  validation: {timeoutSeconds: 600}
+  test: {timeoutSeconds: 45}
+  preUpgrade: {timeoutSeconds: 90}
+  cleanup: {timeoutSeconds: 200}
+  nodeSelector: {pool: system}
+  tolerations: [{key: hooks.example/taint, operator: Exists}]
+  priorityClassName: hook-priority
+  resources: {requests: {cpu: 5m, memory: 32Mi}, limits: {memory: 128Mi}}
+`)
+	deadlines := map[string]int64{gateName: 630, testName: 75, preUpgradeName: 120, cleanupName: 230}
+	timeouts := map[string]string{gateName: "600s", testName: "45s"}
+	seen := 0
+	for _, h := range hookObjects(t, render(t, newestKube, append(profile, overlay))) {
+		if h.kind() != "Job" && h.kind() != "Pod" {
+			continue
+		}
+		seen++
+		pod := podOf(t, h)
+		if d := pod.deadline(); d == nil || *d != deadlines[h.name()] {
+			t.Errorf("%s: activeDeadlineSeconds %v, want %d", h.key(), d, deadlines[h.name()])
+		}
+		if pod.flag("--timeout") != timeouts[h.name()] {
+			t.Errorf("%s: --timeout %q, want %q", h.key(), pod.flag("--timeout"), timeouts[h.name()])
+		}
+		if want := map[string]string{"kubernetes.io/os": "linux", "pool": "system"}; !maps.Equal(pod.spec.NodeSelector, want) {
+			t.Errorf("%s: nodeSelector %v, want %v (hooks' keys over the global ones)", h.key(), pod.spec.NodeSelector, want)
+		}
+		var tols []string
+		for _, tol := range pod.spec.Tolerations {
+			tols = append(tols, tol.Key)
+		}
+		if !slices.Equal(tols, []string{"global.example/taint", "hooks.example/taint"}) {
+			t.Errorf("%s: tolerations %v, want the global ones then the hooks' ones", h.key(), tols)
+		}
+		if pod.spec.PriorityClassName != "hook-priority" {
+			t.Errorf("%s: priorityClassName %q", h.key(), pod.spec.PriorityClassName)
+		}
+		if got := pod.c.Resources.Limits.Memory().String(); got != "128Mi" {
+			t.Errorf("%s: memory limit %s, want 128Mi", h.key(), got)
+		}
+	}
+	if seen != 4 {
+		t.Errorf("found %d hook pods, want 4", seen)
+	}
+
+	// the plan's --evict/--force follow the driver manager's GPU pod eviction switches
+	for _, tc := range []struct {
+		set          []string
+		evict, force string
+	}{
+		{nil, "true", "false"},
+		{[]string{"driver.manager.gpuPodDeletion.enabled=false"}, "false", "false"},
+		{[]string{"driver.manager.gpuPodDeletion.force=true"}, "true", "true"},
+		// without the driver chart no node is planned; the flags keep the binary's defaults
+		{[]string{"driver.enabled=false"}, "true", "false"},
+	} {
+		found := false
+		for _, h := range hookObjects(t, render(t, newestKube, profile, tc.set...)) {
+			if h.kind() != "Job" || h.name() != preUpgradeName {
+				continue
+			}
+			found = true
+			pod := podOf(t, h)
+			if e, f := boolFlag(pod, "--evict"), boolFlag(pod, "--force"); e != tc.evict || f != tc.force {
+				t.Errorf("%v: --evict=%s --force=%s, want --evict=%s --force=%s", tc.set, e, f, tc.evict, tc.force)
+			}
+		}
+		if !found {
+			t.Errorf("%v: no pre-upgrade Job", tc.set)
+		}
+	}
+
+	// operands keep global.priorityClassName; hooks do not take it
+	for _, h := range hookObjects(t, render(t, newestKube, profile)) {
+		if h.kind() == "Job" || h.kind() == "Pod" {
+			if pc := podOf(t, h).spec.PriorityClassName; pc != "" {
+				t.Errorf("%s: priorityClassName %q by default, want none", h.key(), pc)
+			}
+		}
+	}
+}
+
+// TestValidatorCUDAWorkloadImage: the CUDA check and the plugin check (its optional workload runs the same sample)
+// are told which workload image to run, from validator.cuda.workloadImage, through global.imageRegistry like every
+// other image.
+func TestValidatorCUDAWorkloadImage(t *testing.T) {
+	image := func(stream, container string) string {
+		t.Helper()
+		for _, o := range objects(t, stream) {
+			if o.kind() != "DaemonSet" || o.name() != "nvidia-operator-validator" {
+				continue
+			}
+			ds := decode[struct {
+				Spec struct {
+					Template corev1.PodTemplateSpec `json:"template"`
+				} `json:"spec"`
+			}](t, o)
+			for _, c := range ds.Spec.Template.Spec.InitContainers {
+				if c.Name == container {
+					for _, e := range c.Env {
+						if e.Name == "CUDA_WORKLOAD_IMAGE" {
+							return e.Value
+						}
+					}
+				}
+			}
+		}
+		t.Fatalf("no %s container with CUDA_WORKLOAD_IMAGE", container)
+		return ""
+	}
+	profile := []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")}
+	for _, tc := range []struct {
+		set  []string
+		want string
+	}{
+		{nil, "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0-ubuntu22.04"},
+		{[]string{"global.imageRegistry=mirror.example:5000"}, "mirror.example:5000/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0-ubuntu22.04"},
+		{[]string{"validator.cuda.workloadImage.repository=team/cuda", "validator.cuda.workloadImage.tag=v1",
+			"validator.cuda.workloadImage.digest=sha256:0123"}, "nvcr.io/team/cuda:v1@sha256:0123"},
+	} {
+		stream := render(t, newestKube, profile, tc.set...)
+		for _, c := range []string{"cuda-validation", "plugin-validation"} {
+			if got := image(stream, c); got != tc.want {
+				t.Errorf("%v: %s's CUDA_WORKLOAD_IMAGE %s, want %s", tc.set, c, got, tc.want)
+			}
+		}
+	}
+}
