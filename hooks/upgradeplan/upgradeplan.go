@@ -57,14 +57,15 @@ func (o *Options) Validate() error {
 // ErrUnsafe wraps every refusal.
 var ErrUnsafe = errors.New("driver upgrade refused, nothing changed")
 
-// NodePlan is one node whose driver will change.
+// NodePlan is one node whose driver will change, and the driver DaemonSet that will change it.
 type NodePlan struct {
-	Node, Pool, From, To string
+	Node, Pool, DaemonSet, From, To string
 }
 
 // Plan is what the upgrade will do.
 type Plan struct {
-	// Batches per pool, in order; each batch is at most the pool's maxUnavailable nodes.
+	// Batches per driver DaemonSet, in order; each batch is at most the pool's maxUnavailable of that DaemonSet's
+	// nodes, the bound its RollingUpdate enforces.
 	Batches map[string][][]NodePlan
 	Nodes   []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
@@ -87,7 +88,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		return nil, fmt.Errorf("list driver pods: %w", err)
 	}
 	plan := &Plan{Batches: map[string][][]NodePlan{}}
-	poolNodes := map[string][]*corev1.Node{} // pool -> nodes running its driver now
+	dsNodes := map[string][]*corev1.Node{} // target driver DaemonSet -> the nodes it will serve
+	dsPool := map[string]driverpools.Pool{}
 	for i := range driverPods.Items {
 		pod := &driverPods.Items[i]
 		node := nodes[pod.Spec.NodeName]
@@ -109,7 +111,6 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			continue
 		}
 		pool := matched[0]
-		poolNodes[pool.Name] = append(poolNodes[pool.Name], node)
 		if pool.Source != "container" {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a driver pod but pool %s is now source=%s: "+
 				"drain it and remove the driver pod first", node.Name, pool.Name, pool.Source))
@@ -125,13 +126,17 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				node.Labels[kernelLabel], pool.Name))
 			continue
 		}
+		dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
+		dsPool[ds.Name] = pool
 		from := podDigest(pod)
 		if from == ds.Digest || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			continue
 		}
-		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, From: from, To: ds.Digest})
+		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, DaemonSet: ds.Name, From: from, To: ds.Digest})
 	}
-	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int { return strings.Compare(a.Pool+"/"+a.Node, b.Pool+"/"+b.Node) })
+	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
+		return strings.Compare(a.DaemonSet+"/"+a.Node, b.DaemonSet+"/"+b.Node)
+	})
 
 	for _, n := range nodes {
 		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
@@ -139,23 +144,23 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				"`kube-gpu-stack upgrade retry %s`", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation], n.Name))
 		}
 	}
-	for _, pool := range o.Pools {
-		members := poolNodes[pool.Name]
+	for _, dsName := range slices.Sorted(maps.Keys(dsNodes)) {
+		members, pool := dsNodes[dsName], dsPool[dsName]
 		maxUnavailable := resolve(pool.MaxUnavailable, len(members))
 		var batch []NodePlan
 		for _, np := range plan.Nodes {
-			if np.Pool != pool.Name {
+			if np.DaemonSet != dsName {
 				continue
 			}
 			if batch = append(batch, np); len(batch) == maxUnavailable {
-				plan.Batches[pool.Name] = append(plan.Batches[pool.Name], batch)
+				plan.Batches[dsName] = append(plan.Batches[dsName], batch)
 				batch = nil
 			}
 		}
 		if len(batch) > 0 {
-			plan.Batches[pool.Name] = append(plan.Batches[pool.Name], batch)
+			plan.Batches[dsName] = append(plan.Batches[dsName], batch)
 		}
-		if len(plan.Batches[pool.Name]) == 0 {
+		if len(plan.Batches[dsName]) == 0 {
 			continue
 		}
 		var down []string
@@ -166,8 +171,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 		if len(down) > maxUnavailable {
 			slices.Sort(down)
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("pool %s: %d nodes are already unavailable (%s), more than "+
-				"its maxUnavailable %d: bring them back first", pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("%s (pool %s): %d of its nodes are already unavailable (%s), "+
+				"more than its maxUnavailable %d: bring them back first", dsName, pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
 		}
 	}
 	if o.Evict && !o.Force && len(plan.Nodes) > 0 {
@@ -316,18 +321,18 @@ func short(d string) string {
 	return d
 }
 
-// Write prints the plan: per pool, its batches in order.
+// Write prints the plan: per driver DaemonSet, its batches in order.
 func (p *Plan) Write(out io.Writer) {
 	if len(p.Nodes) == 0 {
 		fmt.Fprintln(out, "pre-upgrade: no GPU node's driver changes; nothing to do")
 	}
-	for _, pool := range slices.Sorted(maps.Keys(p.Batches)) {
-		for i, b := range p.Batches[pool] {
+	for _, ds := range slices.Sorted(maps.Keys(p.Batches)) {
+		for i, b := range p.Batches[ds] {
 			names := make([]string, len(b))
 			for j, np := range b {
 				names[j] = np.Node
 			}
-			fmt.Fprintf(out, "pool %s batch %d: %s\n", pool, i+1, strings.Join(names, ", "))
+			fmt.Fprintf(out, "%s (pool %s) batch %d: %s\n", ds, b[0].Pool, i+1, strings.Join(names, ", "))
 		}
 	}
 	for _, r := range p.Refusals {

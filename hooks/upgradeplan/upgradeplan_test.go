@@ -78,7 +78,8 @@ func TestPlansChangedNodesInBatchesAndMarksThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	// four nodes in the pool, 50% → 2 at a time; c is current and d is skipped
-	if got := len(plan.Batches["default"]); got != 1 || len(plan.Nodes) != 2 || !strings.Contains(out, "pool default batch 1: a, b") {
+	if got := len(plan.Batches["nvidia-driver-daemonset-ubuntu22.04"]); got != 1 || len(plan.Nodes) != 2 ||
+		!strings.Contains(out, "nvidia-driver-daemonset-ubuntu22.04 (pool default) batch 1: a, b") {
 		t.Fatalf("plan %+v\n%s", plan, out)
 	}
 	for name, want := range map[string]string{"a": "upgrade-required", "b": "upgrade-required", "c": "", "d": ""} {

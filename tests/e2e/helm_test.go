@@ -25,6 +25,9 @@ func installProfile(t *testing.T, profile string, set ...string) *release.Releas
 	t.Helper()
 	rel, err := target().Install(t.Context(), []string{profile}, set...)
 	if err != nil {
+		for _, r := range stand.Runs() { // the hooks' own output says why
+			t.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, r.Output)
+		}
 		t.Fatal(err)
 	}
 	return rel

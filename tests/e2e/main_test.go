@@ -14,11 +14,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 )
 
 // kube is the package's one cluster, shared by every test (each test uses its own release and namespace).
 var kube *cluster.Cluster
+
+// stand plays the kubelet for the stack's own pods (validators, hook Jobs).
+var stand *kubelet.Kubelet
 
 // fixtureNodes are the simulated nodes, as registered.
 var fixtureNodes []*corev1.Node
@@ -39,7 +43,7 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Log: logSink()})
+	c, err := cluster.Start(ctx, cluster.Options{Log: logSink(), HarnessComponents: kubelet.Components()})
 	if err != nil {
 		fmt.Println("e2e: start cluster:", err)
 		return 1
@@ -47,6 +51,12 @@ func run(m *testing.M) int {
 	defer c.Stop()
 	c.StopOnSignal()
 	kube = c
+	standCtx, stopStand := context.WithCancel(context.Background())
+	defer stopStand()
+	if stand, err = kubelet.Start(standCtx, c.Client, c.Kubeconfig); err != nil {
+		fmt.Println("e2e: kubelet stand-in:", err)
+		return 1
+	}
 	for _, n := range nodefixtures.RoleMatrix() {
 		fixtureNodes = append(fixtureNodes, n.Object())
 	}

@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+)
+
+// renderedDriverPools is the DRIVER_POOLS env the chart gives its hooks for the mixed profile.
+func renderedDriverPools(t *testing.T) string {
+	t.Helper()
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartrender.Values([]string{mixedProfile()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := chartrender.Render(t.Context(), chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(stream, "\n---\n") {
+		var job batchv1.Job
+		if err := yaml.Unmarshal([]byte(doc), &job); err != nil || job.Kind != "Job" {
+			continue
+		}
+		for _, c := range job.Spec.Template.Spec.Containers {
+			for _, e := range c.Env {
+				if e.Name == "DRIVER_POOLS" {
+					return e.Value
+				}
+			}
+		}
+	}
+	t.Fatal("no hook Job carries DRIVER_POOLS")
+	return ""
+}
+
+// TestPreUpgradeOnAnEmptyClusterChangesNothing: Argo CD runs pre-upgrade hooks as PreSync on the first sync too;
+// with no release installed there is no driver to change, so the hook succeeds and touches no node.
+func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
+	before := snapshotNodes(t)
+	var out bytes.Buffer
+	cmd := stackcli.NewCommand(&out)
+	cmd.SetArgs([]string{"pre-upgrade", "--kubeconfig", kube.Kubeconfig, "-n", target().Namespace, "--release", target().Release,
+		"--driver-pools", renderedDriverPools(t)})
+	if err := cmd.ExecuteContext(t.Context()); err != nil {
+		t.Fatalf("pre-upgrade on an empty cluster: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "nothing to do") {
+		t.Errorf("output:\n%s", out.String())
+	}
+	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+		t.Errorf("the pre-upgrade hook changed nodes:\n%s", changes)
+	}
+}
+
+// TestChartOnlyUpgradeTouchesNoDriver: a new chart version with an unrelated values change leaves every driver
+// pod running (same pod, never restarted) and evicts no GPU workload.
+func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
+	stand.Reset()
+	installProfile(t, mixedProfile())
+	defer uninstall(t)
+	const node = "container-ubuntu2204"
+	workload := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "training", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: node, Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{Name: "c", Image: "cuda", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}},
+	}
+	w, err := kube.Client.CoreV1().Pods("default").Create(t.Context(), workload, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = kube.Client.CoreV1().Pods("default").Delete(t.Context(), w.Name, metav1.DeleteOptions{}) }()
+	drivers := func() map[string]types.UID {
+		pods, err := kube.Client.CoreV1().Pods(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]types.UID{}
+		for _, p := range pods.Items {
+			out[p.Spec.NodeName] = p.UID
+		}
+		return out
+	}
+	before := drivers()
+	if len(before) == 0 {
+		t.Fatal("no driver pods before the upgrade")
+	}
+	tg := target()
+	tg.ChartVersion = "0.0.1-next"
+	start := time.Now()
+	if _, err := tg.Upgrade(t.Context(), []string{mixedProfile()}, "dcgmExporter.resources.requests.cpu=50m"); err != nil {
+		t.Fatal(err)
+	}
+	if r := lastRun(t, "pre-upgrade", start); r.ExitCode != 0 || !strings.Contains(r.Output, "nothing to do") {
+		t.Errorf("pre-upgrade hook (exit %d) planned a driver change for a chart-only upgrade:\n%s", r.ExitCode, r.Output)
+	}
+	time.Sleep(2 * time.Second) // a DaemonSet rollout would have started by now
+	if after := drivers(); !equalUIDs(before, after) {
+		t.Errorf("driver pods changed on a chart-only upgrade:\nbefore %v\nafter  %v", before, after)
+	}
+	if got, err := kube.Client.CoreV1().Pods("default").Get(t.Context(), w.Name, metav1.GetOptions{}); err != nil || got.UID != w.UID || got.DeletionTimestamp != nil {
+		t.Errorf("the GPU workload did not survive the chart-only upgrade: %v", err)
+	}
+}
+
+func equalUIDs(a, b map[string]types.UID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestDriverVersionUpgradeIsPlannedAndMarked: changing the driver version makes the pre-upgrade hook plan every
+// node running a driver of the changed pool, in batches of the pool's maxUnavailable, and mark them
+// upgrade-required before Helm applies the new DaemonSets; uninstall then clears the marks.
+func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
+	stand.Reset()
+	before := snapshotNodes(t)
+	installProfile(t, mixedProfile())
+	drivers, err := kube.Client.CoreV1().Pods(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	if err != nil || len(drivers.Items) == 0 {
+		t.Fatalf("no driver pods: %v", err)
+	}
+	start := time.Now()
+	if _, err := target().Upgrade(t.Context(), []string{mixedProfile()}, "driver.image.tag=600.10.01"); err != nil {
+		t.Fatal(err)
+	}
+	run := lastRun(t, "pre-upgrade", start)
+	if run.ExitCode != 0 || !strings.Contains(run.Output, "nvidia-driver-daemonset-ubuntu2204 (pool default) batch 1: ") {
+		t.Fatalf("pre-upgrade (exit %d):\n%s", run.ExitCode, run.Output)
+	}
+	t.Logf("pre-upgrade plan:\n%s", run.Output)
+	for _, p := range drivers.Items {
+		n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), p.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := n.Labels["nvidia.com/gpu-driver-upgrade-state"]; got != "upgrade-required" {
+			t.Errorf("node %s (driver pod %s): state %q, want upgrade-required", n.Name, p.Name, got)
+		}
+	}
+	uninstall(t)
+	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+		t.Errorf("uninstall left nodes changed:\n%s", changes)
+	}
+}

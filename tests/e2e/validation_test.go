@@ -1,0 +1,289 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
+)
+
+// shortGate makes a failing gate fail fast; the passing gate ends as soon as the last node is ready anyway.
+const shortGate = "hooks.validation.timeoutSeconds=15"
+
+func mixedProfile() string { return filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml") }
+
+// lastRun returns the newest hook run of component since t0.
+func lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
+	t.Helper()
+	runs := stand.Runs()
+	for i := len(runs) - 1; i >= 0; i-- {
+		if runs[i].Component == component && !runs[i].Started.Before(since) {
+			return runs[i]
+		}
+	}
+	t.Fatalf("no %s hook ran since %s (runs: %d)", component, since.Format(time.TimeOnly), len(runs))
+	return kubelet.Run{}
+}
+
+func reportState(t *testing.T) (string, string) {
+	t.Helper()
+	cm, err := kube.Client.CoreV1().ConfigMaps(target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("report ConfigMap: %v", err)
+	}
+	return cm.Data[stackcheck.ReportStateKey], cm.Data[stackcheck.ReportTextKey]
+}
+
+// TestGatePassesAndReports installs with every validator passing: the post-install hook passes and prints the node ×
+// operand table, saves it to the report ConfigMap, `status` prints it back, `helm test` passes, and uninstall's
+// pre-delete hook removes the report.
+func TestGatePassesAndReports(t *testing.T) {
+	stand.Reset()
+	start := time.Now()
+	installProfile(t, mixedProfile())
+	run := lastRun(t, "validation-gate", start)
+	if run.ExitCode != 0 || !strings.Contains(run.Output, ": passed (") || !strings.Contains(run.Output, "container-ubuntu2204") {
+		t.Fatalf("gate exit %d, output:\n%s", run.ExitCode, run.Output)
+	}
+	t.Logf("gate output:\n%s", run.Output)
+	state, text := reportState(t)
+	if state != "passed" || !strings.Contains(text, "operator-validator") {
+		t.Errorf("report ConfigMap state %q:\n%s", state, text)
+	}
+	var out bytes.Buffer
+	cmd := stackcli.NewCommand(&out)
+	cmd.SetArgs([]string{"status", "--kubeconfig", kube.Kubeconfig, "-n", target().Namespace})
+	if err := cmd.ExecuteContext(t.Context()); err != nil || out.String() != text {
+		t.Errorf("status printed (err %v):\n%s\nwant the saved report:\n%s", err, out.String(), text)
+	}
+	testStart := time.Now()
+	if _, err := target().Test(); err != nil {
+		t.Errorf("helm test: %v", err)
+	} else if run := lastRun(t, "validation-test", testStart); run.ExitCode != 0 {
+		t.Errorf("helm test run exit %d:\n%s", run.ExitCode, run.Output)
+	}
+	uninstall(t)
+	if _, err := kube.Client.CoreV1().ConfigMaps(target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{}); err == nil {
+		t.Error("uninstall left the report ConfigMap behind")
+	}
+}
+
+// TestGateFailsOnANodesDriverValidation: one node's driver check fails, so the release fails, naming that node and
+// the check's reason, in the hook output and the saved report.
+func TestGateFailsOnANodesDriverValidation(t *testing.T) {
+	stand.Reset()
+	defer stand.Reset()
+	const node, reason = "container-rhel9", "nvidia-smi under /run/nvidia/driver failed: exit 9: couldn't communicate with the NVIDIA driver"
+	stand.SetOutcome(node, "driver", nodestate.Validation{State: nodestate.CheckFailed, Reason: reason})
+	tg := target()
+	tg.KeepFailed = true
+	start := time.Now()
+	_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
+	defer uninstall(t)
+	if err == nil || !strings.Contains(err.Error(), "post-install") {
+		t.Fatalf("install should fail in its post-install hook, got %v", err)
+	}
+	run := lastRun(t, "validation-gate", start)
+	want := node + " operator-validator failed: validation driver: " + reason
+	if run.ExitCode == 0 || !strings.Contains(run.Output, want) {
+		t.Errorf("gate exit %d; want %q in:\n%s", run.ExitCode, want, run.Output)
+	}
+	if state, text := reportState(t); state != "failed" || !strings.Contains(text, want) {
+		t.Errorf("report state %q:\n%s", state, text)
+	}
+	if took := run.Ended.Sub(run.Started); took > 10*time.Second {
+		t.Errorf("a definite failure should end the gate well before its 15s deadline; took %s", took)
+	}
+}
+
+// TestGateNamesQuotaRejection: a ResourceQuota that admits no system-node-critical pods in the namespace blocks the
+// operand DaemonSets; the gate names the admission message instead of timing out silently.
+func TestGateNamesQuotaRejection(t *testing.T) {
+	stand.Reset()
+	ns := target().Namespace
+	if _, err := kube.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	quota := &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-critical-pods"},
+		Spec: corev1.ResourceQuotaSpec{
+			Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")},
+			ScopeSelector: &corev1.ScopeSelector{MatchExpressions: []corev1.ScopedResourceSelectorRequirement{{
+				ScopeName: corev1.ResourceQuotaScopePriorityClass, Operator: corev1.ScopeSelectorOpIn, Values: []string{"system-node-critical"},
+			}}},
+		},
+	}
+	if _, err := kube.Client.CoreV1().ResourceQuotas(ns).Create(t.Context(), quota, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = kube.Client.CoreV1().ResourceQuotas(ns).Delete(t.Context(), quota.Name, metav1.DeleteOptions{})
+	}()
+	tg := target()
+	tg.KeepFailed = true
+	tg.NoWait = true // Helm's own --wait would time out before any hook runs, saying only "timed out"
+	start := time.Now()
+	_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
+	defer uninstall(t)
+	if err == nil {
+		t.Fatal("install should fail while the quota blocks every operand pod")
+	}
+	run := lastRun(t, "validation-gate", start)
+	if !strings.Contains(run.Output, "no pod: FailedCreate:") || !strings.Contains(run.Output, "exceeded quota: no-critical-pods") {
+		t.Errorf("gate output does not carry the admission message:\n%s", run.Output)
+	}
+}
+
+// TestGateNamesClusterProblems: no node labelled as a GPU node (NFD missing), and a GPU node whose OS has no
+// driver image, are each named.
+func TestGateNamesClusterProblems(t *testing.T) {
+	stand.Reset()
+	t.Run("uncovered OS", func(t *testing.T) {
+		odd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-centos7", Labels: map[string]string{
+			stackcheck.GPUPresentLabel:                                "true",
+			"feature.node.kubernetes.io/system-os_release.ID":         "centos",
+			"feature.node.kubernetes.io/system-os_release.VERSION_ID": "7",
+		}}}
+		if err := kube.AddNodes(t.Context(), odd); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = kube.Client.CoreV1().Nodes().Delete(t.Context(), odd.Name, metav1.DeleteOptions{}) }()
+		start := time.Now()
+		tg := target()
+		_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
+		if err == nil {
+			uninstall(t)
+			t.Fatal("install should fail with a GPU node no driver DaemonSet covers")
+		}
+		run := lastRun(t, "validation-gate", start)
+		if !strings.Contains(run.Output, "GPU node gpu-centos7: pool default has no driver DaemonSet for its OS/kernel") {
+			t.Errorf("gate output:\n%s", run.Output)
+		}
+	})
+	t.Run("no GPU node labelled", func(t *testing.T) {
+		var labelled []string
+		for _, n := range fixtureNodes {
+			if n.Labels[stackcheck.GPUPresentLabel] == "true" {
+				labelled = append(labelled, n.Name)
+				setNodeLabel(t, n.Name, stackcheck.GPUPresentLabel, nil)
+			}
+		}
+		defer func() {
+			for _, n := range labelled {
+				setNodeLabel(t, n, stackcheck.GPUPresentLabel, ptr("true"))
+			}
+		}()
+		start := time.Now()
+		if _, err := target().Install(t.Context(), []string{mixedProfile()}, shortGate); err == nil {
+			uninstall(t)
+			t.Fatal("install should fail when no node is labelled as a GPU node")
+		}
+		run := lastRun(t, "validation-gate", start)
+		if !strings.Contains(run.Output, "no node is labelled nvidia.com/gpu.present=true: NFD is not running") {
+			t.Errorf("gate output:\n%s", run.Output)
+		}
+	})
+}
+
+// TestUninstallAfterInterruptedUpgradeRestoresNodes: a node left mid-upgrade (operands paused, cordoned by us, a
+// state label, validation annotations) and a node an admin cordoned; uninstall's pre-delete hook returns every node
+// to its state before install, keeping the admin's cordon.
+func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
+	stand.Reset()
+	const mid, admin = "container-ubuntu2204", "container-rhel9"
+	if _, err := kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_, _ = kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":false}}`), metav1.PatchOptions{})
+	}()
+	// the node lifecycle controller taints a cordoned node; take the snapshot once it has
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := kube.Client.CoreV1().Nodes().Get(ctx, admin, metav1.GetOptions{})
+		return err == nil && len(n.Spec.Taints) > 0, nil
+	}); err != nil {
+		t.Fatal("the cordoned node was never tainted unschedulable")
+	}
+	before := snapshotNodes(t)
+	installProfile(t, mixedProfile())
+	// what an interrupted driver upgrade leaves: the same patches the driver manager writes
+	for _, step := range []func(*corev1.Node) (nodestate.Patch, error){
+		func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Cordon(n, "driver upgrade"), nil },
+		func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) },
+		func(n *corev1.Node) (nodestate.Patch, error) {
+			return nodestate.SetUpgradeState(n, nodestate.PodRestartRequired, "", time.Now().UTC().Format(time.RFC3339)), nil
+		},
+	} {
+		n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), mid, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := step(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nodestate.Apply(t.Context(), kube.Client, mid, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := kube.Client.CoreV1().Nodes().Get(t.Context(), admin, metav1.GetOptions{})
+	if _, err := nodestate.Apply(t.Context(), kube.Client, admin, nodestate.Cordon(a, "driver upgrade")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	uninstall(t)
+	if run := lastRun(t, "cleanup", start); run.ExitCode != 0 {
+		t.Errorf("pre-delete hook exit %d:\n%s", run.ExitCode, run.Output)
+	}
+	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+		t.Errorf("uninstall after an interrupted upgrade left nodes changed:\n%s", changes)
+	}
+}
+
+// BenchmarkGateLastReadyToExit measures how long the post-install hook takes to pass after the last node's
+// validator turns ready (the anchor re-checks every 5 s): one node's plugin check waits while the gate runs, then
+// passes.
+func BenchmarkGateLastReadyToExit(b *testing.B) {
+	const node = "container-ubuntu2404"
+	for b.Loop() {
+		stand.Reset()
+		stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no nvidia.com/gpu capacity yet"})
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() { _, err := target().Install(b.Context(), []string{mixedProfile()}); done <- err }()
+		for stand.InFlight("validation-gate") == 0 {
+			time.Sleep(20 * time.Millisecond) // test-side wait for the hook to start
+		}
+		time.Sleep(time.Second) // let the gate see the node waiting
+		stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckReady})
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		var run kubelet.Run
+		for _, r := range stand.Runs() {
+			if r.Component == "validation-gate" && !r.Started.Before(start) {
+				run = r
+			}
+		}
+		latency := run.Ended.Sub(stand.ReadyAt(node))
+		b.ReportMetric(float64(latency.Milliseconds()), "ms-last-ready-to-exit")
+		b.Logf("gate exited %s after the last node turned ready", latency.Round(time.Millisecond))
+		if err := target().Uninstall(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
