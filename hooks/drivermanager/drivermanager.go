@@ -121,18 +121,25 @@ func (o *Options) Complete() {
 	}
 }
 
-// Validate rejects options Run cannot act on.
-func (o *Options) Validate() error {
+// scopeErrors names what is missing of the node-local scope every command here needs: a client, this node, and
+// the namespace of the operand pods.
+func scopeErrors(client kubernetes.Interface, node, namespace string) []error {
 	var errs []error
-	if o.Client == nil {
+	if client == nil {
 		errs = append(errs, errors.New("no API client"))
 	}
-	if o.NodeName == "" {
+	if node == "" {
 		errs = append(errs, errors.New("no node name: set NODE_NAME (the pod's spec.nodeName)"))
 	}
-	if o.Namespace == "" {
+	if namespace == "" {
 		errs = append(errs, errors.New("no operand namespace: set OPERATOR_NAMESPACE (the pod's namespace)"))
 	}
+	return errs
+}
+
+// Validate rejects options Run cannot act on.
+func (o *Options) Validate() error {
+	errs := scopeErrors(o.Client, o.NodeName, o.Namespace)
 	if _, err := labels.Parse(o.Drain.PodSelector); err != nil {
 		errs = append(errs, fmt.Errorf("DRAIN_POD_SELECTOR_LABEL %q: %w", o.Drain.PodSelector, err))
 	}

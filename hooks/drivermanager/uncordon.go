@@ -70,17 +70,7 @@ func (o *UncordonOptions) Complete() {
 
 // Validate rejects options Run cannot act on.
 func (o *UncordonOptions) Validate() error {
-	var errs []error
-	if o.Client == nil {
-		errs = append(errs, errors.New("no API client"))
-	}
-	if o.NodeName == "" {
-		errs = append(errs, errors.New("no node name: set NODE_NAME (the pod's spec.nodeName)"))
-	}
-	if o.Namespace == "" {
-		errs = append(errs, errors.New("no validator namespace: set OPERATOR_NAMESPACE (the pod's namespace)"))
-	}
-	return errors.Join(errs...)
+	return errors.Join(scopeErrors(o.Client, o.NodeName, o.Namespace)...)
 }
 
 // Run finishes the node's driver change when it is in validation-required or uncordon-required, and does

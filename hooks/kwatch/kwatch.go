@@ -91,16 +91,21 @@ func Until[T runtime.Object](ctx context.Context, s *Store[T], cond func([]T) (b
 
 // NodePods lists and watches the pods bound to node, in namespace ("" for all), matching labelSelector.
 func NodePods(client kubernetes.Interface, namespace, node, labelSelector string) cache.ListerWatcher {
-	field := fields.OneTermEqualSelector("spec.nodeName", node).String()
+	return Pods(client, namespace, fields.OneTermEqualSelector("spec.nodeName", node).String(), labelSelector)
+}
+
+// Pods lists and watches the pods in namespace ("" for all) matching the field and label selectors (either may be
+// empty).
+func Pods(client kubernetes.Interface, namespace, fieldSelector, labelSelector string) cache.ListerWatcher {
 	// The wrapper tells the reflector whether the client can stream the initial list in the watch (WatchList: one
 	// request instead of LIST + WATCH); fake clientsets cannot.
 	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector, o.LabelSelector = field, labelSelector
+			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
 			return client.CoreV1().Pods(namespace).List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector, o.LabelSelector = field, labelSelector
+			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
 			return client.CoreV1().Pods(namespace).Watch(ctx, o)
 		},
 	}, client)

@@ -21,14 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -99,34 +96,22 @@ func stopOperands(ctx context.Context, o Options, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("delete the release's DaemonSets: %w", err)
 	}
-	pods := o.Client.CoreV1().Pods(o.Namespace)
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
-			lo.LabelSelector = sel
-			return pods.List(ctx, lo)
-		},
-		WatchFuncWithContext: func(ctx context.Context, lo metav1.ListOptions) (watch.Interface, error) {
-			lo.LabelSelector = sel
-			return pods.Watch(ctx, lo)
-		},
-	}
 	wctx, cancel := context.WithTimeout(ctx, o.OperandTimeout)
 	defer cancel()
+	pods, err := kwatch.Start(wctx, kwatch.Pods(o.Client, o.Namespace, "", sel), &corev1.Pod{})
+	if err != nil {
+		return fmt.Errorf("watch the release's pods: %w", err)
+	}
 	var left []string
-	var synced cache.Store
-	gone := func() bool {
+	err = kwatch.Until(wctx, pods, func(ps []*corev1.Pod) (bool, error) {
 		left = left[:0]
-		for _, obj := range synced.List() {
-			if p := obj.(*corev1.Pod); ownedByDaemonSet(p) {
+		for _, p := range ps {
+			if ownedByDaemonSet(p) {
 				left = append(left, p.Name)
 			}
 		}
-		return len(left) == 0
-	}
-	// the precondition sees the synced store once; each later event re-checks the same (updated) store
-	_, err = watchtools.UntilWithSync(wctx, lw, &corev1.Pod{},
-		func(store cache.Store) (bool, error) { synced = store; return gone(), nil },
-		func(watch.Event) (bool, error) { return gone(), nil })
+		return len(left) == 0, nil
+	})
 	if err != nil {
 		return fmt.Errorf("operand pods still running after %s: %v: %w", o.OperandTimeout, left, err)
 	}

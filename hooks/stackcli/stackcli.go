@@ -52,6 +52,16 @@ func clients(flags *genericclioptions.ConfigFlags) (*rest.Config, kubernetes.Int
 	return cfg, client, ns, err
 }
 
+// releaseScope reads what the release-level hooks share: the client, the release namespace and the driver pools.
+func releaseScope(flags *genericclioptions.ConfigFlags, rawPools string) (kubernetes.Interface, string, []driverpools.Pool, error) {
+	_, client, ns, err := clients(flags)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	pools, err := driverpools.Parse(rawPools)
+	return client, ns, pools, err
+}
+
 func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	o := stackcheck.Options{}
 	var pools string
@@ -63,13 +73,10 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 			"when anything failed.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if _, o.Client, o.Namespace, err = clients(flags); err != nil {
+			if o.Client, o.Namespace, o.Pools, err = releaseScope(flags, pools); err != nil {
 				return err
 			}
 			o.Release = *release
-			if o.Pools, err = driverpools.Parse(pools); err != nil {
-				return err
-			}
 			o.Complete()
 			if err := o.Validate(); err != nil {
 				return err

@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
@@ -20,13 +19,10 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 		Short: "Plan a driver change and mark the nodes it touches upgrade-required, or refuse (the pre-upgrade hook)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if _, o.Client, o.Namespace, err = clients(flags); err != nil {
+			if o.Client, o.Namespace, o.Pools, err = releaseScope(flags, pools); err != nil {
 				return err
 			}
 			o.Release = *release
-			if o.Pools, err = driverpools.Parse(pools); err != nil {
-				return err
-			}
 			if err := o.Validate(); err != nil {
 				return err
 			}

@@ -250,3 +250,19 @@ func (c *Cluster) Stop() {
 		_ = os.RemoveAll(c.dir)
 	})
 }
+
+// ForPackage starts the cluster a test package shares (from its TestMain), with StopOnSignal set; the caller
+// stops it. Without control-plane binaries it reports skip (the package's tests are skipped), except under
+// CI=true, where a missing control plane is an error, never a skip.
+func ForPackage(opts Options) (c *Cluster, skip bool, err error) {
+	if _, err := BinDir(); err != nil {
+		return nil, errors.Is(err, ErrNoBinaries) && os.Getenv("CI") != "true", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if c, err = Start(ctx, opts); err != nil {
+		return nil, false, fmt.Errorf("start cluster: %w", err)
+	}
+	c.StopOnSignal()
+	return c, false, nil
+}

@@ -1,5 +1,6 @@
 // Package demo runs the README's demo: a local control plane with simulated GPU nodes, the chart installed with
-// the helm SDK, and a node x operand table of what runs where.
+// the helm SDK (its hooks run by the kubelet stand-in, validators passing), and a node x operand table of what runs
+// where, followed by the post-install gate's own report.
 package demo
 
 import (
@@ -17,6 +18,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 )
 
@@ -33,11 +35,15 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := cluster.Start(ctx, cluster.Options{HarnessComponents: kubelet.Components()})
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
+	stand, err := kubelet.Start(ctx, c.Client, c.Kubeconfig)
+	if err != nil {
+		return err
+	}
 	var nodes []*corev1.Node
 	var names []string
 	for _, n := range nodefixtures.Demo() {
@@ -61,6 +67,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "helm install %s: rolled out in %s; operand pods running per node:\n\n%s",
 		opts.Profile, time.Since(start).Round(time.Millisecond), running.Table(names))
+	for _, r := range stand.Runs() {
+		if r.Component == "validation-gate" {
+			fmt.Fprintf(out, "\npost-install gate (kube-gpu-stack check):\n%s", r.Output)
+		}
+	}
 	if opts.Keep {
 		fmt.Fprintf(out, "\ncluster kept running: export KUBECONFIG=%s  (Ctrl-C stops it)\n", c.Kubeconfig)
 		<-ctx.Done()

@@ -8,7 +8,6 @@ package drainbench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -37,23 +36,16 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if _, err := cluster.BinDir(); err != nil {
-		if errors.Is(err, cluster.ErrNoBinaries) && os.Getenv("CI") != "true" {
-			fmt.Println("SKIP drainbench:", err)
-			return 0
-		}
-		fmt.Println("drainbench:", err) // under CI a missing control plane is a failure, never a skip
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{})
-	if err != nil {
-		fmt.Println("drainbench: start cluster:", err)
+	c, skip, err := cluster.ForPackage(cluster.Options{})
+	switch {
+	case skip:
+		fmt.Println("SKIP drainbench:", err)
+		return 0
+	case err != nil:
+		fmt.Println("drainbench:", err)
 		return 1
 	}
 	defer c.Stop()
-	c.StopOnSignal()
 	kube = c
 	return m.Run()
 }

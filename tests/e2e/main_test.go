@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -32,24 +31,17 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	if _, err := cluster.BinDir(); err != nil {
-		if errors.Is(err, cluster.ErrNoBinaries) && os.Getenv("CI") != "true" {
-			fmt.Println("SKIP e2e:", err)
-			return 0
-		}
-		fmt.Println("e2e:", err) // under CI a missing control plane is a failure, never a skip
-		return 1
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Log: logSink(), HarnessComponents: kubelet.Components()})
-	if err != nil {
-		fmt.Println("e2e: start cluster:", err)
+	c, skip, err := cluster.ForPackage(cluster.Options{Log: logSink(), HarnessComponents: kubelet.Components()})
+	switch {
+	case skip:
+		fmt.Println("SKIP e2e:", err)
+		return 0
+	case err != nil:
+		fmt.Println("e2e:", err)
 		return 1
 	}
 	defer c.Stop()
-	c.StopOnSignal()
 	kube = c
 	standCtx, stopStand := context.WithCancel(context.Background())
 	defer stopStand()
@@ -60,6 +52,8 @@ func run(m *testing.M) int {
 	for _, n := range nodefixtures.RoleMatrix() {
 		fixtureNodes = append(fixtureNodes, n.Object())
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if err := c.AddNodes(ctx, fixtureNodes...); err != nil {
 		fmt.Println("e2e:", err)
 		return 1
