@@ -111,6 +111,21 @@ func Pods(client kubernetes.Interface, namespace, fieldSelector, labelSelector s
 	}, client)
 }
 
+// Node lists and watches the one node named name.
+func Node(client kubernetes.Interface, name string) cache.ListerWatcher {
+	field := fields.OneTermEqualSelector("metadata.name", name).String()
+	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = field
+			return client.CoreV1().Nodes().List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = field
+			return client.CoreV1().Nodes().Watch(ctx, o)
+		},
+	}, client)
+}
+
 // PDBs lists and watches the PodDisruptionBudgets of every namespace.
 func PDBs(client kubernetes.Interface) cache.ListerWatcher {
 	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{

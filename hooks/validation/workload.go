@@ -14,11 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 )
 
 // Workload pod labels (app=<value>): the checks delete their earlier pods on the node by them.
@@ -94,22 +94,11 @@ func (o *Options) gpuCapacity(ctx context.Context, p progress) (corev1.ResourceN
 	var res corev1.ResourceName
 	var n int64
 	var seen *corev1.Node
-	nodes := o.Client.CoreV1().Nodes()
-	sel := fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = sel
-			return nodes.List(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = sel
-			return nodes.Watch(ctx, opts)
-		},
-	}
+	lw := kwatch.Node(o.Client, o.NodeName)
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	reported := false
-	_, err := watchtools.UntilWithSync(wctx, cache.ToListWatcherWithWatchListSemantics(lw, o.Client), &corev1.Node{}, nil, func(ev watch.Event) (bool, error) {
+	_, err := watchtools.UntilWithSync(wctx, lw, &corev1.Node{}, nil, func(ev watch.Event) (bool, error) {
 		node, ok := ev.Object.(*corev1.Node)
 		if !ok || node.Name != o.NodeName {
 			return false, nil
@@ -229,21 +218,11 @@ func (o *Options) runWorkload(ctx context.Context, p progress, w workload) podRe
 		}
 	}()
 
-	sel := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-			opts.FieldSelector = sel
-			return pods.List(ctx, opts)
-		},
-		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-			opts.FieldSelector = sel
-			return pods.Watch(ctx, opts)
-		},
-	}
+	lw := kwatch.Pods(o.Client, pod.Namespace, fields.OneTermEqualSelector("metadata.name", pod.Name).String(), "")
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	last, lastReason := pod, ""
-	_, err = watchtools.UntilWithSync(wctx, cache.ToListWatcherWithWatchListSemantics(lw, o.Client), &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+	_, err = watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
 		cur, ok := ev.Object.(*corev1.Pod)
 		if !ok || cur.Name != pod.Name {
 			return false, nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,19 +46,29 @@ func (t Target) config() (*action.Configuration, error) {
 	return cfg, nil
 }
 
+// prepare loads the Helm configuration, the chart from the repository (stamped with ChartVersion when set) and
+// the values.
+func (t Target) prepare(valueFiles, set []string) (*action.Configuration, *chart.Chart, map[string]any, error) {
+	cfg, err := t.config()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if t.ChartVersion != "" {
+		chrt.Metadata.Version, chrt.Metadata.AppVersion = t.ChartVersion, t.ChartVersion
+	}
+	vals, err := chartrender.Values(valueFiles, set)
+	return cfg, chrt, vals, err
+}
+
 // Install installs the chart from the repository with values files and --set overrides, waiting until every
 // workload is ready and the hooks have run. A failed install is uninstalled again (unless KeepFailed), so it never
 // blocks the next one.
 func (t Target) Install(ctx context.Context, valueFiles []string, set ...string) (*release.Release, error) {
-	cfg, err := t.config()
-	if err != nil {
-		return nil, err
-	}
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		return nil, err
-	}
-	vals, err := chartrender.Values(valueFiles, set)
+	cfg, chrt, vals, err := t.prepare(valueFiles, set)
 	if err != nil {
 		return nil, err
 	}
@@ -152,18 +163,7 @@ func (t Target) Test() (*release.Release, error) {
 // Upgrade upgrades the release to the chart in the repository with values files and --set overrides (values
 // are replaced, as `helm upgrade` without --reuse-values does), running the upgrade hooks.
 func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string) (*release.Release, error) {
-	cfg, err := t.config()
-	if err != nil {
-		return nil, err
-	}
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		return nil, err
-	}
-	if t.ChartVersion != "" {
-		chrt.Metadata.Version, chrt.Metadata.AppVersion = t.ChartVersion, t.ChartVersion
-	}
-	vals, err := chartrender.Values(valueFiles, set)
+	cfg, chrt, vals, err := t.prepare(valueFiles, set)
 	if err != nil {
 		return nil, err
 	}
