@@ -238,11 +238,7 @@ func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) 
 // keep is the fast path: the loaded driver has the new pod's config. Only leftovers of an interrupted run are
 // undone; a node still waiting for validation keeps its cordon and state for UncordonOptions.
 func (m *manager) keep(ctx context.Context) (string, error) {
-	cleared, err := m.clearStale()
-	if err != nil {
-		return "", err
-	}
-	resume, err := nodestate.Resume(m.node)
+	cleared, resume, err := m.clearAndResume()
 	if err != nil {
 		return "", err
 	}
@@ -260,11 +256,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 // notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; the cordon
 // of an upgrade in progress stays until validation.
 func (m *manager) notLoaded(ctx context.Context) (string, error) {
-	cleared, err := m.clearStale()
-	if err != nil {
-		return "", err
-	}
-	resume, err := nodestate.Resume(m.node)
+	cleared, resume, err := m.clearAndResume()
 	if err != nil {
 		return "", err
 	}
@@ -438,6 +430,17 @@ func (m *manager) waitOperandsGone(ctx context.Context) error {
 }
 
 // clearStale unmounts what is left of a previous driver container's root and removes its pid file.
+// clearAndResume is what both paths that leave the loaded state as it is share: clear the stale driver root and
+// pid file, and the patch that resumes any operand an interrupted run paused.
+func (m *manager) clearAndResume() (string, nodestate.Patch, error) {
+	cleared, err := m.clearStale()
+	if err != nil {
+		return "", nodestate.Patch{}, err
+	}
+	resume, err := nodestate.Resume(m.node)
+	return cleared, resume, err
+}
+
 func (m *manager) clearStale() (string, error) {
 	unmounted, err := m.o.Host.UnmountDriverRoot()
 	if err != nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +98,18 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 		}
 		return out
 	}
-	before := drivers()
+	generations := func() map[string]int64 {
+		dss, err := kube.Client.AppsV1().DaemonSets(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, ds := range dss.Items {
+			out[ds.Name] = ds.Generation
+		}
+		return out
+	}
+	before, genBefore := drivers(), generations()
 	if len(before) == 0 {
 		t.Fatal("no driver pods before the upgrade")
 	}
@@ -110,25 +122,17 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 	if r := lastRun(t, "pre-upgrade", start); r.ExitCode != 0 || !strings.Contains(r.Output, "nothing to do") {
 		t.Errorf("pre-upgrade hook (exit %d) planned a driver change for a chart-only upgrade:\n%s", r.ExitCode, r.Output)
 	}
+	// an unchanged pod template leaves every driver DaemonSet's generation where it was: nothing to roll
+	if genAfter := generations(); !maps.Equal(genBefore, genAfter) {
+		t.Errorf("driver DaemonSets changed on a chart-only upgrade: generations %v -> %v", genBefore, genAfter)
+	}
 	time.Sleep(2 * time.Second) // a DaemonSet rollout would have started by now
-	if after := drivers(); !equalUIDs(before, after) {
+	if after := drivers(); !maps.Equal(before, after) {
 		t.Errorf("driver pods changed on a chart-only upgrade:\nbefore %v\nafter  %v", before, after)
 	}
 	if got, err := kube.Client.CoreV1().Pods("default").Get(t.Context(), w.Name, metav1.GetOptions{}); err != nil || got.UID != w.UID || got.DeletionTimestamp != nil {
 		t.Errorf("the GPU workload did not survive the chart-only upgrade: %v", err)
 	}
-}
-
-func equalUIDs(a, b map[string]types.UID) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestDriverVersionUpgradeIsPlannedAndMarked: changing the driver version makes the pre-upgrade hook plan every
