@@ -776,14 +776,16 @@ hooks:
 		t.Errorf("found %d hook pods, want 4", seen)
 	}
 
-	// the plan's --evict/--force follow the driver manager's GPU pod eviction switches
+	// the plan's --evict follows the driver manager's GPU pod eviction switch; --force is the plan's own (the
+	// eviction's force is about pods without a controller, not PDBs)
 	for _, tc := range []struct {
 		set          []string
 		evict, force string
 	}{
 		{nil, "true", "false"},
 		{[]string{"driver.manager.gpuPodDeletion.enabled=false"}, "false", "false"},
-		{[]string{"driver.manager.gpuPodDeletion.force=true"}, "true", "true"},
+		{[]string{"driver.manager.gpuPodDeletion.force=true"}, "true", "false"},
+		{[]string{"hooks.preUpgrade.force=true"}, "true", "true"},
 		// without the driver chart no node is planned; the flags keep the binary's defaults
 		{[]string{"driver.enabled=false"}, "true", "false"},
 	} {

@@ -6,6 +6,8 @@
 //	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, stand down
 //	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver
 //	              no modules loaded                                        -> clear stale files, validation-required
+//	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
+//	              node upgrade-failed                                     -> refuse until `upgrade retry`
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
@@ -99,6 +101,9 @@ type Options struct {
 	// AfterStep, when set, is called after each of Steps; an error stops the run at once and is returned as is,
 	// with nothing restored — what a kill at that point leaves (for tests and harnesses proving convergence).
 	AfterStep func(step string) error
+	// SkipWait bounds the wait on a node labelled nodestate.UpgradeSkipLabel=true (0: until the label goes or the
+	// run's context ends).
+	SkipWait time.Duration
 }
 
 // Steps are the points a run can be stopped at through Options.AfterStep, in order.
@@ -161,9 +166,9 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	}
 	m.node = node
 	summary, err := m.run(ctx)
-	var stopped *stoppedError
-	if errors.As(err, &stopped) {
-		return stopped.err
+	var untouched *untouchedError
+	if errors.As(err, &untouched) {
+		return untouched.err
 	}
 	if err != nil {
 		return m.failed(ctx, err)
@@ -180,10 +185,11 @@ type manager struct {
 	node     *corev1.Node
 }
 
-// stoppedError is a run stopped by AfterStep: returned without restoring anything.
-type stoppedError struct{ err error }
+// untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
+// that refused before it changed anything.
+type untouchedError struct{ err error }
 
-func (e *stoppedError) Error() string { return e.err.Error() }
+func (e *untouchedError) Error() string { return e.err.Error() }
 
 // step ends a step; AfterStep may stop the run there.
 func (m *manager) step(name string) error {
@@ -191,7 +197,7 @@ func (m *manager) step(name string) error {
 		return nil
 	}
 	if err := m.o.AfterStep(name); err != nil {
-		return &stoppedError{err}
+		return &untouchedError{err}
 	}
 	return nil
 }
@@ -222,9 +228,51 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	case !m.o.ForceReinstall && m.o.Digest != "" && m.o.Digest == recorded:
 		return m.keep(ctx)
 	}
+	if err := m.heldBack(ctx, recorded); err != nil {
+		return "", &untouchedError{err}
+	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
 		"digest", short(m.o.Digest), "recordedDigest", short(recorded), "forceReinstall", m.o.ForceReinstall)
 	return m.upgrade(ctx)
+}
+
+// heldBack keeps a driver change from starting on a node the admin holds back or a failed change left behind.
+// The old driver stays loaded and nothing is evicted: while the skip label is set the init container waits (so
+// the new driver pod never starts over a loaded driver, and counts against maxUnavailable until the label goes);
+// an upgrade-failed node is refused at once (the pod restarts with back-off) until `kube-gpu-stack upgrade retry`.
+func (m *manager) heldBack(ctx context.Context, recorded string) error {
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed {
+		return fmt.Errorf("node %s is %s (%s): its driver (config %s) stays loaded and nothing is evicted; fix the cause, then run `kube-gpu-stack upgrade retry %s`",
+			m.o.NodeName, nodestate.UpgradeFailed, m.node.Annotations[nodestate.UpgradeReasonAnnotation], short(recorded), m.o.NodeName)
+	}
+	if m.node.Labels[nodestate.UpgradeSkipLabel] != "true" {
+		return nil
+	}
+	m.log.Info("node labelled to skip driver upgrades: the loaded driver stays; waiting for the label to go",
+		"label", nodestate.UpgradeSkipLabel, "recordedDigest", short(recorded), "digest", short(m.o.Digest))
+	wctx := ctx
+	if m.o.SkipWait > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, m.o.SkipWait)
+		defer cancel()
+	}
+	nodes, err := kwatch.Start(wctx, kwatch.Node(m.o.Client, m.o.NodeName), &corev1.Node{})
+	if err != nil {
+		return fmt.Errorf("watch node %s: %w", m.o.NodeName, err)
+	}
+	err = kwatch.Until(wctx, nodes, func(ns []*corev1.Node) (bool, error) {
+		if len(ns) == 1 && ns[0].Labels[nodestate.UpgradeSkipLabel] != "true" {
+			m.node = ns[0]
+			return true, nil
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s is labelled %s=true: its driver (config %s) stays loaded and nothing is evicted; remove the label to let the new driver (config %s) in: %w",
+			m.o.NodeName, nodestate.UpgradeSkipLabel, short(recorded), short(m.o.Digest), err)
+	}
+	m.log.Info("skip label removed: the driver change goes ahead")
+	return nil
 }
 
 func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) {

@@ -37,7 +37,7 @@ type Options struct {
 	Pools              []driverpools.Pool
 	// Evict: the driver manager evicts GPU pods before unloading, so PDBs that never allow an eviction block it.
 	Evict bool
-	// Force proceeds although PDBs block eviction (the driver manager's force settings decide what happens then).
+	// Force proceeds although PDBs block eviction: each such node fails its driver change alone, restored.
 	Force bool
 	// Now stamps the state change; defaults to time.Now.
 	Now func() time.Time
@@ -270,7 +270,7 @@ func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodeP
 				continue
 			}
 			out = append(out, fmt.Sprintf("GPU pod %s/%s on node %s: PodDisruptionBudget %s never allows an eviction "+
-				"(%d healthy of %d, %d required): relax it, or set the driver manager's eviction force", pod.Namespace, pod.Name,
+				"(%d healthy of %d, %d required): relax it, or set hooks.preUpgrade.force (that node then fails its upgrade alone)", pod.Namespace, pod.Name,
 				pod.Spec.NodeName, pdb.Name, pdb.Status.CurrentHealthy, pdb.Status.ExpectedPods, pdb.Status.DesiredHealthy))
 		}
 	}
