@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -85,11 +86,26 @@ cordon the driver manager made and mark the node upgrade-done. In any other stat
 			return o.Run(cmd.Context(), out)
 		},
 	}
-	cmd.Flags().StringVar(&o.Component, "validator-component", drivermanager.DefaultValidatorComponent, "app.kubernetes.io/component of the node's validator pods")
-	cmd.Flags().DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
-	cmd.Flags().BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
-	cmd.Flags().StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's readiness probe waits for it)")
+	cmd.Flags().AddFlagSet(uncordonFlags(&o))
 	return cmd
+}
+
+func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("uncordon-when-valid", pflag.ContinueOnError)
+	fs.StringVar(&o.Component, "validator-component", drivermanager.DefaultValidatorComponent, "app.kubernetes.io/component of the node's validator pods")
+	fs.DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
+	fs.BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
+	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's readiness probe waits for it)")
+	return fs
+}
+
+// UncordonOptionsFromArgs reads `uncordon-when-valid`'s flags and environment as the command does (for a harness
+// that runs the sidecar in-process).
+func UncordonOptionsFromArgs(args []string, getenv func(string) string) (drivermanager.UncordonOptions, error) {
+	var o drivermanager.UncordonOptions
+	err := uncordonFlags(&o).Parse(args)
+	o.NodeName, o.Namespace = getenv("NODE_NAME"), getenv("OPERATOR_NAMESPACE")
+	return o, err
 }
 
 // OptionsFromEnv reads the driver manager's environment (the names the GPU Operator's driver manager uses).

@@ -37,3 +37,32 @@ func Selects(sel *corev1.NodeSelector, node *corev1.Node) (bool, error) {
 	}
 	return ns.Match(node), nil
 }
+
+// daemonSetTolerations are the tolerations the DaemonSet controller adds to every pod it creates, so its pods stay
+// on cordoned, pressured and unreachable nodes (k8s.io/kubernetes pkg/controller/daemon/util; hostNetwork pods also
+// tolerate network-unavailable).
+func daemonSetTolerations(spec *corev1.PodSpec) []corev1.Toleration {
+	exists := func(key string, effect corev1.TaintEffect) corev1.Toleration {
+		return corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists, Effect: effect}
+	}
+	out := []corev1.Toleration{
+		exists(corev1.TaintNodeNotReady, corev1.TaintEffectNoExecute),
+		exists(corev1.TaintNodeUnreachable, corev1.TaintEffectNoExecute),
+		exists(corev1.TaintNodeDiskPressure, corev1.TaintEffectNoSchedule),
+		exists(corev1.TaintNodeMemoryPressure, corev1.TaintEffectNoSchedule),
+		exists(corev1.TaintNodePIDPressure, corev1.TaintEffectNoSchedule),
+		exists(corev1.TaintNodeUnschedulable, corev1.TaintEffectNoSchedule),
+	}
+	if spec.HostNetwork {
+		out = append(out, exists(corev1.TaintNodeNetworkUnavailable, corev1.TaintEffectNoSchedule))
+	}
+	return out
+}
+
+// FitsDaemonSet is Fits for a DaemonSet's pod template: the pods the controller creates from it also carry the
+// tolerations it adds, so a cordoned node still runs them.
+func FitsDaemonSet(template *corev1.PodSpec, node *corev1.Node) (bool, error) {
+	spec := *template
+	spec.Tolerations = append(append([]corev1.Toleration{}, template.Tolerations...), daemonSetTolerations(template)...)
+	return Fits(&spec, node)
+}

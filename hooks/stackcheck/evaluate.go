@@ -31,6 +31,9 @@ const componentLabel = "app.kubernetes.io/component"
 // annotations.
 var validatorOperands = map[string]bool{"operator-validator": true, "sandbox-validator": true}
 
+// driverOperands install the driver; their pods wait on the node's driver upgrade.
+var driverOperands = map[string]bool{"driver": true, "vgpu-manager": true}
+
 // containerRoleOperands run only on container-role nodes, so a node that gets one of them needs a driver.
 var containerRoleOperands = map[string]bool{"operator-validator": true, "container-toolkit": true}
 
@@ -174,7 +177,7 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 	for _, ds := range dss {
 		operand := operandOf(ds)
 		for _, n := range nodes {
-			fits, err := schedule.Fits(&ds.Spec.Template.Spec, n)
+			fits, err := schedule.FitsDaemonSet(&ds.Spec.Template.Spec, n)
 			if err != nil {
 				return nil, fmt.Errorf("DaemonSet %s on node %s: %w", ds.Name, n.Name, err)
 			}
@@ -191,6 +194,9 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 			c := podCell(ds, n, podsByOwner[ds.UID], s.Revisions[ds.UID], failedCreate[ds.UID])
 			if validatorOperands[operand] {
 				c = withValidation(c, n)
+			}
+			if driverOperands[operand] {
+				c = withUpgradeState(c, n)
 			}
 			r.set(n, operand, c)
 		}
@@ -334,6 +340,16 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 		return Cell{Waiting, "validation " + strings.Join(waiting, "; ") + " (" + c.Reason + ")"}
 	}
 	return c
+}
+
+// withUpgradeState fails a driver pod that is not Ready on a node whose driver change failed: waiting will not
+// help, since the driver manager refuses that node until `kube-gpu-stack upgrade retry`.
+func withUpgradeState(c Cell, node *corev1.Node) Cell {
+	if c.State != Waiting || node.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
+		return c
+	}
+	return Cell{Failed, fmt.Sprintf("driver upgrade failed: %s; fix it, then run `kube-gpu-stack upgrade retry %s` (%s)",
+		node.Annotations[nodestate.UpgradeReasonAnnotation], node.Name, c.Reason)}
 }
 
 // problems finds what no single cell shows: no GPU node at all, and GPU nodes that need a driver but that no

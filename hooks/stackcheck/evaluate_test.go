@@ -98,6 +98,21 @@ func TestEvaluate(t *testing.T) {
 		}
 	})
 
+	t.Run("a driver pod on an upgrade-failed node fails with the reason; a cordoned node keeps its cells", func(t *testing.T) {
+		failed := gpuNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeFailed)})
+		failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "evict GPU pods: PDB ml/train"}
+		cordoned := gpuNode("a", nil)
+		cordoned.Spec.Unschedulable = true
+		cordoned.Spec.Taints = []corev1.Taint{{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule}}
+		pods := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(validator, "a", "r1", true), pod(driver, "a", "r1", true),
+			pod(plugin, "b", "r2", true), pod(validator, "b", "r1", true), pod(driver, "b", "r1", false)}
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{cordoned, failed}, DaemonSets: all, Pods: pods, Revisions: revs})
+		if !r.Settled() || r.Passed() || r.Summary[Ready] != 5 ||
+			!strings.Contains(r.Table(), "b driver failed: driver upgrade failed: evict GPU pods: PDB ml/train; fix it, then run `kube-gpu-stack upgrade retry b`") {
+			t.Errorf("want node b's driver failed with the reason and a's three cells ready:\n%s", r.Table())
+		}
+	})
+
 	t.Run("FailedCreate carries the admission message", func(t *testing.T) {
 		ev := &corev1.Event{Reason: "FailedCreate", Message: `pods "x" is forbidden: exceeded quota: critical-pods`,
 			InvolvedObject: corev1.ObjectReference{Kind: "DaemonSet", UID: plugin.UID}}

@@ -63,6 +63,9 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		if pod != nil && len(pod.Spec.Containers) > 0 {
 			img := pod.Spec.Containers[0].Image
 			driver = img[strings.LastIndexAny(img, ":@")+1:]
+			if !podReady(pod) { // the pod of a node mid-change or failed: its driver is not the one running
+				driver += " (pod not ready)"
+			}
 		}
 		if n.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			state += " (skip)"
@@ -78,6 +81,15 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, state, driver, since, reason)
 	}
 	return w.Flush()
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // Retry moves a node out of upgrade-failed: back to upgrade-required, and its driver pod deleted so the DaemonSet

@@ -130,3 +130,36 @@ func TestRefusesNodesPoolsNoLongerCover(t *testing.T) {
 		t.Errorf("err %v\n%s", err, out)
 	}
 }
+
+// TestStatusTable: one row per node with a driver pod or a state; a driver pod that is not Ready is said so (its
+// image is not the driver the node runs), skipped nodes are marked, nodes with neither are left out.
+func TestStatusTable(t *testing.T) {
+	failed := readyNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeFailed)})
+	failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "evict GPU pods: PDB ml/train",
+		nodestate.UpgradeSinceAnnotation: "2026-09-01T12:00:00Z"}
+	done := readyNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone), nodestate.UpgradeSkipLabel: "true"})
+	ready := driverPod("b", "x")
+	ready.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	client := fake.NewClientset(failed, done, readyNode("c", nil), driverPod("a", "x"), ready)
+	var out bytes.Buffer
+	if err := WriteStatus(t.Context(), client, "gpu", "rel", &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want a header and 2 rows, got:\n%s", out.String())
+	}
+	for i, want := range [][]string{
+		{"a", "upgrade-failed", "570.86.15-ubuntu22.04 (pod not ready)", "2026-09-01T12:00:00Z", "evict GPU pods: PDB ml/train"},
+		{"b", "upgrade-done (skip)", "570.86.15-ubuntu22.04", "-", "-"},
+	} {
+		for _, field := range want {
+			if !strings.Contains(lines[i+1], field) {
+				t.Errorf("row %q lacks %q", lines[i+1], field)
+			}
+		}
+	}
+	if strings.Contains(lines[2], "not ready") {
+		t.Errorf("a Ready driver pod is shown as not ready: %q", lines[2])
+	}
+}

@@ -266,3 +266,13 @@ func ForPackage(opts Options) (c *Cluster, skip bool, err error) {
 	c.StopOnSignal()
 	return c, false, nil
 }
+
+// LogSink is where a test package sends the control plane's logs: the file E2E_LOG names, else nowhere.
+func LogSink() io.Writer {
+	if p := os.Getenv("E2E_LOG"); p != "" {
+		if f, err := os.Create(p); err == nil {
+			return f
+		}
+	}
+	return nil
+}

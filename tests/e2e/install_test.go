@@ -1,60 +1,25 @@
 package e2e
 
 import (
-	"fmt"
-	"maps"
 	"path/filepath"
-	"reflect"
-	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 )
 
-// nodeState is what an install must leave untouched on a node.
-type nodeState struct {
-	Labels, Annotations map[string]string
-	Taints              []corev1.Taint
-	Unschedulable       bool
-}
-
-func snapshotNodes(t *testing.T) map[string]nodeState {
+// snapshotNodes records every node's state.
+func snapshotNodes(t *testing.T) map[string]cluster.NodeState {
 	t.Helper()
-	nodes, err := kube.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	s, err := cluster.SnapshotNodes(t.Context(), kube.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]nodeState{}
-	for _, n := range nodes.Items {
-		out[n.Name] = nodeState{n.Labels, n.Annotations, n.Spec.Taints, n.Spec.Unschedulable}
-	}
-	return out
-}
-
-// nodeChanges names each node whose labels, annotations, taints or schedulability differ between a and b.
-func nodeChanges(a, b map[string]nodeState) string {
-	var out strings.Builder
-	for name, x := range a {
-		y, ok := b[name]
-		switch {
-		case !ok:
-			fmt.Fprintf(&out, "node %s is gone\n", name)
-		case !maps.Equal(x.Labels, y.Labels):
-			fmt.Fprintf(&out, "node %s labels: %v -> %v\n", name, x.Labels, y.Labels)
-		case !maps.Equal(x.Annotations, y.Annotations):
-			fmt.Fprintf(&out, "node %s annotations: %v -> %v\n", name, x.Annotations, y.Annotations)
-		case !reflect.DeepEqual(x.Taints, y.Taints):
-			fmt.Fprintf(&out, "node %s taints: %v -> %v\n", name, x.Taints, y.Taints)
-		case x.Unschedulable != y.Unschedulable:
-			fmt.Fprintf(&out, "node %s unschedulable: %v -> %v\n", name, x.Unschedulable, y.Unschedulable)
-		}
-	}
-	return out.String()
+	return s
 }
 
 // TestProfilesInstallAndPlaceOperands installs every values profile into the real API server with the helm SDK,
@@ -73,7 +38,7 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 			waitForPlacement(t, expectedPlacement(t, rel))
 			t.Logf("installed and rolled out in %s", time.Since(start).Round(time.Millisecond))
 			uninstall(t)
-			if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+			if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
 				t.Errorf("uninstall left nodes changed:\n%s", changes)
 			}
 		})

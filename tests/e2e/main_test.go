@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"testing"
 	"time"
@@ -32,7 +31,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	start := time.Now()
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: logSink(), HarnessComponents: kubelet.Components()})
+	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components()})
 	switch {
 	case skip:
 		fmt.Println("SKIP e2e:", err)
@@ -60,14 +59,4 @@ func run(m *testing.M) int {
 	}
 	fmt.Printf("e2e: cluster with %d simulated nodes ready in %s\n", len(fixtureNodes), time.Since(start).Round(time.Millisecond))
 	return m.Run()
-}
-
-// logSink keeps the control plane quiet unless E2E_LOG names a file.
-func logSink() io.Writer {
-	if p := os.Getenv("E2E_LOG"); p != "" {
-		if f, err := os.Create(p); err == nil {
-			return f
-		}
-	}
-	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 )
 
 // renderedDriverPools is the DRIVER_POOLS env the chart gives its hooks for the mixed profile.
@@ -64,7 +65,7 @@ func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
 	if !strings.Contains(out.String(), "nothing to do") {
 		t.Errorf("output:\n%s", out.String())
 	}
-	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
 		t.Errorf("the pre-upgrade hook changed nodes:\n%s", changes)
 	}
 }
@@ -165,7 +166,7 @@ func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
 		}
 	}
 	uninstall(t)
-	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
 		t.Errorf("uninstall left nodes changed:\n%s", changes)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 )
 
@@ -249,7 +250,7 @@ func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
 	if run := lastRun(t, "cleanup", start); run.ExitCode != 0 {
 		t.Errorf("pre-delete hook exit %d:\n%s", run.ExitCode, run.Output)
 	}
-	if changes := nodeChanges(before, snapshotNodes(t)); changes != "" {
+	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
 		t.Errorf("uninstall after an interrupted upgrade left nodes changed:\n%s", changes)
 	}
 }

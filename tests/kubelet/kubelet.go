@@ -1,8 +1,9 @@
 // Package kubelet plays the kubelet for the stack's own containers on simulated nodes. kwok marks ordinary pods
 // Running at once; for the pods this package handles (excluded from kwok's stages, see cluster.Options) it runs the
 // project's code instead — the hook Jobs' `kube-gpu-stack` commands in-process against the real API server, and
-// the validator's checks with outcomes the test sets — and writes the pod status a kubelet would: Succeeded or
-// Failed for a Job's pod, Ready or stuck in an init container for a validator.
+// the validator's checks with outcomes the test sets, the driver pods' driver manager and upgrade gate against a
+// node's fixture host (see DriverHost) — and writes the pod status a kubelet would: Succeeded or Failed for a
+// Job's pod, Ready or stuck in an init container for a validator or a driver pod.
 package kubelet
 
 import (
@@ -35,15 +36,17 @@ var (
 )
 
 // Components is every component this package plays the kubelet for.
-func Components() []string { return append(append([]string{}, Validators...), HookComponents...) }
+func Components() []string {
+	return append(append(append([]string{}, Validators...), HookComponents...), DriverComponent)
+}
 
 // Run records one hook pod's run.
 type Run struct {
-	Pod, Component string
-	Args           []string
-	ExitCode       int
-	Output         string
-	Started, Ended time.Time
+	Pod, Component, Node string
+	Args                 []string
+	ExitCode             int
+	Output               string
+	Started, Ended       time.Time
 }
 
 // Kubelet is the stand-in. Create it with Start.
@@ -58,12 +61,15 @@ type Kubelet struct {
 	readyAt  map[string]time.Time // node -> when its validator pod was last marked Ready
 	inFlight map[string]int       // hook component -> runs in progress
 	pokes    chan string          // node names whose validators must be re-evaluated
+	hosts    map[string]*DriverHost
+	stops    map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
 }
 
 // Start watches pods of the handled components and acts on each once it is bound to a node.
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, outcomes: map[string]map[string]nodestate.Validation{},
-		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64)}
+		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
+		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))
@@ -73,8 +79,16 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 			k.consider(ctx, pod)
 		}
 	}
+	stop := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if pod, ok := obj.(*corev1.Pod); ok {
+			k.stop(pod.UID)
+		}
+	}
 	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: handle, UpdateFunc: func(_, obj any) { handle(obj) },
+		AddFunc: handle, UpdateFunc: func(_, obj any) { handle(obj) }, DeleteFunc: stop,
 	}); err != nil {
 		return nil, err
 	}
@@ -100,6 +114,19 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 func isValidator(pod *corev1.Pod) bool {
 	c := pod.Labels[ComponentLabel]
 	return c == Validators[0] || c == Validators[1]
+}
+
+// poke re-runs node's validators.
+func (k *Kubelet) poke(node string) { k.pokes <- node }
+
+// stop ends the goroutines playing a pod's containers.
+func (k *Kubelet) stop(uid types.UID) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if cancel := k.stops[uid]; cancel != nil {
+		cancel()
+		delete(k.stops, uid)
+	}
 }
 
 // SetOutcome makes check report v on node from now on (and re-runs that node's validators); Reset forgets all.
@@ -143,7 +170,11 @@ func (k *Kubelet) Runs() []Run {
 
 // consider acts once on a bound, live pod.
 func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
-	if pod.Spec.NodeName == "" || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+	if pod.DeletionTimestamp != nil {
+		k.stop(pod.UID)
+		return
+	}
+	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return
 	}
 	k.mu.Lock()
@@ -151,6 +182,14 @@ func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 	k.handled[pod.UID] = true
 	k.mu.Unlock()
 	if seen {
+		return
+	}
+	if pod.Labels[ComponentLabel] == DriverComponent {
+		podCtx, cancel := context.WithCancel(ctx)
+		k.mu.Lock()
+		k.stops[pod.UID] = cancel
+		k.mu.Unlock()
+		go k.runDriver(podCtx, pod)
 		return
 	}
 	if isValidator(pod) {
@@ -167,7 +206,7 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 	if len(args) > 0 && strings.HasSuffix(args[0], "kube-gpu-stack") {
 		args = args[1:]
 	}
-	run := Run{Pod: pod.Name, Component: pod.Labels[ComponentLabel], Args: args, Started: time.Now()}
+	run := Run{Pod: pod.Name, Component: pod.Labels[ComponentLabel], Node: pod.Spec.NodeName, Args: args, Started: time.Now()}
 	k.mu.Lock()
 	k.inFlight[run.Component]++
 	k.mu.Unlock()
@@ -217,6 +256,11 @@ func (k *Kubelet) validate(ctx context.Context, pod *corev1.Pod) {
 		v, ok := outcomes[check]
 		if !ok {
 			v = nodestate.Validation{State: nodestate.CheckReady}
+			if check == "driver" {
+				if waiting, wait := k.driverCheckOutcome(pod.Spec.NodeName); wait {
+					v = waiting
+				}
+			}
 		}
 		if stuck >= 0 {
 			break // later checks have not run yet

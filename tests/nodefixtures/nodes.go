@@ -4,6 +4,7 @@
 package nodefixtures
 
 import (
+	"fmt"
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
@@ -159,4 +160,14 @@ func Demo() []Node {
 		gpuNode("vm-vgpu", Ubuntu2204, "NVIDIA-L40S", role("vm-vgpu")),
 		{Name: "cpu-only", Labels: Ubuntu2204.Labels()},
 	}
+}
+
+// Rollout is one driver DaemonSet's worth of identical container GPU nodes (gpu-01 … gpu-NN, Ubuntu 22.04, 8 GPUs
+// each) and a node without a GPU, for driver rollouts.
+func Rollout(n int) []Node {
+	out := make([]Node, 0, n+1)
+	for i := 1; i <= n; i++ {
+		out = append(out, gpuNode(fmt.Sprintf("gpu-%02d", i), Ubuntu2204, "NVIDIA-L40S", nil))
+	}
+	return append(out, Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()})
 }

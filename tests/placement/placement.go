@@ -54,7 +54,7 @@ func DaemonSets(stream string) ([]DaemonSet, error) {
 
 // Schedules reports whether the DaemonSet's pods may run on the node.
 func (d DaemonSet) Schedules(node *corev1.Node) (bool, error) {
-	return schedule.Fits(&d.Pod.Spec, node)
+	return schedule.FitsDaemonSet(&d.Pod.Spec, node)
 }
 
 // Placement is the operands each node gets, and the DaemonSet behind each.

@@ -1,0 +1,219 @@
+package kubelet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// DriverComponent is the driver DaemonSets' component.
+const DriverComponent = "driver"
+
+// DriverManagerRun is the Run.Component of a driver pod's driver-manager init container run, and UncordonRun of
+// its driver-upgrade-gate sidecar.
+const (
+	DriverManagerRun = "driver-manager"
+	UncordonRun      = "driver-upgrade-gate"
+)
+
+// DriverHost is a simulated node's host, for its driver pods. Without one a driver pod is simply made Ready (what
+// kwok does); with one the stand-in plays the kubelet for the pod's containers:
+//
+//   - the driver-manager init container: the real driver manager, configured from the container's environment as
+//     the binary is, against Fixture (a fake kernel on a fixture host tree); a failed run restarts after a short
+//     back-off, as the kubelet restarts a failed init container, until the pod goes;
+//   - the driver container: loads a driver into Fixture when none is loaded, recording the pod's
+//     DRIVER_CONFIG_DIGEST, as the containerized driver does;
+//   - the driver-upgrade-gate sidecar: the real `uncordon-when-valid`, from the container's arguments; the pod
+//     turns Ready when it has written its ready file (the sidecar's readiness probe).
+type DriverHost struct {
+	Fixture *kmodtest.Fixture
+	// Kill, when set, is the driver manager's AfterStep on this node: an error kills the init container right
+	// after that step, leaving what a kill leaves; it then restarts.
+	Kill func(step string) error
+}
+
+// SetDriverHost gives node a host; driver pods bound there from now on run against it.
+func (k *Kubelet) SetDriverHost(node string, h DriverHost) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.hosts[node] = &h
+}
+
+// driverLoaded reports whether the node's host has a driver loaded (true for a node without a host: nothing to
+// wait for).
+func (k *Kubelet) driverLoaded(node string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	h := k.hosts[node]
+	return h == nil || len(h.Fixture.LoadedModules()) > 0
+}
+
+func (k *Kubelet) record(run Run) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.runs = append(k.runs, run)
+}
+
+// runDriver plays a driver pod; ctx ends when the pod is deleted.
+func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
+	k.mu.Lock()
+	h := k.hosts[pod.Spec.NodeName]
+	k.mu.Unlock()
+	if h == nil {
+		k.setStatus(ctx, pod, running(pod, true, nil))
+		return
+	}
+	manager, gate := containerWith(pod.Spec.InitContainers, "driver-manager"), containerWith(pod.Spec.Containers, "driver-manager")
+	if manager == nil || gate == nil {
+		k.setStatus(ctx, pod, running(pod, false, &initStuck{0, "CrashLoopBackOff", "no driver-manager init container or upgrade gate sidecar in the pod"}))
+		return
+	}
+	initIndex := 0
+	for i := range pod.Spec.InitContainers {
+		if pod.Spec.InitContainers[i].Name == manager.Name {
+			initIndex = i
+		}
+	}
+	getenv := envOf(pod, manager)
+	for restarts := 0; ; restarts++ {
+		err := k.runManager(ctx, pod, h, getenv)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		k.setStatus(ctx, pod, withRestarts(running(pod, false, &initStuck{initIndex, "CrashLoopBackOff", err.Error()}), manager.Name, restarts+1))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(time.Duration(restarts+1)*500*time.Millisecond, 3*time.Second)):
+		}
+	}
+
+	// the driver container: a driver is loaded unless the manager kept the old one (fast path)
+	k.mu.Lock()
+	if len(h.Fixture.LoadedModules()) == 0 {
+		h.Fixture.LoadDriver()
+		h.Fixture.DriverState(getenv("DRIVER_CONFIG_DIGEST"))
+		h.Fixture.PidFile()
+		h.Fixture.MountDriverRoot()
+	}
+	k.mu.Unlock()
+	k.poke(pod.Spec.NodeName)
+	k.setStatus(ctx, pod, running(pod, false, nil))
+
+	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running)
+	o, err := drivermanagercli.UncordonOptionsFromArgs(gate.Args, envOf(pod, gate))
+	run := Run{Pod: pod.Name, Component: UncordonRun, Node: pod.Spec.NodeName, Args: gate.Args, Started: time.Now()}
+	var out bytes.Buffer
+	if err == nil {
+		dir, derr := os.MkdirTemp("", "upgrade-gate-")
+		if derr != nil {
+			err = derr
+		} else {
+			defer os.RemoveAll(dir)
+			o.Client, o.Hold, o.ReadyFile = k.client, false, filepath.Join(dir, filepath.Base(o.ReadyFile))
+			o.Log = slog.New(slog.NewTextHandler(&out, nil))
+			o.Complete()
+			if err = o.Validate(); err == nil {
+				err = o.Run(ctx, &out)
+			}
+		}
+	}
+	run.Ended, run.Output = time.Now(), out.String()
+	if err != nil {
+		run.ExitCode = 1
+		fmt.Fprintln(&out, "driver-manager:", err)
+		run.Output = out.String()
+	}
+	k.record(run)
+	if err == nil {
+		k.setStatus(ctx, pod, running(pod, true, nil))
+	}
+}
+
+// runManager runs the init container once.
+func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost, getenv func(string) string) error {
+	run := Run{Pod: pod.Name, Component: DriverManagerRun, Node: pod.Spec.NodeName, Args: []string{"uninstall-driver"}, Started: time.Now()}
+	var out bytes.Buffer
+	o, err := drivermanagercli.OptionsFromEnv(getenv)
+	if err == nil {
+		o.Client, o.Host, o.AfterStep = k.client, h.Fixture.Host(), h.Kill
+		o.Log = slog.New(slog.NewTextHandler(&out, nil))
+		o.Complete()
+		if err = o.Validate(); err == nil {
+			err = o.Run(ctx, &out)
+		}
+	}
+	run.Ended = time.Now()
+	if err != nil {
+		run.ExitCode = 1
+		fmt.Fprintln(&out, "driver-manager:", err)
+	}
+	run.Output = out.String()
+	k.record(run)
+	return err
+}
+
+// containerWith returns the first container whose command starts with binary.
+func containerWith(cs []corev1.Container, binary string) *corev1.Container {
+	for i := range cs {
+		if len(cs[i].Command) > 0 && cs[i].Command[0] == binary {
+			return &cs[i]
+		}
+	}
+	return nil
+}
+
+// envOf resolves a container's environment as the kubelet does for the values and field references the chart uses.
+func envOf(pod *corev1.Pod, c *corev1.Container) func(string) string {
+	vals := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			vals[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil:
+			switch e.ValueFrom.FieldRef.FieldPath {
+			case "spec.nodeName":
+				vals[e.Name] = pod.Spec.NodeName
+			case "metadata.namespace":
+				vals[e.Name] = pod.Namespace
+			case "metadata.name":
+				vals[e.Name] = pod.Name
+			case "status.hostIP":
+				vals[e.Name] = "127.0.0.1"
+			}
+		}
+	}
+	return func(name string) string { return vals[name] }
+}
+
+// withRestarts sets a container's restart count in a status.
+func withRestarts(st corev1.PodStatus, container string, n int) corev1.PodStatus {
+	for i := range st.InitContainerStatuses {
+		if st.InitContainerStatuses[i].Name == container {
+			st.InitContainerStatuses[i].RestartCount = int32(n)
+		}
+	}
+	return st
+}
+
+// driverCheckOutcome is the validator's driver check on a node with a host: waiting until a driver is loaded.
+func (k *Kubelet) driverCheckOutcome(node string) (nodestate.Validation, bool) {
+	if k.driverLoaded(node) {
+		return nodestate.Validation{}, false
+	}
+	return nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no NVIDIA driver loaded yet"}, true
+}
