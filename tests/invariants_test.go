@@ -8,9 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chartutil"
-	"sigs.k8s.io/yaml"
-
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 )
 
@@ -121,69 +118,6 @@ func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
 		}
 		if pods == 0 {
 			t.Errorf("%s renders no pod", p.name)
-		}
-	}
-}
-
-// userSuppliedImages are images a profile names but the chart does not ship: the licensed vGPU manager.
-var userSuppliedImages = regexp.MustCompile(`^nvcr\.io/nvaie/`)
-
-// imagesOf returns the images a container runs or starts: its own image, and the value of every env entry named
-// *_IMAGE (images the container launches itself, such as the validator's CUDA workload pod), by where they appear.
-func imagesOf(c map[string]any) map[string]string {
-	name, _ := c["name"].(string)
-	out := map[string]string{c["image"].(string): "container " + name}
-	env, _ := c["env"].([]any)
-	for _, e := range env {
-		e := e.(map[string]any)
-		k, _ := e["name"].(string)
-		if v, ok := e["value"].(string); ok && strings.HasSuffix(k, "_IMAGE") {
-			out[v] = "env " + k + " of container " + name
-		}
-	}
-	return out
-}
-
-// TestImageListMatchesChart: the artifacthub.io/images annotation lists exactly the images the profiles can
-// render, including images named only in an env var for a pod the container starts (the air-gapped image list is
-// built from it).
-func TestImageListMatchesChart(t *testing.T) {
-	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var listed []struct{ Name, Image string }
-	if err := yaml.Unmarshal([]byte(md.Annotations["artifacthub.io/images"]), &listed); err != nil {
-		t.Fatalf("artifacthub.io/images: %v", err)
-	}
-	want := map[string]bool{}
-	for _, l := range listed {
-		want[l.Image] = true
-	}
-	rendered := map[string]string{}
-	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
-			for where, ps := range podSpecs(o) {
-				for _, c := range containersOf(ps) {
-					for img, what := range imagesOf(c) {
-						img = strings.ReplaceAll(img, ":"+chartrender.ChartVersion, ":"+md.AppVersion)
-						if p.name == "private-registry" || userSuppliedImages.MatchString(img) {
-							continue // the mirror's copies of the same images; user-supplied images
-						}
-						rendered[img] = where + " " + what
-					}
-				}
-			}
-		}
-	}
-	for img, where := range rendered {
-		if !want[img] {
-			t.Errorf("image %s (%s) is missing from Chart.yaml artifacthub.io/images", img, where)
-		}
-	}
-	for img := range want {
-		if _, ok := rendered[img]; !ok {
-			t.Errorf("Chart.yaml artifacthub.io/images lists %s, which no profile renders", img)
 		}
 	}
 }
