@@ -35,7 +35,11 @@ Every container takes global.extraEnv and the operand's extraEnv; keys win over 
 {{ toYaml $c }}
 {{- end }}
 
-{{/* gpu-stack-lib.envList: a map NAME -> value as a container env list, sorted by name (deterministic) */}}
+{{/*
+gpu-stack-lib.envList: a map NAME -> value as a container env list, sorted by name (deterministic). An empty
+value is rendered as no value: the container gets the empty string all the same, and the API server drops
+`value: ""`, so rendering it would leave a GitOps diff that never closes.
+*/}}
 {{- define "gpu-stack-lib.envList" -}}
 {{- range $name := keys . | sortAlpha }}
 {{- $val := get $ $name }}
@@ -43,7 +47,7 @@ Every container takes global.extraEnv and the operand's extraEnv; keys win over 
   {{- if kindIs "map" $val }}
   valueFrom:
     {{- toYaml $val | nindent 4 }}
-  {{- else }}
+  {{- else if ne ($val | toString) "" }}
   value: {{ $val | toString | quote }}
   {{- end }}
 {{- end }}

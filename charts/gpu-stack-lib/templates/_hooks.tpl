@@ -78,7 +78,19 @@ runs under the Pod Security `restricted` profile, as the ServiceAccount named li
 -}}
 {{- if .pod }}{{ $_ := set $pod "activeDeadlineSeconds" $deadline }}{{ end -}}
 {{- /* scheduling merged as gpu-stack-lib.podTemplate merges it for operands */ -}}
-{{- with concat ($g.tolerations | default list) ($h.tolerations | default list) | uniq }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
+{{- $tolerations := concat ($g.tolerations | default list) ($h.tolerations | default list) | uniq -}}
+{{- if .pod -}}
+{{- /* A bare Pod gets the API server's default NoExecute tolerations (DefaultTolerationSeconds admission, 300 s)
+unless it already tolerates those taints; rendered here as admission would add them, a live read shows no diff. */ -}}
+{{- range $key := list "node.kubernetes.io/not-ready" "node.kubernetes.io/unreachable" -}}
+{{- $tolerated := false -}}
+{{- range $tolerations -}}
+{{- if and (or (not .key) (eq .key $key)) (or (not .effect) (eq .effect "NoExecute")) }}{{ $tolerated = true }}{{ end -}}
+{{- end -}}
+{{- if not $tolerated }}{{ $tolerations = append $tolerations (dict "key" $key "operator" "Exists" "effect" "NoExecute" "tolerationSeconds" 300) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- with $tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
 {{- with mergeOverwrite (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($h.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
 {{- with $h.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
 {{- with include "gpu-stack-lib.pullSecrets" $ctx | fromYamlArray }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
