@@ -225,35 +225,12 @@ func renderObjects(t *testing.T, files []string, set ...string) []renderedObject
 	if err != nil {
 		t.Fatalf("render %v: %v", files, err)
 	}
-	var out []renderedObject
-	for _, doc := range strings.Split(stream, "\n---\n") {
-		doc = strings.TrimPrefix(strings.TrimSpace(doc), "---")
-		source := ""
-		if m := sourceLine.FindStringSubmatch(doc); m != nil {
-			source = m[1]
-		}
-		body, err := yaml.YAMLToJSON([]byte(doc))
-		if err != nil {
-			t.Fatalf("%s: %v", source, err)
-		}
-		if string(body) == "null" {
-			continue // a template that rendered nothing but comments
-		}
-		o := renderedObject{source: source, body: body, fields: decodeJSON(t, body)}
-		var u unstructured.Unstructured
-		if err := u.UnmarshalJSON(body); err != nil {
-			t.Fatalf("%s: %v", source, err)
-		}
-		o.gvk, o.name, o.ns = u.GroupVersionKind(), u.GetName(), u.GetNamespace()
-		out = append(out, o)
-	}
+	out := parseObjects(t, stream)
 	if len(out) == 0 {
 		t.Fatalf("render %v has no objects", files)
 	}
 	return out
 }
-
-var sourceLine = regexp.MustCompile(`(?m)^# Source: (.+)$`)
 
 func decode(t *testing.T, y string) map[string]any {
 	t.Helper()
