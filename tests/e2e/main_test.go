@@ -3,11 +3,8 @@
 package e2e
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -26,37 +23,8 @@ var stand *kubelet.Kubelet
 var fixtureNodes []*corev1.Node
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	start := time.Now()
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components()})
-	switch {
-	case skip:
-		fmt.Println("SKIP e2e:", err)
-		return 0
-	case err != nil:
-		fmt.Println("e2e:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	standCtx, stopStand := context.WithCancel(context.Background())
-	defer stopStand()
-	if stand, err = kubelet.Start(standCtx, c.Client, c.Kubeconfig); err != nil {
-		fmt.Println("e2e: kubelet stand-in:", err)
-		return 1
-	}
 	for _, n := range nodefixtures.RoleMatrix() {
 		fixtureNodes = append(fixtureNodes, n.Object())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.AddNodes(ctx, fixtureNodes...); err != nil {
-		fmt.Println("e2e:", err)
-		return 1
-	}
-	fmt.Printf("e2e: cluster with %d simulated nodes ready in %s\n", len(fixtureNodes), time.Since(start).Round(time.Millisecond))
-	return m.Run()
+	os.Exit(kubelet.RunPackage(m, "e2e", fixtureNodes, func(c *cluster.Cluster, k *kubelet.Kubelet) { kube, stand = c, k }))
 }

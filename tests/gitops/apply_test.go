@@ -2,12 +2,63 @@ package gitops
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 )
+
+// renderRelease renders the repository's chart without a cluster, as `helm template` does (lookup finds nothing;
+// the newest supported Kubernetes and its API versions given), under a release name and namespace.
+func renderRelease(t *testing.T, name, namespace string, includeCRDs bool, files, set []string) *release.Release {
+	t.Helper()
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartrender.Values(files, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := chartutil.ParseKubeVersion(chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	inst.ClientOnly, inst.DryRun, inst.Replace, inst.IncludeCRDs = true, true, true, includeCRDs
+	inst.ReleaseName, inst.Namespace = name, namespace
+	inst.KubeVersion, inst.APIVersions = kv, slices.Clone(chartrender.APIVersions)
+	rel, err := inst.RunWithContext(t.Context(), chrt, vals)
+	if err != nil {
+		t.Fatalf("helm template %v %v: %v", files, set, err)
+	}
+	return rel
+}
+
+// dynamicClients talks to any kind of the cluster: a dynamic client and a RESTMapper from discovery.
+func dynamicClients(t *testing.T) (dynamic.Interface, *restmapper.DeferredDiscoveryRESTMapper) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disco, err := discovery.NewDiscoveryClientForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+}
 
 // parseObjects decodes every object of a manifest stream as `helm template` prints it, each with the template it
 // came from.

@@ -22,9 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chartutil"
-
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
@@ -275,29 +272,10 @@ func addArgoNodes(t *testing.T) []string {
 
 // argoRender renders the chart as Argo CD's repo server does: `helm template` with the Application's name as
 // the release name, its destination namespace, CRDs included, no cluster (lookup finds nothing) and the
-// Kubernetes and API versions given as flags.
+// Kubernetes and API versions given as flags; hooks included, for Argo CD to map to its phases.
 func argoRender(t *testing.T, files, set []string) []renderedObject {
 	t.Helper()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values(files, set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := chartutil.ParseKubeVersion(chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	inst.ClientOnly, inst.DryRun, inst.Replace, inst.IncludeCRDs = true, true, true, true
-	inst.ReleaseName, inst.Namespace = argoApp, argoNamespace
-	inst.KubeVersion, inst.APIVersions = kv, slices.Clone(chartrender.APIVersions)
-	rel, err := inst.RunWithContext(t.Context(), chrt, vals)
-	if err != nil {
-		t.Fatalf("helm template %v %v: %v", files, set, err)
-	}
+	rel := renderRelease(t, argoApp, argoNamespace, true, files, set)
 	stream := rel.Manifest
 	for _, h := range rel.Hooks {
 		stream += fmt.Sprintf("\n---\n# Source: %s\n%s\n", h.Path, h.Manifest)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chartutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,8 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
@@ -204,27 +201,7 @@ func addFluxNodes(t *testing.T) []string {
 // fluxRender renders the release as the SDK's install will, without a cluster, to learn its objects beforehand.
 func fluxRender(t *testing.T, files, set []string) []renderedObject {
 	t.Helper()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values(files, set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := chartutil.ParseKubeVersion(chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	inst.ClientOnly, inst.DryRun, inst.Replace = true, true, true
-	inst.ReleaseName, inst.Namespace, inst.KubeVersion = fluxRelease, fluxNamespace, kv
-	inst.APIVersions = slices.Clone(chartrender.APIVersions)
-	rel, err := inst.RunWithContext(t.Context(), chrt, vals)
-	if err != nil {
-		t.Fatalf("render %v %v: %v", files, set, err)
-	}
-	return parseObjects(t, rel.Manifest)
+	return parseObjects(t, renderRelease(t, fluxRelease, fluxNamespace, false, files, set).Manifest)
 }
 
 // liveObjects reads the live state of rendered objects through the dynamic client.
@@ -235,15 +212,8 @@ type liveObjects struct {
 
 func newLiveObjects(t *testing.T) *liveObjects {
 	t.Helper()
-	dyn, err := dynamic.NewForConfig(kube.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disco, err := discovery.NewDiscoveryClientForConfig(kube.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &liveObjects{dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))}
+	dyn, mapper := dynamicClients(t)
+	return &liveObjects{dyn: dyn, mapper: mapper}
 }
 
 // resource is the client for o's kind, in the release namespace when the kind is namespaced and o names none.

@@ -7,11 +7,8 @@
 package gitops
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
@@ -25,28 +22,5 @@ var kube *cluster.Cluster
 var stand *kubelet.Kubelet
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	start := time.Now()
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components()})
-	switch {
-	case skip:
-		fmt.Println("SKIP gitops:", err)
-		return 0
-	case err != nil:
-		fmt.Println("gitops:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	standCtx, stopStand := context.WithCancel(context.Background())
-	defer stopStand()
-	if stand, err = kubelet.Start(standCtx, c.Client, c.Kubeconfig); err != nil {
-		fmt.Println("gitops: kubelet stand-in:", err)
-		return 1
-	}
-	fmt.Printf("gitops: cluster ready in %s\n", time.Since(start).Round(time.Millisecond))
-	return m.Run()
+	os.Exit(kubelet.RunPackage(m, "gitops", nil, func(c *cluster.Cluster, k *kubelet.Kubelet) { kube, stand = c, k }))
 }

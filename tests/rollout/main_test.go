@@ -5,11 +5,8 @@
 package rollout
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -28,37 +25,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	start := time.Now()
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components()})
-	switch {
-	case skip:
-		fmt.Println("SKIP rollout:", err)
-		return 0
-	case err != nil:
-		fmt.Println("rollout:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	standCtx, stopStand := context.WithCancel(context.Background())
-	defer stopStand()
-	if stand, err = kubelet.Start(standCtx, c.Client, c.Kubeconfig); err != nil {
-		fmt.Println("rollout: kubelet stand-in:", err)
-		return 1
-	}
 	for _, n := range nodefixtures.Rollout(gpuNodes) {
 		nodes = append(nodes, n.Object())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.AddNodes(ctx, nodes...); err != nil {
-		fmt.Println("rollout:", err)
-		return 1
-	}
-	fmt.Printf("rollout: cluster with %d simulated nodes ready in %s\n", len(nodes), time.Since(start).Round(time.Millisecond))
-	return m.Run()
+	os.Exit(kubelet.RunPackage(m, "rollout", nodes, func(c *cluster.Cluster, k *kubelet.Kubelet) { kube, stand = c, k }))
 }
