@@ -30,14 +30,11 @@ func mixedProfile() string { return filepath.Join(chartrender.RepoRoot(), "value
 // lastRun returns the newest hook run of component since t0.
 func lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
 	t.Helper()
-	runs := stand.Runs()
-	for i := len(runs) - 1; i >= 0; i-- {
-		if runs[i].Component == component && !runs[i].Started.Before(since) {
-			return runs[i]
-		}
+	r, ok := stand.LastRun(component, since)
+	if !ok {
+		t.Fatalf("no %s hook ran since %s (runs: %d)", component, since.Format(time.TimeOnly), len(stand.Runs()))
 	}
-	t.Fatalf("no %s hook ran since %s (runs: %d)", component, since.Format(time.TimeOnly), len(runs))
-	return kubelet.Run{}
+	return r
 }
 
 func reportState(t *testing.T) (string, string) {

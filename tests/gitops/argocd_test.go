@@ -736,14 +736,9 @@ func (s *argoSync) deleteAll(t *testing.T) {
 // lastHookRun is the kubelet stand-in's last run of a hook component that started after since.
 func lastHookRun(t *testing.T, component string, since time.Time) kubelet.Run {
 	t.Helper()
-	var last *kubelet.Run
-	for _, r := range stand.Runs() {
-		if r.Component == component && !r.Started.Before(since) {
-			last = &r
-		}
-	}
-	if last == nil {
+	r, ok := stand.LastRun(component, since)
+	if !ok {
 		t.Fatalf("no %s hook ran since %s", component, since.Format(time.StampMilli))
 	}
-	return *last
+	return r
 }

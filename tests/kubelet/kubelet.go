@@ -168,6 +168,18 @@ func (k *Kubelet) Runs() []Run {
 	return append([]Run(nil), k.runs...)
 }
 
+// LastRun returns the newest run of component (a hook component, DriverManagerRun or UncordonRun) that started
+// at or after since.
+func (k *Kubelet) LastRun(component string, since time.Time) (Run, bool) {
+	runs := k.Runs()
+	for i := len(runs) - 1; i >= 0; i-- {
+		if runs[i].Component == component && !runs[i].Started.Before(since) {
+			return runs[i], true
+		}
+	}
+	return Run{}, false
+}
+
 // consider acts once on a bound, live pod.
 func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 	if pod.DeletionTimestamp != nil {

@@ -442,14 +442,11 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 
 func lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
 	t.Helper()
-	runs := stand.Runs()
-	for i := len(runs) - 1; i >= 0; i-- {
-		if runs[i].Component == component && !runs[i].Started.Before(since) {
-			return runs[i]
-		}
+	r, ok := stand.LastRun(component, since)
+	if !ok {
+		t.Fatalf("no %s run since %s", component, since.Format(time.TimeOnly))
 	}
-	t.Fatalf("no %s run since %s", component, since.Format(time.TimeOnly))
-	return kubelet.Run{}
+	return r
 }
 
 // logRuns prints the hook and driver-manager runs since t0 (why something failed).
