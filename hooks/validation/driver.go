@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 )
 
@@ -94,7 +92,7 @@ func (o *Options) driverCheck() check {
 		owns: []string{"driver-ready", "gdrcopy-ready", "nvidia-fs-ready", "nvidia-peermem-ready"},
 		attempt: func(ctx context.Context, p progress) result {
 			if found == nil {
-				d, r := o.findDriver(ctx)
+				d, r := o.findDriver(ctx, p)
 				if d == nil {
 					return r
 				}
@@ -112,12 +110,12 @@ func (o *Options) driverCheck() check {
 
 // findDriver locates the driver (a host install first, as the driver DaemonSet stands down on such nodes) and
 // probes it with nvidia-smi and NVML.
-func (o *Options) findDriver(ctx context.Context) (*driverInfo, result) {
+func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, result) {
 	host := hostfs.Root(o.HostRoot)
 	dir, _, err := host.FindExecutable("nvidia-smi", hostfs.BinDirs)
 	if err == nil {
 		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir}
-		return o.probeDriver(ctx, d)
+		return o.probeDriver(ctx, p, d)
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
 		return nil, failed("look for a host driver: %v", err)
@@ -141,10 +139,10 @@ func (o *Options) findDriver(ctx context.Context) (*driverInfo, result) {
 	if own, _ := drv.Exists("dev/nvidiactl"); own {
 		d.devRootHostPath, d.devRootCtr = o.DriverInstallDirHostPath, o.DriverInstallDir
 	}
-	return o.probeDriver(ctx, d)
+	return o.probeDriver(ctx, p, d)
 }
 
-func (o *Options) probeDriver(ctx context.Context, d *driverInfo) (*driverInfo, result) {
+func (o *Options) probeDriver(ctx context.Context, p progress, d *driverInfo) (*driverInfo, result) {
 	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi"}
 	if o.SkipGPUInit {
 		smi.Args = []string{"--version"}
@@ -160,32 +158,15 @@ func (o *Options) probeDriver(ctx context.Context, d *driverInfo) (*driverInfo, 
 	if err != nil {
 		return nil, waiting("nvidia-smi answers but NVML is missing: %v", err)
 	}
-	d.gpus, d.version, err = o.countGPUs(lib)
+	d.gpus, d.version, err = o.NVML.Probe(lib)
+	if errors.Is(err, ErrNVMLNotBuiltIn) { // the static image: nvidia-smi answered, which is the check
+		p.Logf("%v", err)
+		return d, result{}
+	}
 	if err != nil {
 		return nil, waiting("%v", err)
 	}
 	return d, result{}
-}
-
-// countGPUs loads NVML from lib and returns the number of GPUs it sees (at least one) and the driver version.
-func (o *Options) countGPUs(lib string) (int, string, error) {
-	n := o.NewNVML(lib)
-	if ret := n.Init(); ret != nvml.SUCCESS {
-		return 0, "", fmt.Errorf("NVML (%s) init: %v", lib, ret)
-	}
-	defer n.Shutdown()
-	count, ret := n.DeviceGetCount()
-	if ret != nvml.SUCCESS {
-		return 0, "", fmt.Errorf("NVML (%s) device count: %v", lib, ret)
-	}
-	if count == 0 {
-		return 0, "", fmt.Errorf("NVML (%s) sees no GPU", lib)
-	}
-	version, ret := n.SystemGetDriverVersion()
-	if ret != nvml.SUCCESS {
-		version = "unknown (" + ret.Error() + ")"
-	}
-	return count, version, nil
 }
 
 // driverModules waits for the modules .driver-ctr-ready switches on; driver-ready is written meanwhile, as the
@@ -265,7 +246,11 @@ func (o *Options) toolkitCheck() check {
 				return waiting("nvidia-smi in a container of the nvidia runtime failed: %s (the container toolkit did not inject the driver)",
 					describeRun(out, err))
 			}
-			n, version, err := o.countGPUs("libnvidia-ml.so.1")
+			n, version, err := o.NVML.Probe("libnvidia-ml.so.1")
+			if errors.Is(err, ErrNVMLNotBuiltIn) {
+				p.Logf("nvidia-smi answers in a container of the nvidia runtime; %v", err)
+				return ready(file{name: "toolkit-ready"})
+			}
 			if err != nil {
 				return waiting("%v in a container of the nvidia runtime", err)
 			}

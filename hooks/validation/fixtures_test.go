@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -55,26 +53,6 @@ func (f *fakeRunner) Run(_ context.Context, c Command) ([]byte, error) {
 	return []byte(a.out), a.err
 }
 
-// fakeNVML is the go-nvml mock with a device count and a driver version; it records the library paths opened.
-type fakeNVML struct {
-	mu      sync.Mutex
-	count   int
-	initRet nvml.Return
-	opened  []string
-}
-
-func (f *fakeNVML) open(path string) nvml.Interface {
-	f.mu.Lock()
-	f.opened = append(f.opened, path)
-	f.mu.Unlock()
-	return &mock.Interface{
-		InitFunc:                   func() nvml.Return { return f.initRet },
-		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
-		DeviceGetCountFunc:         func() (int, nvml.Return) { return f.count, nvml.SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "595.91.07", nvml.SUCCESS },
-	}
-}
-
 // env is one test's world: fixture host and driver roots, a validations dir, a fake API server holding the node.
 type env struct {
 	t       *testing.T
@@ -98,7 +76,7 @@ func newEnv(t *testing.T, node *corev1.Node) *env {
 		driver:  t.TempDir(),
 		out:     t.TempDir(),
 		runner:  &fakeRunner{answers: map[string]answer{}},
-		nvml:    &fakeNVML{count: 1, initRet: nvml.SUCCESS},
+		nvml:    newFakeNVML(),
 		watches: make(chan string, 100),
 	}
 	if node == nil {
@@ -155,7 +133,7 @@ func (e *env) options(component string) *Options {
 		Namespace:        "gpu-stack",
 		Client:           e.client,
 		Runner:           e.runner,
-		NewNVML:          e.nvml.open,
+		NVML:             e.nvml.probe(),
 	}
 	o.Complete()
 	if err := o.Validate(); err != nil {

@@ -5,8 +5,8 @@
 // gate can say per node what works and what does not, and why.
 //
 // Every host access goes through HostRoot, DriverInstallDir and OutputDir, every API call through Client, every
-// program through Runner and NVML through NewNVML, so the checks run against fixture trees, a fake clientset and
-// the go-nvml mock.
+// program through Runner and NVML through an NVMLProbe, so the checks run against fixture trees, a fake clientset
+// and the go-nvml mock. A static build (CGO_ENABLED=0) has no NVML: its driver and toolkit checks rest on nvidia-smi.
 package validation
 
 import (
@@ -18,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
@@ -100,8 +99,9 @@ type Options struct {
 	Client kubernetes.Interface
 	// Runner runs nvidia-smi (default ExecRunner).
 	Runner Runner
-	// NewNVML opens the NVML library at a path (default nvml.New with nvml.WithLibraryPath).
-	NewNVML func(libraryPath string) nvml.Interface
+	// NVML counts GPUs and reads the driver version (default GoNVMLProbe; in a CGO_ENABLED=0 build one that
+	// returns ErrNVMLNotBuiltIn).
+	NVML NVMLProbe
 }
 
 // Complete fills defaults.
@@ -142,8 +142,8 @@ func (o *Options) Complete() {
 	if o.Runner == nil {
 		o.Runner = ExecRunner{}
 	}
-	if o.NewNVML == nil {
-		o.NewNVML = func(path string) nvml.Interface { return nvml.New(nvml.WithLibraryPath(path)) }
+	if o.NVML == nil {
+		o.NVML = defaultNVMLProbe()
 	}
 }
 
