@@ -19,7 +19,7 @@ demo:
 
 ## golden: rewrite golden files and values schemas after an intended chart change (review the diff!)
 golden:
-	UPDATE_GOLDEN=1 $(GO) test ./tests/ -run 'TestGolden|TestValuesSchemaUpToDate'
+	UPDATE_GOLDEN=1 $(GO) test ./tests/ -run 'TestGolden|TestValuesSchemaUpToDate|TestImages'
 
 vet:
 	$(GO) vet ./...
@@ -30,3 +30,7 @@ fmt-check:
 ## package: the chart as one .tgz with every operand inside (dist/)
 package:
 	$(GO) tool helm package charts/kube-gpu-stack -d dist
+
+## image: the project's image (every hooks/cmd binary, linux/amd64 + linux/arm64) as an OCI layout in dist/image
+image:
+	$(GO) run ./hooks/cmd/kube-gpu-stack image build --out dist/image
