@@ -5,11 +5,17 @@ package install
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/cli"
+	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +39,9 @@ type Target struct {
 	ChartVersion string
 	// KeepFailed leaves a failed release installed (for inspection); by default it is uninstalled again.
 	KeepFailed bool
+	// Chart, when set, is what `helm install CHART` gets instead of the repository's chart: a chart archive or an
+	// oci:// reference (pulled with ChartVersion, over plain HTTP: the tests' registries are loopback ones).
+	Chart string
 }
 
 func (t Target) config() (*action.Configuration, error) {
@@ -53,6 +62,14 @@ func (t Target) prepare(valueFiles, set []string) (*action.Configuration, *chart
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if t.Chart != "" {
+		chrt, err := t.locate(cfg)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		vals, err := chartrender.Values(valueFiles, set)
+		return cfg, chrt, vals, err
+	}
 	chrt, err := chartrender.Load(chartrender.ChartDir())
 	if err != nil {
 		return nil, nil, nil, err
@@ -62,6 +79,29 @@ func (t Target) prepare(valueFiles, set []string) (*action.Configuration, *chart
 	}
 	vals, err := chartrender.Values(valueFiles, set)
 	return cfg, chrt, vals, err
+}
+
+// locate fetches Chart as `helm install` does (an oci:// chart through Helm's registry client) and loads it.
+func (t Target) locate(cfg *action.Configuration) (*chart.Chart, error) {
+	client, err := registry.NewClient(registry.ClientOptPlainHTTP(), registry.ClientOptWriter(io.Discard))
+	if err != nil {
+		return nil, err
+	}
+	cfg.RegistryClient = client
+	inst := action.NewInstall(cfg)
+	inst.ChartPathOptions.Version, inst.ChartPathOptions.PlainHTTP = t.ChartVersion, true
+	settings := cli.New()
+	cache, err := os.MkdirTemp("", "helm-cache-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(cache)
+	settings.RepositoryCache, settings.RepositoryConfig = cache, filepath.Join(cache, "repositories.yaml")
+	path, err := inst.LocateChart(t.Chart, settings)
+	if err != nil {
+		return nil, fmt.Errorf("locate chart %s: %w", t.Chart, err)
+	}
+	return loader.Load(path)
 }
 
 // Install installs the chart from the repository with values files and --set overrides, waiting until every

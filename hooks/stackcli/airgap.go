@@ -1,0 +1,79 @@
+package stackcli
+
+import (
+	"io"
+	"log"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
+)
+
+func airgapCommand(out io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "airgap",
+		Short: "Install without internet access: bundle a release, then mirror its images into a private registry",
+	}
+	cmd.AddCommand(airgapBundleCommand(out), airgapMirrorCommand(out))
+	return cmd
+}
+
+func airgapBundleCommand(out io.Writer) *cobra.Command {
+	o := airgap.BundleOptions{}
+	cmd := &cobra.Command{
+		Use:   "bundle",
+		Short: "Write one tarball with the packaged chart and every image it can run",
+		Long: "Packages the chart (every operand chart inside), pulls every image its images.txt lists by digest (multi-arch\n" +
+			"images whole) into one OCI image layout where shared layers are stored once, takes the project's own image from\n" +
+			"--own-image-layout (`kube-gpu-stack image build --out DIR`), and writes them with images.txt (digests),\n" +
+			"values-airgap.yaml and SHA256SUMS into <chart>-<version>-airgap.tar. Registry credentials come from the\n" +
+			"Docker config (docker login). It needs free space for the bundle twice while it works.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log.SetOutput(io.Discard) // the chart loader logs one notice per symlinked operand chart
+			o.Progress = cmd.ErrOrStderr()
+			if err := o.Complete(); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+	cmd.Flags().StringVar(&o.ChartDir, "chart", "charts/kube-gpu-stack", "the chart `DIR` to bundle")
+	cmd.Flags().StringVar(&o.ImagesFile, "images", "", "the image list `FILE` (default <chart>/images.txt)")
+	cmd.Flags().StringVar(&o.OwnImageLayout, "own-image-layout", "", "OCI layout `DIR` holding the project's own image (kube-gpu-stack image build --out DIR)")
+	cmd.Flags().StringVar(&o.OwnImage, "own-image", "", "the own image's `REF` in the list (default: the one of repository "+airgap.OwnRepository+")")
+	cmd.Flags().StringVar(&o.Upstream, "upstream", "", "pull every image from registry `REG` (host[:port][/path]) under the same repository path instead of its own: a mirror of the upstream registries")
+	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registries pulled from")
+	cmd.Flags().StringVar(&o.Out, "out", "", "the tarball `FILE` to write (default <chart>-<version>-airgap.tar)")
+	return cmd
+}
+
+func airgapMirrorCommand(out io.Writer) *cobra.Command {
+	o := airgap.MirrorOptions{}
+	cmd := &cobra.Command{
+		Use:   "mirror --registry REG [--insecure] [--ca FILE] BUNDLE",
+		Short: "Push a bundle's images into a private registry and print the helm install line for it",
+		Long: "Checks BUNDLE against its SHA256SUMS (a corrupt bundle pushes nothing), pushes each image to\n" +
+			"REG/<repository>:<tag> unless the registry already has it there, verifies each by digest, copies the chart\n" +
+			"archive to --out and prints the helm install line with --set global.imageRegistry=REG. Running it again pushes\n" +
+			"nothing. Registry credentials come from the Docker config (docker login).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Bundle = args[0]
+			o.Progress = cmd.ErrOrStderr()
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+	cmd.Flags().StringVar(&o.Registry, "registry", "", "the private registry `REG`, host[:port][/path] (required)")
+	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registry")
+	cmd.Flags().StringVar(&o.CAFile, "ca", "", "PEM `FILE` of CA certificates to trust for the registry's TLS, besides the system's")
+	cmd.Flags().StringVar(&o.Out, "out", ".", "folder `DIR` to copy the chart archive to, for the helm install line")
+	return cmd
+}

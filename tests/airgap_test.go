@@ -1,0 +1,99 @@
+package tests
+
+import (
+	"context"
+	"io"
+	"log"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart/loader"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/airgaptest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
+)
+
+// TestAirgapBundleMirrorRender: with the chart's real images.txt, an in-process "upstream" registry on 127.0.0.1
+// seeded with a small random image under every listed name, the bundle built from it (the project's own image from
+// a local layout), mirrored into a second in-process "private" registry, and then every profile rendered from the
+// bundle's chart archive with global.imageRegistry set to the private registry: every image a pod runs or
+// launches (image env vars such as CUDA_WORKLOAD_IMAGE) must resolve there, by digest, to the bundled image.
+// Nothing reaches a registry outside the machine.
+func TestAirgapBundleMirrorRender(t *testing.T) {
+	log.SetOutput(io.Discard) // the chart loader logs one notice per operand symlink
+	m := airgaptest.BundleAndMirror(t, chartrender.ChartDir())
+	t.Log(lineWith(m.BundleLog, "wrote "))
+	t.Log(lineWith(m.MirrorLog, " pushed, "))
+
+	var mu sync.Mutex
+	checked, userSupplied := map[string]bool{}, map[string]bool{}
+	t.Run("render", func(t *testing.T) {
+		for _, p := range profiles(t) {
+			for name, set := range map[string][]string{"alone": nil, "every-optional-operand": everythingOn} {
+				t.Run(p.name+"/"+name, func(t *testing.T) {
+					t.Parallel()
+					chrt, err := loader.Load(m.ChartFile)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := action.CheckDependencies(chrt, chrt.Metadata.Dependencies); err != nil {
+						t.Fatal(err)
+					}
+					vals, err := chartrender.Values([]string{p.file}, append([]string{"global.imageRegistry=" + m.Private}, set...))
+					if err != nil {
+						t.Fatal(err)
+					}
+					stream, err := chartrender.Render(context.Background(), chrt, vals, newestKube)
+					if err != nil {
+						t.Fatal(err)
+					}
+					refs, err := imagelist.FromManifests(stream)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(refs) == 0 {
+						t.Fatal("renders no image")
+					}
+					for _, ref := range refs {
+						path, ok := strings.CutPrefix(ref, m.Private+"/")
+						if !ok {
+							t.Errorf("%s does not come from the private registry %s", ref, m.Private)
+							continue
+						}
+						if airgaptest.UserSupplied(path) {
+							mu.Lock()
+							userSupplied[ref] = true
+							mu.Unlock()
+							continue
+						}
+						m.CheckInPrivate(t, ref)
+						mu.Lock()
+						checked[ref] = true
+						mu.Unlock()
+					}
+				})
+			}
+		}
+	})
+	t.Logf("%d image references from %d profiles resolve in the private registry by digest (%d user-supplied left out: %v)",
+		len(checked), len(profiles(t)), len(userSupplied), sortedKeys(userSupplied))
+}
+
+// lineWith returns the first line of s containing substr.
+func lineWith(s, substr string) string {
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, substr) {
+			return line
+		}
+	}
+	return ""
+}
+
+func sortedKeys(m map[string]bool) []string {
+	return slices.Sorted(maps.Keys(m))
+}

@@ -1,0 +1,188 @@
+// Package airgaptest plays an air-gapped install's registries on 127.0.0.1: an "upstream" seeded with a small
+// random image under every name in the chart's images.txt (every third a two-platform index, so multi-arch images
+// travel whole), the bundle built from it with the project's own image from a local OCI layout, and a "private"
+// registry the bundle is mirrored into. Nothing reaches a registry outside the machine.
+package airgaptest
+
+import (
+	"bytes"
+	"io"
+	"log"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"helm.sh/helm/v3/pkg/chartutil"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
+)
+
+// Mirrored is a bundle built from upstream and mirrored into private.
+type Mirrored struct {
+	// Upstream and Private are the registries' host:port.
+	Upstream, Private string
+	// Bundle is the bundle tarball; ChartFile the chart archive the mirror copied out of it.
+	Bundle, ChartFile string
+	// Bundled is what the bundle holds: repository:tag -> digest.
+	Bundled map[string]v1.Hash
+	// BundleLog and MirrorLog are the commands' output.
+	BundleLog, MirrorLog string
+}
+
+// Registry starts an in-process registry on 127.0.0.1 for the test and returns its host:port.
+func Registry(t testing.TB) string {
+	t.Helper()
+	s := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(s.Close)
+	return strings.TrimPrefix(s.URL, "http://")
+}
+
+// BundleAndMirror seeds an upstream registry under every name in chartDir's images.txt, bundles the chart with
+// airgap.BundleOptions and mirrors the bundle into a private registry with airgap.MirrorOptions.
+func BundleAndMirror(t testing.TB, chartDir string) *Mirrored {
+	t.Helper()
+	listPath := filepath.Join(chartDir, imagelist.FileName)
+	content, err := os.ReadFile(listPath)
+	if err != nil {
+		t.Fatalf("the air-gapped bundle is built from %s, which cannot be read: %v", listPath, err)
+	}
+	images, err := airgap.ReadImageList(bytes.NewReader(content), listPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Mirrored{Upstream: Registry(t), Bundled: map[string]v1.Hash{}}
+	ownLayout := ""
+	for i, img := range images {
+		var a interface{ Digest() (v1.Hash, error) }
+		if i%3 == 0 {
+			a, err = random.Index(512, 1, 2)
+		} else {
+			a, err = random.Image(512, 1)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img.Repository() == airgap.OwnRepository {
+			ownLayout = ownImageLayout(t, a.(v1.ImageIndex), img.Ref)
+		} else {
+			seed(t, m.Upstream, img, a)
+		}
+		m.Bundled[img.Repository()+":"+img.Tag.TagStr()], _ = a.Digest()
+	}
+	if ownLayout == "" {
+		t.Fatalf("%s lists no image of repository %s: the chart's hooks and validator run it", listPath, airgap.OwnRepository)
+	}
+
+	m.Bundle = filepath.Join(t.TempDir(), "bundle.tar")
+	var out bytes.Buffer
+	b := airgap.BundleOptions{ChartDir: chartDir, OwnImageLayout: ownLayout, Upstream: m.Upstream, Out: m.Bundle}
+	if err := b.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Run(t.Context(), &out); err != nil {
+		t.Fatalf("bundle: %v\n%s", err, out.String())
+	}
+	m.BundleLog = out.String()
+
+	m.Private = Registry(t)
+	out.Reset()
+	mo := airgap.MirrorOptions{Bundle: m.Bundle, Registry: m.Private, Out: t.TempDir()}
+	mo.Complete()
+	if err := mo.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := mo.Run(t.Context(), &out); err != nil {
+		t.Fatalf("mirror: %v\n%s", err, out.String())
+	}
+	m.MirrorLog = out.String()
+	md, err := chartutil.LoadChartfile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ChartFile = filepath.Join(mo.Out, "kube-gpu-stack-"+md.Version+".tgz")
+	return m
+}
+
+// CheckInPrivate resolves a rendered reference in the private registry and compares its digest with the bundled
+// image of the same repository and tag, reporting each mismatch.
+func (m *Mirrored) CheckInPrivate(t testing.TB, ref string) {
+	t.Helper()
+	img, err := airgap.ParseImage(ref)
+	if err != nil {
+		t.Errorf("rendered %v", err)
+		return
+	}
+	want, ok := m.Bundled[img.Repository()+":"+img.Tag.TagStr()]
+	if !ok {
+		t.Errorf("%s is rendered but not in the bundle", ref)
+		return
+	}
+	if img.Digest != (v1.Hash{}) && img.Digest != want {
+		t.Errorf("%s pins a digest the bundle does not hold (%s)", ref, want)
+	}
+	tagged, err := remote.Head(img.Tag)
+	if err != nil {
+		t.Errorf("%s: %v", ref, err)
+		return
+	}
+	if tagged.Digest != want {
+		t.Errorf("%s is %s in the private registry, the bundle holds %s", ref, tagged.Digest, want)
+	}
+	if _, err := remote.Get(img.Tag.Context().Digest(want.String())); err != nil {
+		t.Errorf("%s by digest %s: %v", ref, want, err)
+	}
+}
+
+// UserSupplied: a repository path under one of imagelist.UserSuppliedPrefixes, moved to the mirror (licensed
+// images the user mirrors from their own copy; the bundle cannot hold them).
+func UserSupplied(path string) bool {
+	for _, prefix := range imagelist.UserSuppliedPrefixes {
+		if _, repoPrefix, _ := strings.Cut(prefix, "/"); strings.HasPrefix(path, repoPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func seed(t testing.TB, reg string, img airgap.Image, a any) {
+	t.Helper()
+	dst, err := img.In(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch a := a.(type) {
+	case v1.ImageIndex:
+		err = remote.WriteIndex(dst, a)
+	case v1.Image:
+		err = remote.Write(dst, a)
+	}
+	if err != nil {
+		t.Fatalf("seed %s: %v", dst, err)
+	}
+}
+
+// ownImageLayout writes an OCI layout the way the image build does: the multi-arch index named by ref.
+func ownImageLayout(t testing.TB, idx v1.ImageIndex, ref string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "own-image")
+	p, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
