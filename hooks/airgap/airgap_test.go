@@ -322,15 +322,7 @@ func TestOwnImageComesFromTheLayout(t *testing.T) {
 // mustIn returns the digest reg holds at ref's repository path and tag; zero when it holds none.
 func mustIn(t *testing.T, ref, reg string) v1.Hash {
 	t.Helper()
-	img, err := ParseImage(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tag, err := img.In(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	desc, err := remote.Head(tag)
+	desc, err := remote.Head(tagIn(t, reg, ref))
 	if err != nil {
 		return v1.Hash{}
 	}

@@ -302,8 +302,8 @@ func blobsOf(t *testing.T, a artifact, into map[v1.Hash]int64) {
 	}
 }
 
-// inRegistry returns what reg serves for ref's repository path and tag, or fails.
-func inRegistry(t *testing.T, reg, ref string) *remote.Descriptor {
+// tagIn is ref's repository path and tag in registry reg.
+func tagIn(t *testing.T, reg, ref string) name.Tag {
 	t.Helper()
 	img, err := ParseImage(ref)
 	if err != nil {
@@ -313,6 +313,13 @@ func inRegistry(t *testing.T, reg, ref string) *remote.Descriptor {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tag
+}
+
+// inRegistry returns what reg serves for ref's repository path and tag, or fails.
+func inRegistry(t *testing.T, reg, ref string) *remote.Descriptor {
+	t.Helper()
+	tag := tagIn(t, reg, ref)
 	desc, err := remote.Get(tag)
 	if err != nil {
 		t.Fatalf("%s: %v", tag, err)

@@ -232,7 +232,7 @@ func (m *manager) run(ctx context.Context) (string, error) {
 		return "", &untouchedError{err}
 	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
-		"digest", short(m.o.Digest), "recordedDigest", short(recorded), "forceReinstall", m.o.ForceReinstall)
+		"digest", nodestate.ShortDigest(m.o.Digest), "recordedDigest", nodestate.ShortDigest(recorded), "forceReinstall", m.o.ForceReinstall)
 	return m.upgrade(ctx)
 }
 
@@ -243,13 +243,13 @@ func (m *manager) run(ctx context.Context) (string, error) {
 func (m *manager) heldBack(ctx context.Context, recorded string) error {
 	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed {
 		return fmt.Errorf("node %s is %s (%s): its driver (config %s) stays loaded and nothing is evicted; fix the cause, then run `kube-gpu-stack upgrade retry %s`",
-			m.o.NodeName, nodestate.UpgradeFailed, m.node.Annotations[nodestate.UpgradeReasonAnnotation], short(recorded), m.o.NodeName)
+			m.o.NodeName, nodestate.UpgradeFailed, m.node.Annotations[nodestate.UpgradeReasonAnnotation], nodestate.ShortDigest(recorded), m.o.NodeName)
 	}
 	if m.node.Labels[nodestate.UpgradeSkipLabel] != "true" {
 		return nil
 	}
 	m.log.Info("node labelled to skip driver upgrades: the loaded driver stays; waiting for the label to go",
-		"label", nodestate.UpgradeSkipLabel, "recordedDigest", short(recorded), "digest", short(m.o.Digest))
+		"label", nodestate.UpgradeSkipLabel, "recordedDigest", nodestate.ShortDigest(recorded), "digest", nodestate.ShortDigest(m.o.Digest))
 	wctx := ctx
 	if m.o.SkipWait > 0 {
 		var cancel context.CancelFunc
@@ -269,7 +269,7 @@ func (m *manager) heldBack(ctx context.Context, recorded string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("node %s is labelled %s=true: its driver (config %s) stays loaded and nothing is evicted; remove the label to let the new driver (config %s) in: %w",
-			m.o.NodeName, nodestate.UpgradeSkipLabel, short(recorded), short(m.o.Digest), err)
+			m.o.NodeName, nodestate.UpgradeSkipLabel, nodestate.ShortDigest(recorded), nodestate.ShortDigest(m.o.Digest), err)
 	}
 	m.log.Info("skip label removed: the driver change goes ahead")
 	return nil
@@ -298,7 +298,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", short(m.o.Digest), cleared, pending), nil
+	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }
 
 // notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; the cordon
@@ -591,16 +591,6 @@ func moduleNames(mods []kmod.Module) []string {
 		out = append(out, m.Name)
 	}
 	return out
-}
-
-func short(digest string) string {
-	if len(digest) > 12 {
-		return digest[:12]
-	}
-	if digest == "" {
-		return "(none)"
-	}
-	return digest
 }
 
 func oneLine(s string) string {

@@ -81,3 +81,12 @@ func SetValidation(check string, v Validation) Patch {
 	p.annotation(ValidationAnnotationPrefix+check, ptr(v.String()))
 	return p
 }
+
+// ShortDigest is a driver config digest as upgrade reasons and logs show it: its first 12 characters, "(none)"
+// when empty.
+func ShortDigest(digest string) string {
+	if digest == "" {
+		return "(none)"
+	}
+	return digest[:min(len(digest), 12)]
+}

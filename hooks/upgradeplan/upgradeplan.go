@@ -302,23 +302,13 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		if err != nil {
 			return plan, err
 		}
-		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, short(np.From), short(np.To))
+		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
 		if _, err := nodestate.Apply(ctx, o.Client, np.Node, nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)); err != nil {
 			return plan, err
 		}
 	}
 	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes))
 	return plan, nil
-}
-
-func short(d string) string {
-	if len(d) > 12 {
-		return d[:12]
-	}
-	if d == "" {
-		return "(none)"
-	}
-	return d
 }
 
 // Write prints the plan: per driver DaemonSet, its batches in order.

@@ -17,6 +17,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
 )
 
 // renderedDriverPools is the DRIVER_POOLS env the chart gives its hooks for the mixed profile.
@@ -100,15 +101,11 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 		return out
 	}
 	generations := func() map[string]int64 {
-		dss, err := kube.Client.AppsV1().DaemonSets(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+		gens, err := install.DriverGenerations(t.Context(), kube.Client, target().Namespace)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]int64{}
-		for _, ds := range dss.Items {
-			out[ds.Name] = ds.Generation
-		}
-		return out
+		return gens
 	}
 	before, genBefore := drivers(), generations()
 	if len(before) == 0 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 )
@@ -685,15 +686,11 @@ func (s *argoSync) liveVersions(t *testing.T) map[string]string {
 // driverGenerations is the generation of every driver DaemonSet of the Application.
 func (s *argoSync) driverGenerations(t *testing.T) map[string]int64 {
 	t.Helper()
-	dss, err := kube.Client.AppsV1().DaemonSets(argoNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: kubelet.ComponentLabel + "=" + kubelet.DriverComponent})
+	gens, err := install.DriverGenerations(t.Context(), kube.Client, argoNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int64{}
-	for _, ds := range dss.Items {
-		out[ds.Name] = ds.Generation
-	}
-	return out
+	return gens
 }
 
 // deleteAll deletes every object the syncs created, as deleting the Application with cascade does, and waits until

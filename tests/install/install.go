@@ -215,3 +215,17 @@ func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string)
 	}
 	return rel, nil
 }
+
+// DriverGenerations is the generation of every driver DaemonSet in namespace: what a change of their pod
+// template moves and an upgrade that leaves the drivers alone keeps.
+func DriverGenerations(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]int64, error) {
+	dss, err := client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, ds := range dss.Items {
+		out[ds.Name] = ds.Generation
+	}
+	return out, nil
+}

@@ -104,7 +104,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 		hosts[n] = kmodtest.New(t)
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
 	}
-	w := startWorkloads(t)
+	startWorkloads(t)
 	cordon(t, adminNode)
 	before, err := cluster.SnapshotNodes(ctx, client)
 	if err != nil {
@@ -127,7 +127,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 			t.Errorf("after install node %s is %q, want upgrade-done", n, st)
 		}
 	}
-	gpuPods, otherPods := w.pods(t)
+	gpuPods, otherPods := workloadPods(t)
 
 	// 1. refused: nothing changes
 	t.Run("unsafe upgrade is refused", func(t *testing.T) {
@@ -245,7 +245,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 	})
 
 	t.Run("GPU pods evicted, others left alone", func(t *testing.T) {
-		gpuAfter, otherAfter := w.pods(t)
+		gpuAfter, otherAfter := workloadPods(t)
 		for node, uid := range gpuPods {
 			moved := gpuAfter[node] != uid
 			if moved != (node != pdbNode) {
@@ -259,7 +259,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 		}
 		// the evicted GPU pods come back on their nodes, except on the node the admin keeps cordoned
 		waitFor(t, time.Minute, "GPU workloads back on their uncordoned nodes", func() (bool, string) {
-			running := w.runningGPU(t)
+			running := runningGPU(t)
 			for _, n := range gpuNodeNames() {
 				if running[n] != (n != adminNode) {
 					return false, fmt.Sprintf("GPU workload running on %s: %v", n, running[n])
@@ -552,10 +552,8 @@ func (r *recorder) stop() {
 	<-r.done
 }
 
-// workloadSet is a GPU Deployment and a CPU Deployment pinned to each GPU node, and a PDB on pdbNode's GPU one.
-type workloadSet struct{}
-
-func startWorkloads(t *testing.T) workloadSet {
+// startWorkloads pins a GPU Deployment and a CPU Deployment to each GPU node, and puts a PDB on pdbNode's GPU one.
+func startWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	c := kube.Client
@@ -592,9 +590,8 @@ func startWorkloads(t *testing.T) workloadSet {
 	if _, err := c.PolicyV1().PodDisruptionBudgets(workloads).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w := workloadSet{}
 	waitFor(t, time.Minute, "workloads running and the PDB observed", func() (bool, string) {
-		running := w.runningGPU(t)
+		running := runningGPU(t)
 		for _, n := range gpuNodeNames() {
 			if !running[n] {
 				return false, "no GPU workload running on " + n
@@ -606,11 +603,10 @@ func startWorkloads(t *testing.T) workloadSet {
 		}
 		return true, ""
 	})
-	return w
 }
 
-// pods returns each GPU node's running GPU workload pod and non-GPU workload pod.
-func (workloadSet) pods(t *testing.T) (gpu, other map[string]types.UID) {
+// workloadPods returns each GPU node's running GPU workload pod and non-GPU workload pod.
+func workloadPods(t *testing.T) (gpu, other map[string]types.UID) {
 	t.Helper()
 	gpu, other = map[string]types.UID{}, map[string]types.UID{}
 	list, err := kube.Client.CoreV1().Pods(workloads).List(t.Context(), metav1.ListOptions{})
@@ -631,7 +627,7 @@ func (workloadSet) pods(t *testing.T) (gpu, other map[string]types.UID) {
 }
 
 // runningGPU says on which nodes a GPU workload pod is running.
-func (workloadSet) runningGPU(t *testing.T) map[string]bool {
+func runningGPU(t *testing.T) map[string]bool {
 	t.Helper()
 	list, err := kube.Client.CoreV1().Pods(workloads).List(t.Context(), metav1.ListOptions{LabelSelector: "app=train"})
 	if err != nil {
