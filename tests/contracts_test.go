@@ -28,6 +28,7 @@ var knownOpenFindings = []struct{ finding, container, violation string }{
 	{"device plugin: GDS_ENABLED not set from the driver's GDS setting, so pods get no /dev/nvidia-fs*", "nvidia-device-plugin", "GDS_ENABLED"},
 	{"device plugin: MOFED_ENABLED not set from the driver's GPUDirect RDMA setting, so pods get no /dev/infiniband", "nvidia-device-plugin", "MOFED_ENABLED"},
 	{"device plugin: GDRCOPY_ENABLED not set from the driver's GDRCopy setting, so pods get no /dev/gdrdrv", "nvidia-device-plugin", "GDRCOPY_ENABLED"},
+	{"GFD: does not follow devicePlugin.config, so its sharing (time-slicing, MPS) labels ignore the plugin's config", "gpu-feature-discovery", "CONFIG_FILE"},
 	{"driver: /sys/devices/system/memory/auto_online_blocks mounted as a file, absent on kernels without memory hotplug (mount /sys/devices/system)", "nvidia-driver-ctr", "/sys/devices/system"},
 	{"driver: with a host MOFED, mlnx-ofed-usr-src must be the host's /usr/src", "nvidia-driver-ctr", "/run/mellanox/drivers/usr/src"},
 }
@@ -41,9 +42,11 @@ var chartEnv = map[string]map[string]string{
 }
 
 // contractRenders are the extra renders beyond each profile alone and with every optional operand: GPUDirect RDMA
-// with a host MOFED, which no profile turns on.
+// with a host MOFED, and a named device plugin config (its config managers), which no profile turns on.
 var contractRenders = map[string][]string{
 	"host-mofed": {"driver.rdma.enabled=true", "driver.rdma.useHostMofed=true"},
+	"device-plugin-config": {"devicePlugin.config.name=gpu-sharing", "devicePlugin.config.create=true",
+		"devicePlugin.config.default=shared", "devicePlugin.config.data.shared=version: v1"},
 }
 
 // TestContractTableCoversEveryImage: every third-party image images.txt lists has a row in the contract table.
@@ -176,6 +179,22 @@ func contractViolations(t *testing.T, stream string) ([]string, int) {
 				enabled[gpuDirect[e.Name]] = true
 			}
 		}
+	}
+	// A device plugin config names sharing settings GFD must label by: GFD reads the same config.
+	pluginConfig, gfdConfig := false, false
+	for _, x := range all {
+		hasEnv := func(names ...string) bool {
+			return slices.ContainsFunc(x.c.Env, func(e corev1.EnvVar) bool { return slices.Contains(names, e.Name) })
+		}
+		switch x.c.Name {
+		case "nvidia-device-plugin":
+			pluginConfig = pluginConfig || hasEnv("CONFIG_FILE")
+		case "gpu-feature-discovery":
+			gfdConfig = gfdConfig || hasEnv("CONFIG_FILE", "GFD_CONFIG_FILE")
+		}
+	}
+	if pluginConfig && !gfdConfig {
+		out = append(out, "DaemonSet/gpu-feature-discovery container gpu-feature-discovery : the device plugin runs with a named config (CONFIG_FILE) but GFD reads none, so its sharing labels ignore it")
 	}
 	for _, x := range all {
 		if isProjectImage(x.c.Image) || imagelist.UserSupplied(x.c.Image) {

@@ -71,6 +71,8 @@ type Contract struct {
 	User string
 	// NeedsRoot: the image's work (loading modules, writing /sys, host files) fails for any other user.
 	NeedsRoot bool
+	// Rootless are the image's binaries (base names) that need no root although the image's main one does.
+	Rootless []string
 	// Env are the env vars the image reads (urfave/cli EnvVars/Sources, os.Getenv, entrypoint scripts).
 	Env map[string]EnvVar
 	// ReadsFiles are files it reads that other operands write.
@@ -218,7 +220,7 @@ func (c Contract) Check(ctr corev1.Container, volumes []corev1.Volume, scripts .
 	}
 
 	// The user.
-	if c.NeedsRoot && ctr.SecurityContext != nil {
+	if c.NeedsRoot && !slices.Contains(c.Rootless, prog) && ctr.SecurityContext != nil {
 		if u := ctr.SecurityContext.RunAsUser; u != nil && *u != 0 {
 			bad("runs as user %d, but the image needs root", *u)
 		}

@@ -158,8 +158,10 @@ var Table = []Contract{
 		Shell:      busybox,
 		User:       "0",
 		NeedsRoot:  true,
+		// config-manager only reads its node's label and copies a ConfigMap key into a shared emptyDir.
+		Rootless: []string{"config-manager"},
 		// cmd/nvidia-device-plugin/main.go, cmd/gpu-feature-discovery/main.go, cmd/mps-control-daemon/main.go,
-		// cmd/config-manager/main.go, internal/flags/{node,kubeclient}.go, internal/rm/health.go (os.Getenv).
+		// cmd/config-manager/main.go (ONESHOT ... PROCESS_TO_SIGNAL), internal/flags/{node,kubeclient}.go, internal/rm/health.go (os.Getenv).
 		// GDS_ENABLED / MOFED_ENABLED / GDRCOPY_ENABLED make the plugin hand /dev/nvidia-fs*, /dev/infiniband and
 		// /dev/gdrdrv to pods: required where the driver pool enables GDS, RDMA or GDRCopy (the test checks that).
 		Env: with(vars("MIG_STRATEGY", "GFD_MIG_STRATEGY", "FAIL_ON_INIT_ERROR", "GFD_FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT",
@@ -182,7 +184,6 @@ var Table = []Contract{
 			// kubelet-socket default /var/lib/kubelet/device-plugins/kubelet.sock (host location varies by distro).
 			{Container: "/var/lib/kubelet/device-plugins", Binaries: []string{"nvidia-device-plugin"}, Why: "the kubelet's device-plugin socket directory"},
 		},
-		Unverified: "config-manager's flags (cmd/config-manager/main.go) were read only for NODE_NAME; its other env names are from its flag list at the tag, not exercised by any profile",
 	},
 	{
 		Repository: "nvidia/cloud-native/dcgm",
