@@ -33,6 +33,7 @@ type File struct {
 	Path   string // path inside the container
 	Format string // what the reader expects in it
 	From   string // who writes it
+	When   string // read only by containers that set this env var to "true"; empty: always
 }
 
 // HostPath is a host path an image needs mounted.
@@ -270,6 +271,9 @@ func (c Contract) Check(ctr corev1.Container, volumes []corev1.Volume, scripts .
 		vols[v.Name] = v
 	}
 	for _, f := range c.ReadsFiles {
+		if f.When != "" && !envTrue(ctr, f.When) {
+			continue
+		}
 		if _, ok := mountFor(ctr, f.Path); !ok {
 			bad("mounts nothing at %s, which the image reads (%s, written by %s)", f.Path, f.Format, f.From)
 		}

@@ -49,7 +49,7 @@ var driverHostPaths = []HostPath{
 // driverFiles are the files the driver container waits for.
 var driverFiles = []File{
 	// init, GPU_DIRECT_RDMA_ENABLED: `until ... [ -f /run/nvidia/validations/.driver-ctr-ready ]`.
-	{Path: "/run/nvidia/validations/.driver-ctr-ready", Format: "presence; KEY=VALUE lines GDRCOPY_ENABLED, GDS_ENABLED, GPU_DIRECT_RDMA_ENABLED", From: "the driver container's startup probe"},
+	{Path: "/run/nvidia/validations/.driver-ctr-ready", Format: "presence; KEY=VALUE lines GDRCOPY_ENABLED, GDS_ENABLED, GPU_DIRECT_RDMA_ENABLED", From: "the driver container's startup probe", When: "GPU_DIRECT_RDMA_ENABLED"},
 }
 
 // Table is the contract table: one row per third-party image repository and tag family the chart renders.
@@ -355,11 +355,10 @@ var Table = []Contract{
 			// the namespace whose operand pods it evicts; defaults to gpu-operator, wrong in any other namespace.
 			"OPERATOR_NAMESPACE": {Required: true},
 		}),
-		ReadsFiles: []File{
-			// READINESS_FILE default /run/nvidia/validations/.cc-manager-ctr-ready (written by it, read by others).
-			{Path: "/run/nvidia/validations/.cc-manager-ctr-ready", Format: "presence: written when the CC mode is applied", From: "itself, for the sandbox validator"},
-		},
 		HostPaths: []HostPath{
+			// READINESS_FILE default /run/nvidia/validations/.cc-manager-ctr-ready: it writes it once the CC mode is
+			// applied, for the sandbox validator.
+			{Container: "/run/nvidia/validations", Host: "/run/nvidia/validations", Why: "writes .cc-manager-ctr-ready for the sandbox validator"},
 			// is_host_cc_enabled: /sys/module/kvm_intel/parameters/tdx, /sys/module/kvm_amd/parameters/sev_snp.
 			{Container: "/sys", Host: "/sys", Why: "host CC capability and GPU PCI config"},
 		},
