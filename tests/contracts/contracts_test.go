@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-func TestLookup(t *testing.T) {
+func TestContractLookup(t *testing.T) {
 	for ref, want := range map[string]string{
 		"nvcr.io/nvidia/k8s-device-plugin:v0.20.0":                                     "nvidia/k8s-device-plugin",
 		"registry.gpu.internal:5000/nvidia/k8s-device-plugin:v0.20.0":                  "nvidia/k8s-device-plugin",
@@ -40,7 +40,7 @@ func TestLookup(t *testing.T) {
 	}
 }
 
-func TestTableRows(t *testing.T) {
+func TestContractTableRows(t *testing.T) {
 	for _, c := range Table {
 		if c.Repository == "" || c.Tags == nil || c.Source == "" || c.User == "" {
 			t.Errorf("row %q lacks its repository, tags, source or user", c.Repository)
@@ -87,7 +87,7 @@ func wants(t *testing.T, got []string, fragments ...string) {
 	}
 }
 
-func TestCheck(t *testing.T) {
+func TestContractCheck(t *testing.T) {
 	mig, _ := Lookup("nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0")
 	wrapper := []string{"sh", "-c", "until [ -f " + DriverReadyFile + " ]; do sleep 5; done; set -a; . " + DriverReadyFile + "; set +a; exec nvidia-mig-manager"}
 	vols := []corev1.Volume{hostPath("host", "/"), hostPath("driver", "/run/nvidia/driver")}

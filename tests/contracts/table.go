@@ -114,10 +114,12 @@ var Table = []Contract{
 		// deployments/container/Dockerfile: distroless/go + busybox; USER 0:0; binaries under /work (on PATH);
 		// ENTRYPOINT ["/work/nvidia-ctk-installer"]; RUN ln -s /work/nvidia-ctk-installer /work/nvidia-toolkit.
 		Entrypoint: []string{"/work/nvidia-ctk-installer"},
-		Binaries:   []string{"/work/nvidia-ctk-installer", "/work/nvidia-toolkit", "/work/nvidia-ctk", "/work/nvidia-cdi-hook", "/work/nvidia-container-runtime", "/work/nvidia-container-runtime-hook"},
-		Shell:      busybox,
-		User:       "0",
-		NeedsRoot:  true,
+		// The build stage makes only cmd-nvidia-ctk-installer into /artifacts/bin -> /work; the toolkit's own
+		// binaries come from the deb/rpm packages under /artifacts, which the installer unpacks on the host.
+		Binaries:  []string{"/work/nvidia-ctk-installer", "/work/nvidia-toolkit"},
+		Shell:     busybox,
+		User:      "0",
+		NeedsRoot: true,
 		// cmd/nvidia-ctk-installer/{main.go,toolkit/toolkit.go,container/**}: cli.EnvVars sources. None is required;
 		// DRIVER_ROOT_CTR_PATH defaults to /run/nvidia/driver, so a driver root mounted elsewhere needs it (the
 		// chart's wrapper takes it from driver-ready).
@@ -300,7 +302,8 @@ var Table = []Contract{
 			// defaultHostRootMount = "/host"; defaultDriverRootCtrPath = "/driver-root".
 			{Container: "/host", Host: "/", Why: "host root for host GPU clients and systemd state"},
 			{Container: "/driver-root", Why: "the driver root it loads NVML from"},
-			{Container: "/sys", Host: "/sys", Why: "mdev / SR-IOV vGPU devices under /sys/bus/pci"},
+			// internal/nvlib uses the vendored go-nvlib nvpci/nvmdev: PCIDevicesRoot = "/sys/bus/pci/devices".
+			{Container: "/sys", Host: "/sys", Why: "mdev and SR-IOV vGPU devices under /sys/bus/pci/devices"},
 		},
 	},
 	{
@@ -399,12 +402,15 @@ var Table = []Contract{
 	{
 		Repository: "nvidia/k8s/cuda-sample",
 		Tags:       regexp.MustCompile(`^vectoradd-cuda[0-9.]+-(ubuntu22\.04|ubuntu24\.04|ubi9)$`),
-		Source:     "github.com/NVIDIA/k8s-samples deployments/container/Dockerfile (no vectoradd tag in the mirror)",
-		// The validator runs /cuda-samples/vectorAdd in it (hooks/validation.DefaultWorkloadCommand).
-		Binaries:      []string{"/cuda-samples/vectorAdd"},
-		User:          "0",
-		EnvUnverified: true,
-		Unverified:    "the image tag is not in the repository's tags; binary path as the validator uses it, not read from the Dockerfile at the tag",
+		Source:     "github.com/NVIDIA/k8s-samples deployments/container/Dockerfile at its default branch (the mirror tags no vectoradd build)",
+		// deployments/container/Dockerfile: CUDA base (ubuntu22.04), no USER; COPY the sample to
+		// /cuda-samples/${SAMPLE_NAME}, ln -s it to /cuda-samples/sample; ENTRYPOINT ["/cuda-samples/sample"].
+		Entrypoint: []string{"/cuda-samples/sample"},
+		Binaries:   []string{"/cuda-samples/vectorAdd", "/cuda-samples/sample"},
+		Shell:      distro,
+		User:       "0",
+		Env:        vars(),
+		Unverified: "the vectoradd-cuda12.5.0 build predates the Dockerfile read (default branch, CUDA 13 base); the validator launches it as a workload, so no rendered container runs it",
 	},
 	{
 		Repository: "nfd/node-feature-discovery",
