@@ -88,7 +88,8 @@ type Contract struct {
 
 // RuntimeEnv are env vars the chart may set on any container although the image does not read them: the NVIDIA
 // container runtime (and its CDI mode) reads them from the container's spec to decide which GPUs and driver
-// capabilities to inject, before the image's process starts.
+// capabilities to inject, before the image's process starts (nvidia-container-toolkit v1.20.0
+// internal/config/image/envvars.go).
 var RuntimeEnv = map[string]string{
 	"NVIDIA_VISIBLE_DEVICES":     "read by the NVIDIA container runtime: which GPUs to inject (void: none)",
 	"NVIDIA_DRIVER_CAPABILITIES": "read by the NVIDIA container runtime: which driver libraries to inject",
