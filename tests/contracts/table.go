@@ -423,6 +423,7 @@ var Table = []Contract{
 		// pkg/utils/kubernetes.go (NODE_NAME, KUBERNETES_NAMESPACE), pkg/nfd-worker/nfd-worker.go (POD_NAME, POD_UID),
 		// cmd/nfd-topology-updater/main.go (NODE_ADDRESS).
 		Env: with(vars("KUBERNETES_NAMESPACE", "POD_NAME", "POD_UID", "NODE_ADDRESS"), map[string]EnvVar{
+			// nfd-worker.go resolveNodeOwnerReference: "cannot resolve Node owner reference: NODE_NAME not specified".
 			"NODE_NAME": {Required: true, Binaries: []string{"nfd-worker", "nfd-topology-updater"}},
 		}),
 		HostPaths: []HostPath{
