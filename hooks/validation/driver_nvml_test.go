@@ -34,8 +34,8 @@ func TestDriverCheck(t *testing.T) {
 			e.nvml.count = 2
 		},
 		want: "ready",
-		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=@host\n" +
-			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=@host\n"},
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n" +
+			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"},
 		absent: []string{"nvidia-fs-ready", "gdrcopy-ready", "nvidia-peermem-ready"},
 	}, {
 		name: "containerized driver with GDS loaded and RDMA off",
@@ -47,8 +47,8 @@ func TestDriverCheck(t *testing.T) {
 		},
 		want: "ready",
 		files: map[string]string{
-			"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=@driver\nDRIVER_ROOT_CTR_PATH=@driver\n" +
-				"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=@host\n",
+			"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=@driver\nDRIVER_ROOT_CTR_PATH=/driver-root\n" +
+				"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n",
 			"nvidia-fs-ready": "",
 		},
 		absent: []string{"nvidia-peermem-ready", "gdrcopy-ready"},
@@ -62,8 +62,8 @@ func TestDriverCheck(t *testing.T) {
 			o.DriverInstallDirHostPath = "/run/nvidia/driver"
 		},
 		want: "ready",
-		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=@driver\n" +
-			"NVIDIA_DEV_ROOT=/run/nvidia/driver\nDEV_ROOT_CTR_PATH=@driver\n"},
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=/driver-root\n" +
+			"NVIDIA_DEV_ROOT=/run/nvidia/driver\nDEV_ROOT_CTR_PATH=/driver-root\n"},
 	}, {
 		name: "containerized driver whose peermem module is not loaded: driver-ready written, check not passed",
 		setup: func(e *env, o *Options) {

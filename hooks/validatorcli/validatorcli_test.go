@@ -84,7 +84,7 @@ func TestDriverComponentReadsTheChartsEnvironment(t *testing.T) {
 		t.Fatalf("ran %+v", runner.calls)
 	}
 	got, err := os.ReadFile(filepath.Join(out, "driver-ready"))
-	if err != nil || !strings.Contains(string(got), "DRIVER_ROOT_CTR_PATH="+host+"\n") {
+	if err != nil || !strings.Contains(string(got), "DRIVER_ROOT_CTR_PATH=/host\n") {
 		t.Fatalf("driver-ready %q, %v", got, err)
 	}
 	if !strings.Contains(buf.String(), "driver: not recording the outcome on the Node") || !strings.Contains(buf.String(), "driver: ready") {
