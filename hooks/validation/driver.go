@@ -244,32 +244,6 @@ func (o *Options) moduleCheck(component string) check {
 	}
 }
 
-// toolkitCheck runs in a container the nvidia runtime started with NVIDIA_VISIBLE_DEVICES=all: nvidia-smi and
-// NVML work there only if the toolkit injected the driver.
-func (o *Options) toolkitCheck() check {
-	return check{
-		name: "toolkit",
-		owns: []string{"toolkit-ready"},
-		attempt: func(ctx context.Context, p progress) result {
-			out, err := o.Runner.Run(ctx, Command{Path: "nvidia-smi"})
-			if err != nil {
-				return waiting("nvidia-smi in a container of the nvidia runtime failed: %s (the container toolkit did not inject the driver)",
-					describeRun(out, err))
-			}
-			n, version, err := o.NVML.Probe("libnvidia-ml.so.1")
-			if errors.Is(err, ErrNVMLNotBuiltIn) {
-				p.Logf("nvidia-smi answers in a container of the nvidia runtime; %v", err)
-				return ready(file{name: "toolkit-ready"})
-			}
-			if err != nil {
-				return waiting("%v in a container of the nvidia runtime", err)
-			}
-			p.Logf("%d GPU(s), driver %s, visible in a container of the nvidia runtime", n, version)
-			return ready(file{name: "toolkit-ready"})
-		},
-	}
-}
-
 // parseEnv reads KEY=VALUE lines (optionally "export ", optionally quoted), as the driver container writes them.
 func parseEnv(raw []byte) map[string]string {
 	env := map[string]string{}

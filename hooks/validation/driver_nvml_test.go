@@ -198,7 +198,8 @@ func TestDriverCheckRunsTheRootsOwnNvidiaSmiAndNVML(t *testing.T) {
 
 func TestToolkitCheck(t *testing.T) {
 	e := newEnv(t, nil)
-	e.runner.answers["nvidia-smi"] = answer{out: "GPU 0: NVIDIA H100"}
+	smi := writeFile(t, e.ctr, "usr/bin/nvidia-smi", "#!/bin/sh\n", 0o755) // a script runs as it is
+	e.runner.answers[smi] = answer{out: "GPU 0: NVIDIA H100"}
 	e.nvml.count = 8
 	if err := e.run(e.options("toolkit")); err != nil {
 		t.Fatal(err)
@@ -212,7 +213,8 @@ func TestToolkitCheck(t *testing.T) {
 
 	e = newEnv(t, nil) // nvidia-smi was not injected into the container
 	err := e.run(e.options("toolkit"))
-	want := `failed: nvidia-smi in a container of the nvidia runtime failed: exec: "nvidia-smi": executable file not found in $PATH (the container toolkit did not inject the driver)`
+	want := "failed: nvidia-smi was not injected into this container of the nvidia runtime (no executable nvidia-smi under " + e.ctr +
+		" in usr/bin, usr/sbin, bin, sbin, usr/lib/wsl/lib, opt/bin: file does not exist): the container toolkit did not inject the driver"
 	if err == nil || e.annotation("toolkit") != want {
 		t.Fatalf("err %v, annotation %q", err, e.annotation("toolkit"))
 	}

@@ -58,6 +58,9 @@ type Options struct {
 	OutputDir string
 	// HostRoot is where the host's "/" is mounted (default /host).
 	HostRoot string
+	// CtrRoot is this container's own "/", where the nvidia runtime injects nvidia-smi and libnvidia-ml for the
+	// toolkit check (default "/"; tests point it at a fixture tree).
+	CtrRoot string
 	// DriverInstallDir is where the containerized driver's root is mounted (default /run/nvidia/driver).
 	DriverInstallDir string
 	// DriverInstallDirHostPath is DriverInstallDir's path on the host, written to driver-ready as
@@ -111,6 +114,9 @@ func (o *Options) Complete() {
 	}
 	if o.HostRoot == "" {
 		o.HostRoot = "/host"
+	}
+	if o.CtrRoot == "" {
+		o.CtrRoot = "/"
 	}
 	if o.DriverInstallDir == "" {
 		o.DriverInstallDir = "/run/nvidia/driver"
