@@ -106,6 +106,9 @@ func (o *Options) driverCheck() check {
 					return r
 				}
 				p.Logf("%s answers", d)
+				if err := o.linkDevChar(p, d); err != nil {
+					return failed("%v", err)
+				}
 				found = d
 			}
 			files := []file{{name: "driver-ready", data: found.env()}}

@@ -59,6 +59,7 @@ type env struct {
 	host    string
 	driver  string
 	ctr     string // the validator container's own root (CtrRoot)
+	devChar string // the host's /dev/char (DevCharDir)
 	out     string
 	client  *fake.Clientset
 	runner  *fakeRunner
@@ -76,6 +77,7 @@ func newEnv(t *testing.T, node *corev1.Node) *env {
 		host:    t.TempDir(),
 		driver:  t.TempDir(),
 		ctr:     t.TempDir(),
+		devChar: t.TempDir(),
 		out:     t.TempDir(),
 		runner:  &fakeRunner{answers: map[string]answer{}},
 		nvml:    newFakeNVML(),
@@ -130,6 +132,7 @@ func (e *env) options(component string) *Options {
 		OutputDir:        e.out,
 		HostRoot:         e.host,
 		CtrRoot:          e.ctr,
+		DevCharDir:       e.devChar,
 		DriverInstallDir: e.driver,
 		SleepInterval:    5 * time.Millisecond,
 		Timeout:          2 * time.Second,

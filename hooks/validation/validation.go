@@ -76,6 +76,11 @@ type Options struct {
 	Timeout time.Duration
 	// SkipGPUInit runs only `nvidia-smi --version` for the driver check: no GPU is initialised, no NVML.
 	SkipGPUInit bool
+	// DevCharDir is where the host's /dev/char is mounted (default DefaultDevCharDir); the driver check links the
+	// driver's character devices there. A directory that does not exist is skipped.
+	DevCharDir string
+	// DisableDevCharSymlinks keeps the driver check from creating the /dev/char links.
+	DisableDevCharSymlinks bool
 
 	// WithWorkload makes the plugin check also run a pod that requests one GPU.
 	WithWorkload bool
@@ -117,6 +122,9 @@ func (o *Options) Complete() {
 	}
 	if o.CtrRoot == "" {
 		o.CtrRoot = "/"
+	}
+	if o.DevCharDir == "" {
+		o.DevCharDir = DefaultDevCharDir
 	}
 	if o.DriverInstallDir == "" {
 		o.DriverInstallDir = "/run/nvidia/driver"
