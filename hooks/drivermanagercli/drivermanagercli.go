@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -117,6 +118,8 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 		Digest:         strings.TrimSpace(getenv("DRIVER_CONFIG_DIGEST")),
 		ForceReinstall: e.bool("FORCE_REINSTALL", false),
 		Host:           kmod.Host{Root: getenv("HOST_ROOT"), DriverRoot: getenv("DRIVER_ROOT")},
+		GPUDirectRDMA:  e.bool("GPU_DIRECT_RDMA_ENABLED", false),
+		HostMOFED:      e.bool("USE_HOST_MOFED", false),
 		Eviction: drivermanager.Eviction{
 			Enabled:            e.bool("ENABLE_GPU_POD_EVICTION", true),
 			Force:              e.bool("EVICTION_USE_FORCE", false),
@@ -131,7 +134,47 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 			Timeout:            e.duration("DRAIN_TIMEOUT_SECONDS"),
 		},
 	}
+	if err := SelectKernel(&o.Host, getenv(KernelEnv)); err != nil {
+		e.errs = append(e.errs, err)
+	}
 	return o, errors.Join(e.errs...)
+}
+
+// KernelEnv selects the kernel the driver manager acts on: unset or KernelSystem is the running kernel;
+// KernelFixture is for tests only.
+const KernelEnv = "DRIVER_MANAGER_KERNEL"
+
+// Values of KernelEnv.
+const (
+	// KernelSystem: delete_module(2), umount2(2) and sysfs writes on the node (the default).
+	KernelSystem = "system"
+	// KernelFixture, for tests only: the host root (HOST_ROOT) is a fixture GPU host tree, and every change goes
+	// to that tree instead of the kernel (kmod.FixtureKernel): a module is removed from its proc/modules and
+	// sys/module, an unmount removes the mount from its mount table <HOST_ROOT>/proc/self/mountinfo (which the
+	// manager then also reads instead of its own), and the PCI functions are those of <HOST_ROOT>/sys. A driver
+	// manager in a real container on a test node, whose kernel has no NVIDIA modules, so works on the fixture.
+	KernelFixture = "fixture"
+)
+
+// SelectKernel sets h's Kernel (and, for the fixture, the paths that must point into it) from KernelEnv's value.
+func SelectKernel(h *kmod.Host, kernel string) error {
+	switch strings.TrimSpace(kernel) {
+	case "", KernelSystem:
+		h.Kernel = kmod.System{}
+		return nil
+	case KernelFixture:
+		if h.Root == "" {
+			h.Root = kmod.DefaultRoot
+		}
+		if h.OwnRoot == "" {
+			h.OwnRoot = kmod.DefaultOwnRoot
+		}
+		h.MountInfo = filepath.Join(h.Root, "proc", "self", "mountinfo") // under OwnRoot "/": the fixture's table
+		h.SysDir = filepath.Join(h.Root, "sys")
+		h.Kernel = kmod.NewFixtureKernel(*h)
+		return nil
+	}
+	return fmt.Errorf("%s=%q: want %s (the default) or %s (tests only)", KernelEnv, kernel, KernelSystem, KernelFixture)
 }
 
 type env struct {

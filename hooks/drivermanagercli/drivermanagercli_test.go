@@ -2,11 +2,16 @@ package drivermanagercli
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 )
 
 func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -69,5 +74,62 @@ func TestCommandsAreWired(t *testing.T) {
 		if c.Flags().Lookup(f) == nil {
 			t.Errorf("uncordon-when-valid lacks --%s", f)
 		}
+	}
+}
+
+func TestRDMAEnvironment(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(map[string]string{"GPU_DIRECT_RDMA_ENABLED": "true", "USE_HOST_MOFED": "true"}))
+	if err != nil || !o.GPUDirectRDMA || !o.HostMOFED {
+		t.Fatalf("%+v, %v", o, err)
+	}
+	o, err = OptionsFromEnv(getenv(nil))
+	if err != nil || o.GPUDirectRDMA || o.HostMOFED {
+		t.Fatalf("%+v, %v", o, err)
+	}
+}
+
+func TestKernelSelection(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := o.Host.Kernel.(kmod.System); !ok {
+		t.Fatalf("default kernel %T, want kmod.System", o.Host.Kernel)
+	}
+	if _, err := OptionsFromEnv(getenv(map[string]string{KernelEnv: "fake"})); err == nil || !strings.Contains(err.Error(), KernelEnv) {
+		t.Fatalf("err %v", err)
+	}
+
+	// the fixture kernel acts on the fixture host tree, reads the fixture's mount table, and leaves the real
+	// kernel alone
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.AddPCIFunction("0000:01:00.0", kmod.VendorNVIDIA, "vfio-pci", "vfio-pci")
+	table := filepath.Join(f.Root, "proc/self/mountinfo")
+	if err := os.WriteFile(table, []byte("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n100 22 0:99 / /run/nvidia/driver rw - overlay overlay rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, err = OptionsFromEnv(getenv(map[string]string{KernelEnv: KernelFixture, "HOST_ROOT": f.Root}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Host.Complete()
+	if _, ok := o.Host.Kernel.(*kmod.FixtureKernel); !ok {
+		t.Fatalf("kernel %T, want *kmod.FixtureKernel", o.Host.Kernel)
+	}
+	unloaded, err := o.Host.Unload()
+	if err != nil || len(unloaded) != 4 || len(f.LoadedModules()) != 0 {
+		t.Fatalf("unloaded %v, %v; left %v", unloaded, err, f.LoadedModules())
+	}
+	unmounted, err := o.Host.UnmountDriverRoot()
+	if err != nil || !slices.Equal(unmounted, []string{"/run/nvidia/driver"}) {
+		t.Fatalf("unmounted %v, %v", unmounted, err)
+	}
+	if b, _ := os.ReadFile(table); strings.Contains(string(b), "/run/nvidia/driver") {
+		t.Fatalf("mount record left:\n%s", b)
+	}
+	released, err := o.Host.UnbindVFIO()
+	if drv, override := f.PCIDriver("0000:01:00.0"); err != nil || len(released) != 1 || drv != "" || override != "" {
+		t.Fatalf("released %v, %v: bound to %q, override %q", released, err, drv, override)
 	}
 }
