@@ -32,7 +32,7 @@ func NewCommand(out io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(uninstallCommand(out), uncordonCommand(out))
+	root.AddCommand(uninstallCommand(out), uncordonCommand(out), detectCommand(out))
 	return root
 }
 
@@ -62,6 +62,40 @@ is seconds; "0s" means the 5m default bound).`,
 			return o.Run(cmd.Context(), out)
 		},
 	}
+}
+
+func detectCommand(out io.Writer) *cobra.Command {
+	var h kmod.Host
+	cmd := &cobra.Command{
+		Use:   "detect",
+		Short: "Report what the driver manager sees on this node (host driver, loaded modules, who holds the GPUs); changes nothing",
+		Long: `Report, read-only, what uninstall-driver would read of the node: a host-installed driver, a containerized
+driver's files, the loaded NVIDIA modules and their users, nouveau, the processes holding /dev/nvidia*, and the
+NVIDIA PCI functions with their drivers. No API access; nothing on the node is changed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if h.SysDir == "" {
+				h.SysDir = filepath.Join(h.Root, "sys")
+			}
+			h.Complete()
+			if err := h.Validate(); err != nil {
+				return err
+			}
+			d, err := h.Detect()
+			if err != nil {
+				return err
+			}
+			d.Write(out, h)
+			return nil
+		},
+	}
+	root := os.Getenv("HOST_ROOT")
+	if root == "" {
+		root = kmod.DefaultRoot
+	}
+	cmd.Flags().StringVar(&h.Root, "host-root", root, "where the host's / is (env HOST_ROOT; / when run on the host itself)")
+	cmd.Flags().StringVar(&h.SysDir, "sys", "", "the host's sysfs (default <host-root>/sys)")
+	return cmd
 }
 
 func uncordonCommand(out io.Writer) *cobra.Command {
