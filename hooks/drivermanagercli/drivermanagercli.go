@@ -43,8 +43,11 @@ func uninstallCommand(out io.Writer) *cobra.Command {
 		Long: `Prepare the node for the driver about to start: keep the loaded driver when DRIVER_CONFIG_DIGEST matches
 the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*), drain on failure
 (ENABLE_AUTO_DRAIN, DRAIN_*), pause the GPU operands, unload the NVIDIA modules and clear the old driver root.
-A host-installed driver marks the node pre-installed instead. Timeouts are Go durations ("300s"; a bare number
-is seconds; "0s" means the 5m default bound).`,
+Before the new driver installs: unload nouveau, release NVIDIA functions left on vfio-pci, and with
+GPU_DIRECT_RDMA_ENABLED=true on a node with a Mellanox device wait for MOFED (USE_HOST_MOFED=true: mlx5_core on
+the host). A host-installed driver marks the node pre-installed and fails, so the driver container never starts.
+Timeouts are Go durations ("300s"; a bare number is seconds; "0s" means the 5m default bound).
+DRIVER_MANAGER_KERNEL=fixture is for tests only: every change goes to the fixture host tree at HOST_ROOT.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := OptionsFromEnv(os.Getenv)
