@@ -1,7 +1,8 @@
 // Package kmod is the driver manager's view of a node's NVIDIA kernel modules, the containerized driver's files
-// and its root mount. Every path goes through a root (the host's filesystem as mounted in the pod, and the pod's
-// own filesystem), and the two system calls that change the host go through Kernel, so the whole flow runs in
-// tests against a fixture tree with a fake Kernel.
+// and its root mount, and the PCI functions it releases from vfio-pci. Every path goes through a root (the host's
+// filesystem as mounted in the pod, the pod's own filesystem, the host's sysfs), and what changes the kernel's
+// state (delete_module, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
+// tree with FixtureKernel: in unit tests (kmodtest) and in a real container on a test node.
 package kmod
 
 import (
