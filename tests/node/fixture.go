@@ -56,9 +56,11 @@ int main(int argc, char **argv) {
 
 // HostTree creates the fixture GPU host under dir, used as global.hostPaths.rootFS: /dev/nvidia* character
 // devices (the driver's major 195; nothing answers them, which no check here opens), /dev/char, the loaded-modules
-// list and the module directories the driver manager and the validator read.
-func HostTree(dir string) error {
-	for _, d := range []string{"dev/char", "proc", "sys/module/nvidia", "sys/module/nvidia_uvm", "sys/module/nvidia_modeset", "etc", "run/nvidia"} {
+// list and the module directories the driver manager and the validator read, and the folders a GPU node's
+// runtime and toolkit have. With loaded, the NVIDIA modules are listed as loaded (a node whose driver is to be
+// replaced); without, none is (a new node).
+func HostTree(dir string, loaded bool) error {
+	for _, d := range []string{"dev/char", "proc", "sys/module", "etc/containerd/conf.d", "usr/local/nvidia", "run/nvidia"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -69,11 +71,17 @@ func HostTree(dir string) error {
 		}
 	}
 	files := map[string]string{
-		"proc/modules":                     "nvidia_modeset 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia 2 2 nvidia_modeset,nvidia_uvm, Live 0x0\n",
-		"sys/module/nvidia/refcnt":         "2\n",
-		"sys/module/nvidia_uvm/refcnt":     "0\n",
-		"sys/module/nvidia_modeset/refcnt": "0\n",
-		"etc/os-release":                   "ID=ubuntu\nVERSION_ID=\"22.04\"\n",
+		"proc/modules":   "",
+		"etc/os-release": "ID=ubuntu\nVERSION_ID=\"22.04\"\n",
+	}
+	if loaded {
+		files["proc/modules"] = "nvidia_modeset 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia 2 2 nvidia_modeset,nvidia_uvm, Live 0x0\n"
+		for m, refs := range map[string]string{"nvidia": "2\n", "nvidia_uvm": "0\n", "nvidia_modeset": "0\n"} {
+			if err := os.MkdirAll(filepath.Join(dir, "sys/module", m), 0o755); err != nil {
+				return err
+			}
+			files["sys/module/"+m+"/refcnt"] = refs
+		}
 	}
 	for p, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, p), []byte(data), 0o644); err != nil {

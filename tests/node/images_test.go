@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -15,6 +16,9 @@ const (
 	toolkitImage = "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"
 	probeImage   = "kube-gpu-stack.test/apiprobe:1"
 )
+
+// projectTag is the project image's tag (the chart's appVersion).
+var projectTag string
 
 // importImages builds the project's image, the stand-ins and the probe, imports them in one archive, and writes
 // the nvidia runtime stand-in's injection list. It returns the driver files it built (path in the driver root ->
@@ -31,6 +35,7 @@ func importImages(ctx context.Context, n *Node, runtimeBin string) error {
 		return fmt.Errorf("project image: %w", err)
 	}
 	images[ref] = img
+	projectTag = ref[strings.LastIndex(ref, ":")+1:]
 	for _, g := range []GoImage{
 		{Ref: probeImage, Package: "./tests/node/standin/apiprobe", Binary: "/apiprobe", User: "65532"},
 		{Ref: driverImage, Package: "./tests/node/standin/driver", Binary: "/usr/local/bin/nvidia-driver", Files: files, Shell: true},

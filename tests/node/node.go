@@ -281,7 +281,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
 	}
-	if err := n.spawn("containerd", "--config", path); err != nil {
+	// Every registry request goes to a proxy on a closed loopback port: an image that was not imported fails at once,
+	// and no request (not even a DNS lookup) leaves the machine.
+	noRegistry := []string{"HTTPS_PROXY=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9", "NO_PROXY=", "https_proxy=", "http_proxy=", "no_proxy="}
+	if err := n.spawnEnv(noRegistry, "containerd", "--config", path); err != nil {
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -454,8 +457,11 @@ type proc struct {
 	err  error
 }
 
-func (n *Node) spawn(path string, args ...string) error {
+func (n *Node) spawn(path string, args ...string) error { return n.spawnEnv(nil, path, args...) }
+
+func (n *Node) spawnEnv(env []string, path string, args ...string) error {
 	cmd := exec.Command(path, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = n.Log, n.Log
 	// own process group; killed with the test binary if it dies first
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

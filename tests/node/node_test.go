@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		hostRoot = filepath.Join(n.Dir, "host")
-		if err := HostTree(hostRoot); err != nil {
+		if err := HostTree(hostRoot, false); err != nil {
 			return err
 		}
 		if err := buildRuntime(ctx, n); err != nil {
@@ -127,5 +127,35 @@ func TestNodeAddress(t *testing.T) {
 		if a.Type == corev1.NodeInternalIP && a.Address != Address {
 			t.Errorf("InternalIP %s, want %s", a.Address, Address)
 		}
+	}
+}
+
+// An image that was not imported is never fetched from its registry: containerd sends the registry to a closed
+// loopback port, so the pull fails at once and nothing leaves the machine.
+func TestNoPull(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := testNode.Cluster.Client
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "nopull", Namespace: "default"},
+		Spec: corev1.PodSpec{NodeName: testNode.Name, Containers: []corev1.Container{{
+			Name: "c", Image: "ghcr.io/kube-gpu-stack/not-imported:1", ImagePullPolicy: corev1.PullIfNotPresent,
+		}}},
+	}
+	if _, err := c.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.CoreV1().Pods("default").Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
+	var msg string
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := c.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+			return false, nil
+		}
+		msg = p.Status.ContainerStatuses[0].State.Waiting.Message
+		return msg != "", nil
+	})
+	if err != nil || !strings.Contains(msg, "127.0.0.1:9") {
+		t.Fatalf("pull of a missing image: %v %q, want a refused connection to 127.0.0.1:9", err, msg)
 	}
 }
