@@ -3,7 +3,8 @@
 //
 // One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
 //
-//	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, stand down
+//	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
+//	              (the driver container never starts; the DaemonSet lets go of the node)
 //	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver
 //	              no modules loaded                                        -> clear stale files, validation-required
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
@@ -14,6 +15,8 @@
 //	pause         pod-restart-required + operand switches paused; watch until their pods are gone
 //	unload        delete_module in dependency order (a busy module with auto-drain: drain once, retry)
 //	unmount       the stale driver root, recursively; the stale pid file
+//	prepare       unload nouveau; release NVIDIA functions left on vfio-pci; with GPUDirect RDMA and a Mellanox
+//	              device, wait (bounded) for MOFED. A node with no driver loaded also goes through this
 //	restore       switches resumed -> validation-required; our cordon stays until UncordonOptions sees the
 //	              node's validator Ready with the new driver -> uncordon-required -> upgrade-done
 //
@@ -104,7 +107,21 @@ type Options struct {
 	// SkipWait bounds the wait on a node labelled nodestate.UpgradeSkipLabel=true (0: until the label goes or the
 	// run's context ends).
 	SkipWait time.Duration
+	// GPUDirectRDMA (GPU_DIRECT_RDMA_ENABLED) makes the run wait for the Mellanox OFED driver before the NVIDIA
+	// driver installs, when the node has a Mellanox device; HostMOFED (USE_HOST_MOFED) says MOFED is the host's.
+	GPUDirectRDMA, HostMOFED bool
+	// MOFEDTimeout bounds that wait (default DefaultMOFEDTimeout); MOFEDInterval is its poll (default 5s).
+	MOFEDTimeout, MOFEDInterval time.Duration
+	// HostDriverHold is how long the run holds a driver pod on a host-driver node before it fails, so the pod
+	// does not restart in a tight loop while its DaemonSet lets go of the node (default DefaultHostDriverHold).
+	HostDriverHold time.Duration
 }
+
+// More defaults.
+const (
+	DefaultMOFEDTimeout   = 10 * time.Minute
+	DefaultHostDriverHold = time.Minute
+)
 
 // Steps are the points a run can be stopped at through Options.AfterStep, in order.
 var Steps = []string{"detect", "cordon", "evict", "pause", "operands", "unload", "unmount"}
@@ -123,6 +140,15 @@ func (o *Options) Complete() {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.MOFEDTimeout <= 0 {
+		o.MOFEDTimeout = DefaultMOFEDTimeout
+	}
+	if o.MOFEDInterval <= 0 {
+		o.MOFEDInterval = 5 * time.Second
+	}
+	if o.HostDriverHold <= 0 {
+		o.HostDriverHold = DefaultHostDriverHold
 	}
 }
 
@@ -275,12 +301,93 @@ func (m *manager) heldBack(ctx context.Context, recorded string) error {
 	return nil
 }
 
+// preInstalled marks a host-driver node and then fails: the driver container of this pod must never start next to
+// the host's driver. Once the mark is set the driver DaemonSet no longer selects the node and removes the pod; the
+// hold keeps the pod from restarting in a tight loop meanwhile.
 func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) {
 	if err := m.apply(ctx, nodestate.MarkPreInstalled(m.node)); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("host driver found (%s) and no driver pod's files: node %s marked %s=%s; standing down",
-		smi, m.o.NodeName, nodestate.DriverDeployLabel, nodestate.PreInstalled), nil
+	m.log.Info("host driver found: node marked; holding this driver pod until its DaemonSet lets go of the node",
+		"nvidiaSMI", smi, "label", nodestate.DriverDeployLabel+"="+nodestate.PreInstalled, "hold", m.o.HostDriverHold)
+	select {
+	case <-ctx.Done():
+	case <-time.After(m.o.HostDriverHold):
+	}
+	return "", &untouchedError{fmt.Errorf("host driver found (%s) and no driver pod's files: node %s marked %s=%s; standing down: this driver container must not start on a host-driver node",
+		smi, m.o.NodeName, nodestate.DriverDeployLabel, nodestate.PreInstalled)}
+}
+
+// prepareInstall readies the node for the NVIDIA driver about to install: nouveau out, the NVIDIA functions a
+// vm-passthrough role left on vfio-pci released, and, with GPUDirect RDMA on a node with a Mellanox device, the
+// MOFED driver up (the driver container builds nvidia_peermem against it). It returns what it did, for the summary.
+func (m *manager) prepareInstall(ctx context.Context) (string, error) {
+	h := m.o.Host
+	var done []string
+	nouveau, err := h.UnloadNouveau()
+	if err != nil {
+		return "", err
+	}
+	if nouveau {
+		m.log.Info("unloaded nouveau")
+		done = append(done, "unloaded nouveau")
+	}
+	released, err := h.UnbindVFIO()
+	if err != nil {
+		return "", fmt.Errorf("release the GPUs from vfio-pci: %w", err)
+	}
+	if len(released) > 0 {
+		m.log.Info("released NVIDIA functions from vfio-pci", "functions", released)
+		done = append(done, "released "+strings.Join(released, ", ")+" from vfio-pci")
+	}
+	if m.o.GPUDirectRDMA {
+		waited, err := m.waitMOFED(ctx)
+		if err != nil {
+			return "", err
+		}
+		if waited != "" {
+			done = append(done, waited)
+		}
+	}
+	if len(done) == 0 {
+		return "", nil
+	}
+	return "; " + strings.Join(done, "; "), nil
+}
+
+// waitMOFED polls, bounded by MOFEDTimeout, until the MOFED driver is ready; a node without a Mellanox device
+// does not wait.
+func (m *manager) waitMOFED(ctx context.Context) (string, error) {
+	h := m.o.Host
+	mellanox, err := h.HasPCIVendor(kmod.VendorMellanox)
+	if err != nil {
+		return "", err
+	}
+	if !mellanox {
+		m.log.Info("GPUDirect RDMA is on but the node has no Mellanox device: not waiting for MOFED")
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.o.MOFEDTimeout)
+	defer cancel()
+	logged := false
+	for {
+		ok, what, err := h.MOFEDReady(m.o.HostMOFED)
+		if err != nil {
+			return "", fmt.Errorf("check MOFED (%s): %w", what, err)
+		}
+		if ok {
+			return "MOFED ready (" + what + ")", nil
+		}
+		if !logged {
+			m.log.Info("GPUDirect RDMA: waiting for the Mellanox OFED driver", "for", what, "timeout", m.o.MOFEDTimeout)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("GPUDirect RDMA is on and the node has a Mellanox device, but MOFED is not ready after %s: no %s", m.o.MOFEDTimeout, what)
+		case <-time.After(m.o.MOFEDInterval):
+		}
+	}
 }
 
 // keep is the fast path: the loaded driver has the new pod's config. Only leftovers of an interrupted run are
@@ -308,6 +415,11 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	prepared, err := m.prepareInstall(ctx)
+	if err != nil {
+		return "", err
+	}
+	cleared += prepared
 	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, "")}
 	kept := ""
 	if inProgress(m.node) && nodestate.CordonedByUs(m.node) {
@@ -392,6 +504,11 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.step("unmount"); err != nil {
 		return "", err
 	}
+	prepared, err := m.prepareInstall(ctx)
+	if err != nil {
+		return "", err
+	}
+	cleared += prepared
 	resume, err := nodestate.Resume(m.node)
 	if err != nil {
 		return "", err

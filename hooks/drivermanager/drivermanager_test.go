@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
@@ -58,7 +59,8 @@ func (e *env) options(digest string) *Options {
 	o := &Options{
 		Client: e.client, NodeName: nodeName, Namespace: namespace, Host: e.host.Host(), Digest: digest,
 		Eviction: Eviction{Enabled: true}, Now: func() time.Time { return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC) },
-		OperandTimeout: 5 * time.Second,
+		OperandTimeout: 5 * time.Second, HostDriverHold: 10 * time.Millisecond,
+		MOFEDTimeout: 300 * time.Millisecond, MOFEDInterval: 10 * time.Millisecond,
 	}
 	o.Complete()
 	if err := o.Validate(); err != nil {
@@ -132,10 +134,16 @@ func TestHostDriverMarksPreInstalledAndTouchesNothingElse(t *testing.T) {
 	f.Use("nvidia", 2)
 	f.HostNvidiaSMI("usr/bin")
 	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))}
-	out, err := e.run(e.options(newDigest))
-	if err != nil {
-		t.Fatal(err)
+	// the run fails after the mark, so the driver container of this pod never starts next to the host's driver
+	start := time.Now()
+	_, err := e.run(e.options(newDigest))
+	if err == nil {
+		t.Fatal("the driver manager succeeded on a host-driver node: the driver container would start")
 	}
+	if time.Since(start) < 10*time.Millisecond {
+		t.Fatal("failed without holding the pod: it would restart in a tight loop")
+	}
+	out := err.Error()
 	n := e.node()
 	if n.Labels[nodestate.DriverDeployLabel] != nodestate.PreInstalled {
 		t.Fatalf("driver switch = %q, want pre-installed", n.Labels[nodestate.DriverDeployLabel])
@@ -555,5 +563,92 @@ func TestSkipLabelKeepsTheDriverUntilRemoved(t *testing.T) {
 	}
 	if mods := e.host.LoadedModules(); len(mods) != 0 {
 		t.Errorf("loaded modules %v after the change, want none", mods)
+	}
+}
+
+func TestNouveauIsUnloadedBeforeTheDriverInstalls(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LoadModule("drm")
+	f.LoadModule("nouveau", "drm")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(f.LoadedModules(), "nouveau") || !strings.Contains(out, "unloaded nouveau") {
+		t.Fatalf("modules %v; summary %q", f.LoadedModules(), out)
+	}
+
+	// a nouveau in use (a console on it) fails the run with what to do
+	f = kmodtest.New(t)
+	f.LoadModule("nouveau")
+	f.Use("nouveau", 1)
+	e = &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	if _, err := e.run(e.options(newDigest)); err == nil || !strings.Contains(err.Error(), "nouveau is in use") || !strings.Contains(err.Error(), "blacklist") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestGPUsLeftOnVFIOAreReleased(t *testing.T) {
+	for _, loaded := range []bool{false, true} {
+		var e *env
+		if loaded { // a driver change: the release follows the unload
+			e = newEnv(t, gpuNode(nil))
+		} else { // a node leaving vm-passthrough: no NVIDIA driver loaded
+			e = &env{t: t, host: kmodtest.New(t), client: fake.NewClientset(gpuNode(nil))}
+		}
+		f := e.host
+		f.AddPCIFunction("0000:01:00.0", kmod.VendorNVIDIA, "vfio-pci", "vfio-pci")
+		f.AddPCIFunction("0000:02:00.0", kmod.VendorNVIDIA, "nvgrace_gpu_vfio_pci", "")
+		f.AddPCIFunction("0000:03:00.0", kmod.VendorNVIDIA, "nvidia", "")
+		f.AddPCIFunction("0000:04:00.0", "0x8086", "vfio-pci", "vfio-pci")
+		out, err := e.run(e.options(newDigest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for addr, want := range map[string][2]string{
+			"0000:01:00.0": {"", ""}, "0000:02:00.0": {"", ""},
+			"0000:03:00.0": {"nvidia", ""}, "0000:04:00.0": {"vfio-pci", "vfio-pci"},
+		} {
+			if drv, override := f.PCIDriver(addr); drv != want[0] || override != want[1] {
+				t.Errorf("loaded %v: %s bound to %q, override %q; want %q, %q", loaded, addr, drv, override, want[0], want[1])
+			}
+		}
+		b, _ := os.ReadFile(filepath.Join(f.Root, "sys/bus/pci/drivers/vfio-pci/unbind"))
+		if string(b) != "0000:01:00.0" {
+			t.Errorf("vfio-pci's unbind got %q", b)
+		}
+		if !strings.Contains(out, "released 0000:01:00.0, 0000:02:00.0 from vfio-pci") {
+			t.Errorf("summary %q", out)
+		}
+	}
+}
+
+func TestGPUDirectRDMAWaitsForMOFED(t *testing.T) {
+	run := func(setup func(f *kmodtest.Fixture), hostMOFED bool) (string, error) {
+		f := kmodtest.New(t)
+		setup(f)
+		e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+		o := e.options(newDigest)
+		o.GPUDirectRDMA, o.HostMOFED = true, hostMOFED
+		return e.run(o)
+	}
+	mellanox := func(f *kmodtest.Fixture) { f.AddPCIFunction("0000:81:00.0", kmod.VendorMellanox, "mlx5_core", "") }
+
+	if _, err := run(mellanox, false); err == nil || !strings.Contains(err.Error(), "MOFED is not ready after 300ms: no ") ||
+		!strings.Contains(err.Error(), "/run/mellanox/drivers/.driver-ready (the MOFED driver container)") {
+		t.Fatalf("containerized MOFED not ready: err %v", err)
+	}
+	if out, err := run(func(f *kmodtest.Fixture) { mellanox(f); f.MOFEDContainerReady() }, false); err != nil || !strings.Contains(out, "MOFED ready") {
+		t.Fatalf("containerized MOFED ready: %q, %v", out, err)
+	}
+	if _, err := run(mellanox, true); err == nil || !strings.Contains(err.Error(), "kernel module mlx5_core in ") {
+		t.Fatalf("host MOFED not loaded: err %v", err)
+	}
+	if out, err := run(func(f *kmodtest.Fixture) { mellanox(f); f.LoadModule("mlx5_core") }, true); err != nil || !strings.Contains(out, "MOFED ready") {
+		t.Fatalf("host MOFED loaded: %q, %v", out, err)
+	}
+	if out, err := run(func(*kmodtest.Fixture) {}, false); err != nil || strings.Contains(out, "MOFED ready") {
+		t.Fatalf("no Mellanox device: %q, %v", out, err)
 	}
 }

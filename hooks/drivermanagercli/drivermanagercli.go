@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -31,7 +32,7 @@ func NewCommand(out io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(uninstallCommand(out), uncordonCommand(out))
+	root.AddCommand(uninstallCommand(out), uncordonCommand(out), detectCommand(out))
 	return root
 }
 
@@ -42,8 +43,11 @@ func uninstallCommand(out io.Writer) *cobra.Command {
 		Long: `Prepare the node for the driver about to start: keep the loaded driver when DRIVER_CONFIG_DIGEST matches
 the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*), drain on failure
 (ENABLE_AUTO_DRAIN, DRAIN_*), pause the GPU operands, unload the NVIDIA modules and clear the old driver root.
-A host-installed driver marks the node pre-installed instead. Timeouts are Go durations ("300s"; a bare number
-is seconds; "0s" means the 5m default bound).`,
+Before the new driver installs: unload nouveau, release NVIDIA functions left on vfio-pci, and with
+GPU_DIRECT_RDMA_ENABLED=true on a node with a Mellanox device wait for MOFED (USE_HOST_MOFED=true: mlx5_core on
+the host). A host-installed driver marks the node pre-installed and fails, so the driver container never starts.
+Timeouts are Go durations ("300s"; a bare number is seconds; "0s" means the 5m default bound).
+DRIVER_MANAGER_KERNEL=fixture is for tests only: every change goes to the fixture host tree at HOST_ROOT.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := OptionsFromEnv(os.Getenv)
@@ -61,6 +65,40 @@ is seconds; "0s" means the 5m default bound).`,
 			return o.Run(cmd.Context(), out)
 		},
 	}
+}
+
+func detectCommand(out io.Writer) *cobra.Command {
+	var h kmod.Host
+	cmd := &cobra.Command{
+		Use:   "detect",
+		Short: "Report what the driver manager sees on this node (host driver, loaded modules, who holds the GPUs); changes nothing",
+		Long: `Report, read-only, what uninstall-driver would read of the node: a host-installed driver, a containerized
+driver's files, the loaded NVIDIA modules and their users, nouveau, the processes holding /dev/nvidia*, and the
+NVIDIA PCI functions with their drivers. No API access; nothing on the node is changed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if h.SysDir == "" {
+				h.SysDir = filepath.Join(h.Root, "sys")
+			}
+			h.Complete()
+			if err := h.Validate(); err != nil {
+				return err
+			}
+			d, err := h.Detect()
+			if err != nil {
+				return err
+			}
+			d.Write(out, h)
+			return nil
+		},
+	}
+	root := os.Getenv("HOST_ROOT")
+	if root == "" {
+		root = kmod.DefaultRoot
+	}
+	cmd.Flags().StringVar(&h.Root, "host-root", root, "where the host's / is (env HOST_ROOT; / when run on the host itself)")
+	cmd.Flags().StringVar(&h.SysDir, "sys", "", "the host's sysfs (default <host-root>/sys)")
+	return cmd
 }
 
 func uncordonCommand(out io.Writer) *cobra.Command {
@@ -117,6 +155,8 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 		Digest:         strings.TrimSpace(getenv("DRIVER_CONFIG_DIGEST")),
 		ForceReinstall: e.bool("FORCE_REINSTALL", false),
 		Host:           kmod.Host{Root: getenv("HOST_ROOT"), DriverRoot: getenv("DRIVER_ROOT")},
+		GPUDirectRDMA:  e.bool("GPU_DIRECT_RDMA_ENABLED", false),
+		HostMOFED:      e.bool("USE_HOST_MOFED", false),
 		Eviction: drivermanager.Eviction{
 			Enabled:            e.bool("ENABLE_GPU_POD_EVICTION", true),
 			Force:              e.bool("EVICTION_USE_FORCE", false),
@@ -131,7 +171,47 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 			Timeout:            e.duration("DRAIN_TIMEOUT_SECONDS"),
 		},
 	}
+	if err := SelectKernel(&o.Host, getenv(KernelEnv)); err != nil {
+		e.errs = append(e.errs, err)
+	}
 	return o, errors.Join(e.errs...)
+}
+
+// KernelEnv selects the kernel the driver manager acts on: unset or KernelSystem is the running kernel;
+// KernelFixture is for tests only.
+const KernelEnv = "DRIVER_MANAGER_KERNEL"
+
+// Values of KernelEnv.
+const (
+	// KernelSystem: delete_module(2), umount2(2) and sysfs writes on the node (the default).
+	KernelSystem = "system"
+	// KernelFixture, for tests only: the host root (HOST_ROOT) is a fixture GPU host tree, and every change goes
+	// to that tree instead of the kernel (kmod.FixtureKernel): a module is removed from its proc/modules and
+	// sys/module, an unmount removes the mount from its mount table <HOST_ROOT>/proc/self/mountinfo (which the
+	// manager then also reads instead of its own), and the PCI functions are those of <HOST_ROOT>/sys. A driver
+	// manager in a real container on a test node, whose kernel has no NVIDIA modules, so works on the fixture.
+	KernelFixture = "fixture"
+)
+
+// SelectKernel sets h's Kernel (and, for the fixture, the paths that must point into it) from KernelEnv's value.
+func SelectKernel(h *kmod.Host, kernel string) error {
+	switch strings.TrimSpace(kernel) {
+	case "", KernelSystem:
+		h.Kernel = kmod.System{}
+		return nil
+	case KernelFixture:
+		if h.Root == "" {
+			h.Root = kmod.DefaultRoot
+		}
+		if h.OwnRoot == "" {
+			h.OwnRoot = kmod.DefaultOwnRoot
+		}
+		h.MountInfo = filepath.Join(h.Root, "proc", "self", "mountinfo") // under OwnRoot "/": the fixture's table
+		h.SysDir = filepath.Join(h.Root, "sys")
+		h.Kernel = kmod.NewFixtureKernel(*h)
+		return nil
+	}
+	return fmt.Errorf("%s=%q: want %s (the default) or %s (tests only)", KernelEnv, kernel, KernelSystem, KernelFixture)
 }
 
 type env struct {

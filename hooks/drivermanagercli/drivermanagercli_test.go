@@ -2,11 +2,16 @@ package drivermanagercli
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 )
 
 func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -59,7 +64,7 @@ func TestOptionsFromEnvNamesBadValues(t *testing.T) {
 func TestCommandsAreWired(t *testing.T) {
 	var out bytes.Buffer
 	cmd := NewCommand(&out)
-	for _, name := range []string{"uninstall-driver", "uncordon-when-valid"} {
+	for _, name := range []string{"uninstall-driver", "uncordon-when-valid", "detect"} {
 		if c, _, err := cmd.Find([]string{name}); err != nil || c.Name() != name {
 			t.Errorf("subcommand %s: %v", name, err)
 		}
@@ -69,5 +74,126 @@ func TestCommandsAreWired(t *testing.T) {
 		if c.Flags().Lookup(f) == nil {
 			t.Errorf("uncordon-when-valid lacks --%s", f)
 		}
+	}
+}
+
+func TestRDMAEnvironment(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(map[string]string{"GPU_DIRECT_RDMA_ENABLED": "true", "USE_HOST_MOFED": "true"}))
+	if err != nil || !o.GPUDirectRDMA || !o.HostMOFED {
+		t.Fatalf("%+v, %v", o, err)
+	}
+	o, err = OptionsFromEnv(getenv(nil))
+	if err != nil || o.GPUDirectRDMA || o.HostMOFED {
+		t.Fatalf("%+v, %v", o, err)
+	}
+}
+
+func TestKernelSelection(t *testing.T) {
+	o, err := OptionsFromEnv(getenv(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := o.Host.Kernel.(kmod.System); !ok {
+		t.Fatalf("default kernel %T, want kmod.System", o.Host.Kernel)
+	}
+	if _, err := OptionsFromEnv(getenv(map[string]string{KernelEnv: "fake"})); err == nil || !strings.Contains(err.Error(), KernelEnv) {
+		t.Fatalf("err %v", err)
+	}
+
+	// the fixture kernel acts on the fixture host tree, reads the fixture's mount table, and leaves the real
+	// kernel alone
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.AddPCIFunction("0000:01:00.0", kmod.VendorNVIDIA, "vfio-pci", "vfio-pci")
+	table := filepath.Join(f.Root, "proc/self/mountinfo")
+	if err := os.WriteFile(table, []byte("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n100 22 0:99 / /run/nvidia/driver rw - overlay overlay rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, err = OptionsFromEnv(getenv(map[string]string{KernelEnv: KernelFixture, "HOST_ROOT": f.Root}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Host.Complete()
+	if _, ok := o.Host.Kernel.(*kmod.FixtureKernel); !ok {
+		t.Fatalf("kernel %T, want *kmod.FixtureKernel", o.Host.Kernel)
+	}
+	unloaded, err := o.Host.Unload()
+	if err != nil || len(unloaded) != 4 || len(f.LoadedModules()) != 0 {
+		t.Fatalf("unloaded %v, %v; left %v", unloaded, err, f.LoadedModules())
+	}
+	unmounted, err := o.Host.UnmountDriverRoot()
+	if err != nil || !slices.Equal(unmounted, []string{"/run/nvidia/driver"}) {
+		t.Fatalf("unmounted %v, %v", unmounted, err)
+	}
+	if b, _ := os.ReadFile(table); strings.Contains(string(b), "/run/nvidia/driver") {
+		t.Fatalf("mount record left:\n%s", b)
+	}
+	released, err := o.Host.UnbindVFIO()
+	if drv, override := f.PCIDriver("0000:01:00.0"); err != nil || len(released) != 1 || drv != "" || override != "" {
+		t.Fatalf("released %v, %v: bound to %q, override %q", released, err, drv, override)
+	}
+}
+
+// snapshot is every path under root with its content or link target.
+func snapshot(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.Type()&os.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			out[p] = "-> " + target
+		case d.Type().IsRegular():
+			b, _ := os.ReadFile(p)
+			out[p] = string(b)
+		default:
+			out[p] = "dir"
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestDetectReportsAndChangesNothing(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.HostNvidiaSMI("usr/bin")
+	f.OpenDevice(4321, "nv-hostengine", "/dev/nvidia0")
+	f.AddPCIFunction("0000:01:00.0", kmod.VendorNVIDIA, "nvidia", "")
+	before := snapshot(t, f.Root)
+	var out bytes.Buffer
+	cmd := NewCommand(&out)
+	cmd.SetArgs([]string{"detect", "--host-root", f.Root})
+	if err := cmd.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"host driver:                found: " + filepath.Join(f.Root, "usr/bin/nvidia-smi"),
+		"NVIDIA modules loaded:      nvidia_drm (use count 0), nvidia_modeset (use count 1, held by nvidia_drm), nvidia_uvm (use count 0), nvidia (use count 2, held by nvidia_modeset nvidia_uvm)",
+		"/dev/nvidia* held open by:  pid 4321 (nv-hostengine)",
+		"NVIDIA PCI functions:       0000:01:00.0 (nvidia)",
+		"verdict:                    host driver",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if after := snapshot(t, f.Root); len(after) != len(before) {
+		t.Fatalf("detect changed the host tree: %d paths before, %d after", len(before), len(after))
+	} else {
+		for p, v := range before {
+			if after[p] != v {
+				t.Fatalf("detect changed %s", p)
+			}
+		}
+	}
+	if calls := f.Kernel.CallList(); len(calls) != 0 {
+		t.Fatalf("kernel calls: %v", calls)
 	}
 }

@@ -6,8 +6,10 @@ package hostfs
 
 import (
 	"bufio"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -136,4 +138,34 @@ func (r Root) ReadDirNames(p string) ([]string, error) {
 		names = append(names, e.Name())
 	}
 	return names, nil
+}
+
+// Interpreter returns the ELF interpreter (PT_INTERP) a program names, such as /lib64/ld-linux-x86-64.so.2; ""
+// for a static program, or one that is not ELF (a script: the kernel runs the interpreter its #! line names).
+func Interpreter(path string) (string, error) {
+	magic := make([]byte, len(elf.ELFMAG))
+	r, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	_, err = io.ReadFull(r, magic)
+	r.Close()
+	if err != nil || string(magic) != elf.ELFMAG {
+		return "", nil
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b, err := io.ReadAll(p.Open())
+			if err != nil {
+				return "", fmt.Errorf("read %s's interpreter: %w", path, err)
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", nil
 }

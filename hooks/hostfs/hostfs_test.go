@@ -96,3 +96,24 @@ func TestExistsAndReadDirNames(t *testing.T) {
 		t.Fatalf("ReadDirNames(missing) = %v, %v", names, err)
 	}
 }
+
+func TestInterpreter(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "script")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Interpreter(script); got != "" || err != nil {
+		t.Fatalf("script: %q, %v", got, err)
+	}
+	self, err := os.Executable() // the test binary: dynamic with cgo, static without
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Interpreter(self); err != nil || (got != "" && !strings.HasPrefix(got, "/")) {
+		t.Fatalf("test binary: %q, %v", got, err)
+	}
+	if _, err := Interpreter(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("missing file: no error")
+	}
+}

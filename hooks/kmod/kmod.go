@@ -1,7 +1,8 @@
 // Package kmod is the driver manager's view of a node's NVIDIA kernel modules, the containerized driver's files
-// and its root mount. Every path goes through a root (the host's filesystem as mounted in the pod, and the pod's
-// own filesystem), and the two system calls that change the host go through Kernel, so the whole flow runs in
-// tests against a fixture tree with a fake Kernel.
+// and its root mount, and the PCI functions it releases from vfio-pci. Every path goes through a root (the host's
+// filesystem as mounted in the pod, the pod's own filesystem, the host's sysfs), and what changes the kernel's
+// state (delete_module, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
+// tree with FixtureKernel: in unit tests (kmodtest) and in a real container on a test node.
 package kmod
 
 import (
@@ -32,6 +33,9 @@ type Kernel interface {
 	DeleteModule(name string) error
 	// Unmount detaches the mount at target (umount2(2)).
 	Unmount(target string) error
+	// UnbindDevice detaches the PCI function whose sysfs directory is dev (<sys>/bus/pci/devices/<address>) from
+	// its driver.
+	UnbindDevice(dev string) error
 }
 
 // System is the real Kernel.
@@ -45,12 +49,38 @@ func (System) DeleteModule(name string) error { return unix.DeleteModule(name, u
 // process's working directory, and a lazy unmount still frees the path for the new driver.
 func (System) Unmount(target string) error { return unix.Unmount(target, unix.MNT_DETACH) }
 
+// UnbindDevice writes the function's address to its driver's unbind file.
+func (s System) UnbindDevice(dev string) error { return s.writeUnbind(dev, false) }
+
+// writeUnbind writes dev's address to dev/driver/unbind; create is for a fixture tree, where the file is not
+// there until written.
+func (System) writeUnbind(dev string, create bool) error {
+	flags := os.O_WRONLY
+	if create {
+		flags |= os.O_CREATE | os.O_TRUNC
+	}
+	p := filepath.Join(dev, "driver", "unbind")
+	f, err := os.OpenFile(p, flags, 0o200)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(filepath.Base(dev))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}
+
 // Defaults for Host's paths.
 const (
 	DefaultRoot       = "/host"
 	DefaultOwnRoot    = "/"
 	DefaultDriverRoot = "/run/nvidia/driver"
 	DefaultMountInfo  = "/proc/self/mountinfo"
+	DefaultSysDir     = "/sys"
 )
 
 // Host is the node as the driver manager sees it.
@@ -66,6 +96,9 @@ type Host struct {
 	DriverRoot string
 	// MountInfo is the manager's mount table, under OwnRoot (/proc/self/mountinfo).
 	MountInfo string
+	// SysDir is the host's sysfs, writable (/sys, the pod's own mount of it: the host root is mounted read-only):
+	// the PCI functions are read and unbound there.
+	SysDir string
 	// Kernel removes modules and unmounts.
 	Kernel Kernel
 }
@@ -83,6 +116,9 @@ func (h *Host) Complete() {
 	}
 	if h.MountInfo == "" {
 		h.MountInfo = DefaultMountInfo
+	}
+	if h.SysDir == "" {
+		h.SysDir = DefaultSysDir
 	}
 	if h.Kernel == nil {
 		h.Kernel = System{}

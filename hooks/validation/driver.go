@@ -38,6 +38,13 @@ var driverModules = []driverModule{
 	{component: "rdma", env: "GPU_DIRECT_RDMA_ENABLED", module: "nvidia_peermem", file: "nvidia-peermem-ready"},
 }
 
+// Where the operands that source driver-ready (toolkit, device plugin, MPS control daemon, MIG manager) mount the
+// driver install dir and the host's /: driver-ready names these, not the validator's own mounts.
+const (
+	ConsumerDriverRoot = "/driver-root"
+	ConsumerHostRoot   = "/host"
+)
+
 // driverInfo is where the driver lives, as driver-ready tells the operands that source it.
 type driverInfo struct {
 	host bool
@@ -47,6 +54,8 @@ type driverInfo struct {
 	rootHostPath string
 	// devRootHostPath and devRootCtr are where /dev/nvidia* live, on the host and here.
 	devRootHostPath, devRootCtr string
+	// consumerRoot and consumerDevRoot are the driver root and the dev root in the consumers' containers.
+	consumerRoot, consumerDevRoot string
 	// smiDir is nvidia-smi's directory relative to root.
 	smiDir  string
 	version string
@@ -59,9 +68,9 @@ func (d *driverInfo) env() []byte {
 	for _, kv := range [][2]string{
 		{"IS_HOST_DRIVER", fmt.Sprint(d.host)},
 		{"NVIDIA_DRIVER_ROOT", d.rootHostPath},
-		{"DRIVER_ROOT_CTR_PATH", d.root.String()},
+		{"DRIVER_ROOT_CTR_PATH", d.consumerRoot},
 		{"NVIDIA_DEV_ROOT", d.devRootHostPath},
-		{"DEV_ROOT_CTR_PATH", d.devRootCtr},
+		{"DEV_ROOT_CTR_PATH", d.consumerDevRoot},
 	} {
 		fmt.Fprintf(&b, "%s=%s\n", kv[0], shellQuote(kv[1]))
 	}
@@ -97,6 +106,9 @@ func (o *Options) driverCheck() check {
 					return r
 				}
 				p.Logf("%s answers", d)
+				if err := o.linkDevChar(p, d); err != nil {
+					return failed("%v", err)
+				}
 				found = d
 			}
 			files := []file{{name: "driver-ready", data: found.env()}}
@@ -114,7 +126,8 @@ func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, resu
 	host := hostfs.Root(o.HostRoot)
 	dir, _, err := host.FindExecutable("nvidia-smi", hostfs.BinDirs)
 	if err == nil {
-		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir}
+		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir,
+			consumerRoot: ConsumerHostRoot, consumerDevRoot: ConsumerHostRoot}
 		return o.probeDriver(ctx, p, d)
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
@@ -134,10 +147,10 @@ func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, resu
 		return nil, waiting("the driver container is ready (%s) but its root has no nvidia-smi: %v", DriverCtrReadyFile, err)
 	}
 	d := &driverInfo{root: drv, rootHostPath: o.DriverInstallDirHostPath, smiDir: dir,
-		devRootHostPath: "/", devRootCtr: o.HostRoot}
+		devRootHostPath: "/", devRootCtr: o.HostRoot, consumerRoot: ConsumerDriverRoot, consumerDevRoot: ConsumerHostRoot}
 	// device nodes are normally created on the host's /dev; a driver container that keeps its own has them there
 	if own, _ := drv.Exists("dev/nvidiactl"); own {
-		d.devRootHostPath, d.devRootCtr = o.DriverInstallDirHostPath, o.DriverInstallDir
+		d.devRootHostPath, d.devRootCtr, d.consumerDevRoot = o.DriverInstallDirHostPath, o.DriverInstallDir, ConsumerDriverRoot
 	}
 	return o.probeDriver(ctx, p, d)
 }
@@ -230,32 +243,6 @@ func (o *Options) moduleCheck(component string) check {
 				return waiting("kernel module %s is not loaded (%s)", m.module, path.Join(o.HostRoot, "proc/modules"))
 			}
 			return ready(file{name: m.file})
-		},
-	}
-}
-
-// toolkitCheck runs in a container the nvidia runtime started with NVIDIA_VISIBLE_DEVICES=all: nvidia-smi and
-// NVML work there only if the toolkit injected the driver.
-func (o *Options) toolkitCheck() check {
-	return check{
-		name: "toolkit",
-		owns: []string{"toolkit-ready"},
-		attempt: func(ctx context.Context, p progress) result {
-			out, err := o.Runner.Run(ctx, Command{Path: "nvidia-smi"})
-			if err != nil {
-				return waiting("nvidia-smi in a container of the nvidia runtime failed: %s (the container toolkit did not inject the driver)",
-					describeRun(out, err))
-			}
-			n, version, err := o.NVML.Probe("libnvidia-ml.so.1")
-			if errors.Is(err, ErrNVMLNotBuiltIn) {
-				p.Logf("nvidia-smi answers in a container of the nvidia runtime; %v", err)
-				return ready(file{name: "toolkit-ready"})
-			}
-			if err != nil {
-				return waiting("%v in a container of the nvidia runtime", err)
-			}
-			p.Logf("%d GPU(s), driver %s, visible in a container of the nvidia runtime", n, version)
-			return ready(file{name: "toolkit-ready"})
 		},
 	}
 }

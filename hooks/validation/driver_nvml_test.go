@@ -34,8 +34,8 @@ func TestDriverCheck(t *testing.T) {
 			e.nvml.count = 2
 		},
 		want: "ready",
-		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=@host\n" +
-			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=@host\n"},
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n" +
+			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"},
 		absent: []string{"nvidia-fs-ready", "gdrcopy-ready", "nvidia-peermem-ready"},
 	}, {
 		name: "containerized driver with GDS loaded and RDMA off",
@@ -47,8 +47,8 @@ func TestDriverCheck(t *testing.T) {
 		},
 		want: "ready",
 		files: map[string]string{
-			"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=@driver\nDRIVER_ROOT_CTR_PATH=@driver\n" +
-				"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=@host\n",
+			"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=@driver\nDRIVER_ROOT_CTR_PATH=/driver-root\n" +
+				"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n",
 			"nvidia-fs-ready": "",
 		},
 		absent: []string{"nvidia-peermem-ready", "gdrcopy-ready"},
@@ -62,8 +62,8 @@ func TestDriverCheck(t *testing.T) {
 			o.DriverInstallDirHostPath = "/run/nvidia/driver"
 		},
 		want: "ready",
-		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=@driver\n" +
-			"NVIDIA_DEV_ROOT=/run/nvidia/driver\nDEV_ROOT_CTR_PATH=@driver\n"},
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver\nDRIVER_ROOT_CTR_PATH=/driver-root\n" +
+			"NVIDIA_DEV_ROOT=/run/nvidia/driver\nDEV_ROOT_CTR_PATH=/driver-root\n"},
 	}, {
 		name: "containerized driver whose peermem module is not loaded: driver-ready written, check not passed",
 		setup: func(e *env, o *Options) {
@@ -198,7 +198,8 @@ func TestDriverCheckRunsTheRootsOwnNvidiaSmiAndNVML(t *testing.T) {
 
 func TestToolkitCheck(t *testing.T) {
 	e := newEnv(t, nil)
-	e.runner.answers["nvidia-smi"] = answer{out: "GPU 0: NVIDIA H100"}
+	smi := writeFile(t, e.ctr, "usr/bin/nvidia-smi", "#!/bin/sh\n", 0o755) // a script runs as it is
+	e.runner.answers[smi] = answer{out: "GPU 0: NVIDIA H100"}
 	e.nvml.count = 8
 	if err := e.run(e.options("toolkit")); err != nil {
 		t.Fatal(err)
@@ -212,7 +213,8 @@ func TestToolkitCheck(t *testing.T) {
 
 	e = newEnv(t, nil) // nvidia-smi was not injected into the container
 	err := e.run(e.options("toolkit"))
-	want := `failed: nvidia-smi in a container of the nvidia runtime failed: exec: "nvidia-smi": executable file not found in $PATH (the container toolkit did not inject the driver)`
+	want := "failed: nvidia-smi was not injected into this container of the nvidia runtime (no executable nvidia-smi under " + e.ctr +
+		" in usr/bin, usr/sbin, bin, sbin, usr/lib/wsl/lib, opt/bin: file does not exist): the container toolkit did not inject the driver"
 	if err == nil || e.annotation("toolkit") != want {
 		t.Fatalf("err %v, annotation %q", err, e.annotation("toolkit"))
 	}

@@ -14,11 +14,50 @@ func commandEqual(a, b Command) bool {
 }
 
 func TestDriverReadyIsSourceableByShell(t *testing.T) {
-	d := &driverInfo{root: "/run/nvidia/driver", rootHostPath: "/run/nvidia/my driver's", devRootHostPath: "/", devRootCtr: "/host"}
+	d := &driverInfo{root: "/run/nvidia/driver", rootHostPath: "/run/nvidia/my driver's", devRootHostPath: "/", devRootCtr: "/host",
+		consumerRoot: ConsumerDriverRoot, consumerDevRoot: ConsumerHostRoot}
 	got := string(d.env())
-	want := "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT='/run/nvidia/my driver'\\''s'\nDRIVER_ROOT_CTR_PATH=/run/nvidia/driver\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"
+	want := "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT='/run/nvidia/my driver'\\''s'\nDRIVER_ROOT_CTR_PATH=/driver-root\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"
 	if got != want {
 		t.Fatalf("driver-ready:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// driver-ready is sourced by the toolkit, device plugin and MIG manager, which mount the driver install dir at
+// /driver-root and the host's / at /host: the container paths it names are theirs, not the validator's mounts.
+func TestDriverReadyNamesTheConsumersMounts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		setup   func(e *env)
+		driver  string
+		devRoot string
+	}{
+		{"host driver", func(e *env) { installDriver(e.t, e.host) }, "/host", "/host"},
+		{"containerized driver", func(e *env) {
+			installDriver(e.t, e.driver)
+			writeFile(e.t, e.out, DriverCtrReadyFile, "", 0o644)
+		}, "/driver-root", "/host"},
+		{"containerized driver with its own dev", func(e *env) {
+			installDriver(e.t, e.driver)
+			writeFile(e.t, e.driver, "dev/nvidiactl", "", 0o644)
+			writeFile(e.t, e.out, DriverCtrReadyFile, "", 0o644)
+		}, "/driver-root", "/driver-root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			o := e.options("driver")
+			o.SkipGPUInit = true
+			tc.setup(e)
+			e.runner.answers["/usr/bin/nvidia-smi"] = answer{}
+			if err := e.run(o); err != nil {
+				t.Fatalf("%v\n%s", err, e.log.String())
+			}
+			got, _ := e.status("driver-ready")
+			env := parseEnv([]byte(got))
+			if env["DRIVER_ROOT_CTR_PATH"] != tc.driver || env["DEV_ROOT_CTR_PATH"] != tc.devRoot {
+				t.Fatalf("driver-ready:\n%s\nwant DRIVER_ROOT_CTR_PATH=%s DEV_ROOT_CTR_PATH=%s", got, tc.driver, tc.devRoot)
+			}
+		})
 	}
 }
 

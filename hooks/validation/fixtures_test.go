@@ -58,6 +58,8 @@ type env struct {
 	t       *testing.T
 	host    string
 	driver  string
+	ctr     string // the validator container's own root (CtrRoot)
+	devChar string // the host's /dev/char (DevCharDir)
 	out     string
 	client  *fake.Clientset
 	runner  *fakeRunner
@@ -74,6 +76,8 @@ func newEnv(t *testing.T, node *corev1.Node) *env {
 		t:       t,
 		host:    t.TempDir(),
 		driver:  t.TempDir(),
+		ctr:     t.TempDir(),
+		devChar: t.TempDir(),
 		out:     t.TempDir(),
 		runner:  &fakeRunner{answers: map[string]answer{}},
 		nvml:    newFakeNVML(),
@@ -127,6 +131,8 @@ func (e *env) options(component string) *Options {
 		NodeName:         testNode,
 		OutputDir:        e.out,
 		HostRoot:         e.host,
+		CtrRoot:          e.ctr,
+		DevCharDir:       e.devChar,
 		DriverInstallDir: e.driver,
 		SleepInterval:    5 * time.Millisecond,
 		Timeout:          2 * time.Second,

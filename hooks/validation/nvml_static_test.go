@@ -43,7 +43,7 @@ func TestStaticBuildDriverCheckRestsOnNvidiaSmi(t *testing.T) {
 
 func TestStaticBuildToolkitCheckRestsOnNvidiaSmi(t *testing.T) {
 	e := newEnv(t, nil)
-	e.runner.answers["nvidia-smi"] = answer{out: "GPU 0: NVIDIA H100"}
+	e.runner.answers[writeFile(t, e.ctr, "usr/bin/nvidia-smi", "#!/bin/sh\n", 0o755)] = answer{out: "GPU 0: NVIDIA H100"}
 	if err := e.run(e.options("toolkit")); err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,9 @@ type Options struct {
 	OutputDir string
 	// HostRoot is where the host's "/" is mounted (default /host).
 	HostRoot string
+	// CtrRoot is this container's own "/", where the nvidia runtime injects nvidia-smi and libnvidia-ml for the
+	// toolkit check (default "/"; tests point it at a fixture tree).
+	CtrRoot string
 	// DriverInstallDir is where the containerized driver's root is mounted (default /run/nvidia/driver).
 	DriverInstallDir string
 	// DriverInstallDirHostPath is DriverInstallDir's path on the host, written to driver-ready as
@@ -73,6 +76,11 @@ type Options struct {
 	Timeout time.Duration
 	// SkipGPUInit runs only `nvidia-smi --version` for the driver check: no GPU is initialised, no NVML.
 	SkipGPUInit bool
+	// DevCharDir is where the host's /dev/char is mounted (default DefaultDevCharDir); the driver check links the
+	// driver's character devices there. A directory that does not exist is skipped.
+	DevCharDir string
+	// DisableDevCharSymlinks keeps the driver check from creating the /dev/char links.
+	DisableDevCharSymlinks bool
 
 	// WithWorkload makes the plugin check also run a pod that requests one GPU.
 	WithWorkload bool
@@ -111,6 +119,12 @@ func (o *Options) Complete() {
 	}
 	if o.HostRoot == "" {
 		o.HostRoot = "/host"
+	}
+	if o.CtrRoot == "" {
+		o.CtrRoot = "/"
+	}
+	if o.DevCharDir == "" {
+		o.DevCharDir = DefaultDevCharDir
 	}
 	if o.DriverInstallDir == "" {
 		o.DriverInstallDir = "/run/nvidia/driver"

@@ -130,6 +130,8 @@ const envHelp = `Environment (as the chart sets it):
   SLEEP_INTERVAL_SECONDS           time between attempts (default 5)
   WORKLOAD_TIMEOUT_SECONDS         bound of each API wait: node GPU capacity, a workload pod (default 300)
   DRIVER_VALIDATION_SKIP_GPU_INIT  driver: only nvidia-smi --version, no NVML (default false)
+  DEV_CHAR_DIR                     driver: the host's /dev/char in this container (default /host-dev-char)
+  DISABLE_DEV_CHAR_SYMLINK_CREATION  driver: do not create /dev/char/<major>:<minor> links to the GPUs (default false)
   WITH_WORKLOAD                    plugin: also run a pod that requests one GPU (default false)
   MIG_STRATEGY                     plugin: none, single (nvidia.com/gpu) or mixed (nvidia.com/mig-*) (default single)
   OPERATOR_NAMESPACE               cuda, plugin: namespace of the workload pods
@@ -150,6 +152,7 @@ func fromEnv(component, dir string) (validation.Options, error) {
 		HostRoot:                 os.Getenv("HOST_ROOT"),
 		DriverInstallDir:         os.Getenv("DRIVER_INSTALL_DIR"),
 		DriverInstallDirHostPath: os.Getenv("DRIVER_INSTALL_DIR_HOST_PATH"),
+		DevCharDir:               os.Getenv("DEV_CHAR_DIR"),
 		MIGStrategy:              os.Getenv("MIG_STRATEGY"),
 		Namespace:                os.Getenv("OPERATOR_NAMESPACE"),
 		WorkloadImage:            os.Getenv("CUDA_WORKLOAD_IMAGE"),
@@ -166,6 +169,7 @@ func fromEnv(component, dir string) (validation.Options, error) {
 	var err error
 	for name, dst := range map[string]*bool{
 		"WITH_WAIT": &o.WithWait, "WITH_WORKLOAD": &o.WithWorkload, "DRIVER_VALIDATION_SKIP_GPU_INIT": &o.SkipGPUInit,
+		"DISABLE_DEV_CHAR_SYMLINK_CREATION": &o.DisableDevCharSymlinks,
 	} {
 		if *dst, err = envBool(name); err != nil {
 			return o, err

@@ -84,7 +84,7 @@ func TestDriverComponentReadsTheChartsEnvironment(t *testing.T) {
 		t.Fatalf("ran %+v", runner.calls)
 	}
 	got, err := os.ReadFile(filepath.Join(out, "driver-ready"))
-	if err != nil || !strings.Contains(string(got), "DRIVER_ROOT_CTR_PATH="+host+"\n") {
+	if err != nil || !strings.Contains(string(got), "DRIVER_ROOT_CTR_PATH=/host\n") {
 		t.Fatalf("driver-ready %q, %v", got, err)
 	}
 	if !strings.Contains(buf.String(), "driver: not recording the outcome on the Node") || !strings.Contains(buf.String(), "driver: ready") {
@@ -94,10 +94,11 @@ func TestDriverComponentReadsTheChartsEnvironment(t *testing.T) {
 
 func TestBadEnvironmentNamesTheVariable(t *testing.T) {
 	for env, want := range map[string]string{
-		"WITH_WAIT":                   `WITH_WAIT="sometimes": want true or false`,
-		"SLEEP_INTERVAL_SECONDS":      `SLEEP_INTERVAL_SECONDS="sometimes": want a positive number of seconds`,
-		"METRICS_PORT":                `METRICS_PORT="sometimes": want a port number`,
-		"DEFAULT_GPU_WORKLOAD_CONFIG": `DEFAULT_GPU_WORKLOAD_CONFIG "sometimes"`,
+		"WITH_WAIT":                         `WITH_WAIT="sometimes": want true or false`,
+		"SLEEP_INTERVAL_SECONDS":            `SLEEP_INTERVAL_SECONDS="sometimes": want a positive number of seconds`,
+		"METRICS_PORT":                      `METRICS_PORT="sometimes": want a port number`,
+		"DISABLE_DEV_CHAR_SYMLINK_CREATION": `DISABLE_DEV_CHAR_SYMLINK_CREATION="sometimes": want true or false`,
+		"DEFAULT_GPU_WORKLOAD_CONFIG":       `DEFAULT_GPU_WORKLOAD_CONFIG "sometimes"`,
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv("NODE_NAME", "")

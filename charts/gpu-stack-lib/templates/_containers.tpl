@@ -56,6 +56,7 @@ value is rendered as no value: the container gets the empty string all the same,
 {{/*
 gpu-stack-lib.waitContainer: an init container that blocks until one of the named status files exists in the
 validations dir (the per-node ordering barrier: the toolkit waits for driver-ready, GPU clients for toolkit-ready).
+It only reads: unprivileged, as the image's non-root user.
 dict "ctx" . "name" NAME "files" (list FILE ...)
 */}}
 {{- define "gpu-stack-lib.waitContainer" -}}
@@ -66,7 +67,7 @@ dict "ctx" . "name" NAME "files" (list FILE ...)
   "pullPolicy" .ctx.Values.global.stackImage.pullPolicy
   "command" (concat (list "validator" "wait") .files)
   "volumeMounts" (list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "HostToContainer"))
-  "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsUser" 0 "capabilities" (dict "drop" (list "ALL")))
+  "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "capabilities" (dict "drop" (list "ALL")))
 ) -}}
 {{- end }}
 

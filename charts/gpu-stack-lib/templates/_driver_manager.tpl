@@ -14,6 +14,8 @@ loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded
   env           the caller's switches, NAME -> value (ENABLE_GPU_POD_EVICTION, ENABLE_AUTO_DRAIN, DRAIN_*,
                 DRIVER_CONFIG_DIGEST, ...); they win over the base env below
   volumeMounts  optional extra mounts (e.g. /run/mellanox/drivers to wait for MOFED)
+It runs privileged as root: delete_module(2), umount2(2) and the sysfs writes need capabilities that the image's
+user (65532) does not get, even in a privileged container.
 */}}
 {{- define "gpu-stack-lib.driverManagerContainer" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
@@ -37,7 +39,7 @@ loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded
     (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
     (dict "name" "host-sys" "mountPath" "/sys"))
     (.volumeMounts | default list))
-  "securityContext" (dict "privileged" true)
+  "securityContext" (dict "privileged" true "runAsUser" 0)
 ) -}}
 {{- end }}
 

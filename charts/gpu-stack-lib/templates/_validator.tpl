@@ -11,6 +11,10 @@ status file under the validations dir, which other operands wait on. dict:
   spec       optional further container fields (ports, probes)
   preStopRemove  optional status files the container removes when it stops (`validator cleanup FILE...`), so a
              stopped validator never leaves a stale "ready" behind
+  statusOnly optional: true for a component that only reads the status files (metrics): it mounts the validations
+             dir read-only and nothing of the host, and runs unprivileged as the image's non-root user
+A check runs privileged and as root: the image's user (65532) would get no effective capabilities, even privileged,
+so it could neither write the validations dir, chroot nor create the /dev/char links.
 */}}
 {{- define "gpu-stack-lib.validatorContainer" -}}
 {{- $env := dict
@@ -20,6 +24,16 @@ status file under the validations dir, which other operands wait on. dict:
   "DRIVER_INSTALL_DIR" "/run/nvidia/driver"
 -}}
 {{- $spec := deepCopy (.spec | default dict) -}}
+{{- $mounts := list
+  (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "Bidirectional")
+  (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
+  (dict "name" "driver-install-dir" "mountPath" "/run/nvidia/driver" "readOnly" true "mountPropagation" "HostToContainer")
+  (dict "name" "host-dev-char" "mountPath" "/host-dev-char") -}}
+{{- $sc := dict "privileged" true "runAsUser" 0 -}}
+{{- if .statusOnly -}}
+{{- $mounts = list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "readOnly" true "mountPropagation" "HostToContainer") -}}
+{{- $sc = dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "capabilities" (dict "drop" (list "ALL")) -}}
+{{- end -}}
 {{- with .preStopRemove }}{{ $_ := set $spec "lifecycle" (dict "preStop" (dict "exec" (dict "command" (concat (list "validator" "cleanup") .)))) }}{{ end -}}
 {{- include "gpu-stack-lib.container" (dict
   "ctx" .ctx
@@ -30,11 +44,7 @@ status file under the validations dir, which other operands wait on. dict:
   "env" (mergeOverwrite $env (.env | default dict))
   "main" .main
   "spec" $spec
-  "volumeMounts" (list
-    (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "Bidirectional")
-    (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
-    (dict "name" "driver-install-dir" "mountPath" "/run/nvidia/driver" "readOnly" true "mountPropagation" "HostToContainer")
-    (dict "name" "host-dev-char" "mountPath" "/host-dev-char"))
-  "securityContext" (dict "privileged" true)
+  "volumeMounts" $mounts
+  "securityContext" $sc
 ) -}}
 {{- end }}

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 )
 
@@ -33,7 +31,7 @@ type Fixture struct {
 func New(t testing.TB) *Fixture {
 	t.Helper()
 	f := &Fixture{t: t, Root: t.TempDir()}
-	f.Kernel = &Kernel{f: f}
+	f.Kernel = &Kernel{f: f, fixture: &kmod.FixtureKernel{Root: f.Root, OwnRoot: f.Root, MountInfo: f.path("proc", "self", "mountinfo")}}
 	f.mkdir("proc", "self")
 	f.mkdir("sys", "module")
 	f.mkdir("run", "nvidia")
@@ -44,7 +42,8 @@ func New(t testing.TB) *Fixture {
 
 // Host is the kmod.Host over the fixture, with the fake Kernel.
 func (f *Fixture) Host() kmod.Host {
-	return kmod.Host{Root: f.Root, OwnRoot: f.Root, DriverRoot: DriverRoot, MountInfo: "/proc/self/mountinfo", Kernel: f.Kernel}
+	return kmod.Host{Root: f.Root, OwnRoot: f.Root, DriverRoot: DriverRoot, MountInfo: "/proc/self/mountinfo",
+		SysDir: f.path("sys"), Kernel: f.Kernel}
 }
 
 func (f *Fixture) path(p ...string) string { return filepath.Join(append([]string{f.Root}, p...)...) }
@@ -177,11 +176,12 @@ func (f *Fixture) LoadedModules() []string {
 	return out
 }
 
-// Kernel is the fake kmod.Kernel. It records every call.
+// Kernel is the fake kmod.Kernel: kmod.FixtureKernel over the fixture, recording every call.
 type Kernel struct {
-	f  *Fixture
-	mu sync.Mutex
-	// Calls are "delete_module NAME" and "umount PATH" (PATH as given, under the fixture root).
+	f       *Fixture
+	fixture *kmod.FixtureKernel
+	mu      sync.Mutex
+	// Calls are "delete_module NAME", "umount PATH" (PATH as given, under the fixture root) and "unbind ADDRESS".
 	Calls []string
 	// Fail, when set, is consulted before each call; a non-nil error fails it.
 	Fail func(call string) error
@@ -205,42 +205,12 @@ func (k *Kernel) record(call string) error {
 	return nil
 }
 
-// DeleteModule removes a module whose use count is 0 (EAGAIN while other modules hold it, EBUSY while it is
-// otherwise in use, ENOENT when not loaded), releasing the modules it used.
+// DeleteModule removes a module as kmod.FixtureKernel does.
 func (k *Kernel) DeleteModule(name string) error {
 	if err := k.record("delete_module " + name); err != nil {
 		return err
 	}
-	f := k.f
-	dir := f.path("sys", "module", name)
-	b, err := os.ReadFile(filepath.Join(dir, "refcnt"))
-	if err != nil {
-		return unix.ENOENT
-	}
-	if holders, _ := os.ReadDir(filepath.Join(dir, "holders")); len(holders) > 0 {
-		return unix.EAGAIN
-	}
-	if c, _ := strconv.Atoi(strings.TrimSpace(string(b))); c > 0 {
-		return unix.EBUSY
-	}
-	mods, _ := os.ReadFile(f.path("proc", "modules"))
-	var keep []string
-	for line := range strings.Lines(string(mods)) {
-		fs := strings.Fields(line)
-		if len(fs) > 3 && fs[0] == name {
-			for _, d := range strings.Split(strings.Trim(fs[3], ",-"), ",") {
-				if d == "" {
-					continue
-				}
-				_ = os.Remove(f.path("sys", "module", d, "holders", name))
-				f.addRefcnt(d, -1)
-			}
-			continue
-		}
-		keep = append(keep, line)
-	}
-	f.write("proc/modules", strings.Join(keep, ""))
-	return os.RemoveAll(dir)
+	return k.fixture.DeleteModule(name)
 }
 
 // Unmount removes the latest mount at target from the mount table (EINVAL when target is not a mount point).
@@ -248,20 +218,41 @@ func (k *Kernel) Unmount(target string) error {
 	if err := k.record("umount " + target); err != nil {
 		return err
 	}
-	f := k.f
-	mp, err := filepath.Rel(f.Root, target)
-	if err != nil {
-		return unix.EINVAL
+	return k.fixture.Unmount(target)
+}
+
+// UnbindDevice unbinds the PCI function at dev as kmod.FixtureKernel does.
+func (k *Kernel) UnbindDevice(dev string) error {
+	if err := k.record("unbind " + filepath.Base(dev)); err != nil {
+		return err
 	}
-	mp = "/" + mp
-	b, _ := os.ReadFile(f.path("proc", "self", "mountinfo"))
-	lines := slices.Collect(strings.Lines(string(b)))
-	for i := len(lines) - 1; i >= 0; i-- {
-		if fs := strings.Fields(lines[i]); len(fs) > 4 && strings.ReplaceAll(fs[4], `\040`, " ") == mp {
-			lines = slices.Delete(lines, i, i+1)
-			f.write("proc/self/mountinfo", strings.Join(lines, ""))
-			return nil
+	return k.fixture.UnbindDevice(dev)
+}
+
+// AddPCIFunction adds a PCI function at address of vendor (e.g. kmod.VendorNVIDIA), bound to driver ("" for
+// none), with driver_override set to override.
+func (f *Fixture) AddPCIFunction(address, vendor, driver, override string) {
+	f.t.Helper()
+	dev := filepath.Join("sys/bus/pci/devices", address)
+	f.write(filepath.Join(dev, "vendor"), vendor+"\n")
+	f.write(filepath.Join(dev, "driver_override"), override+"\n")
+	if driver != "" {
+		f.mkdir("sys", "bus", "pci", "drivers", driver)
+		if err := os.Symlink("../../drivers/"+driver, f.path(dev, "driver")); err != nil {
+			f.t.Fatal(err)
 		}
 	}
-	return unix.EINVAL
 }
+
+// PCIDriver returns the driver a function is bound to ("" for none) and its driver_override.
+func (f *Fixture) PCIDriver(address string) (driver, override string) {
+	dev := f.path("sys/bus/pci/devices", address)
+	if target, err := os.Readlink(filepath.Join(dev, "driver")); err == nil {
+		driver = filepath.Base(target)
+	}
+	b, _ := os.ReadFile(filepath.Join(dev, "driver_override"))
+	return driver, strings.TrimSpace(string(b))
+}
+
+// MOFEDContainerReady writes the MOFED driver container's ready file.
+func (f *Fixture) MOFEDContainerReady() { f.write("run/mellanox/drivers/.driver-ready", "") }

@@ -1,0 +1,121 @@
+package kmod
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// FixtureKernel is a Kernel that acts on a fixture host tree instead of the running kernel, the way Linux would:
+// for tests only (unit tests through kmodtest, and the driver-manager binary in a real container on a test node,
+// where the real kernel has no NVIDIA modules). A module is removable only when nothing holds or uses it, and
+// removing it takes it out of proc/modules and sys/module and releases the modules it used; an unmount takes the
+// mount out of the fixture's mount table; an unbind writes the function's address to its driver's unbind file and
+// takes the function's driver link away.
+type FixtureKernel struct {
+	// Root is the fixture host root: proc/modules and sys/module live there (Host.Root).
+	Root string
+	// OwnRoot is the root the unmount targets are under (Host.OwnRoot).
+	OwnRoot string
+	// MountInfo is the fixture's mount table, a path in this process's filesystem; its mount points are paths under
+	// OwnRoot.
+	MountInfo string
+}
+
+// NewFixtureKernel returns the fixture kernel of a Host whose Root, OwnRoot and MountInfo point into a fixture.
+func NewFixtureKernel(h Host) *FixtureKernel {
+	return &FixtureKernel{Root: h.Root, OwnRoot: h.OwnRoot, MountInfo: h.own(h.MountInfo)}
+}
+
+func (k *FixtureKernel) path(p ...string) string {
+	return filepath.Join(append([]string{k.Root}, p...)...)
+}
+
+// DeleteModule removes a module whose use count is 0: EAGAIN while other modules hold it, EBUSY while it is
+// otherwise in use, ENOENT when it is not loaded.
+func (k *FixtureKernel) DeleteModule(name string) error {
+	dir := k.path("sys", "module", name)
+	b, err := os.ReadFile(filepath.Join(dir, "refcnt"))
+	if err != nil {
+		return unix.ENOENT
+	}
+	if holders, _ := os.ReadDir(filepath.Join(dir, "holders")); len(holders) > 0 {
+		return unix.EAGAIN
+	}
+	if c, _ := strconv.Atoi(strings.TrimSpace(string(b))); c > 0 {
+		return unix.EBUSY
+	}
+	mods, err := os.ReadFile(k.path("proc", "modules"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	var keep []string
+	for line := range strings.Lines(string(mods)) {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[0] == name {
+			for _, d := range strings.Split(strings.Trim(f[3], ",-"), ",") {
+				if d == "" {
+					continue
+				}
+				_ = os.Remove(k.path("sys", "module", d, "holders", name))
+				if err := k.addRefcnt(d, -1); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		keep = append(keep, line)
+	}
+	if err := os.WriteFile(k.path("proc", "modules"), []byte(strings.Join(keep, "")), 0o644); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+func (k *FixtureKernel) addRefcnt(module string, n int) error {
+	p := k.path("sys", "module", module, "refcnt")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("module %s is not loaded in the fixture: %w", module, err)
+	}
+	c, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return os.WriteFile(p, []byte(strconv.Itoa(c+n)+"\n"), 0o644)
+}
+
+// Unmount removes the latest mount at target (a path under OwnRoot) from the mount table: EINVAL when target
+// is not a mount point.
+func (k *FixtureKernel) Unmount(target string) error {
+	mp, err := filepath.Rel(k.OwnRoot, target)
+	if err != nil || strings.HasPrefix(mp, "..") {
+		return unix.EINVAL
+	}
+	mp = filepath.Join("/", mp)
+	b, err := os.ReadFile(k.MountInfo)
+	if err != nil {
+		return err
+	}
+	lines := slices.Collect(strings.Lines(string(b)))
+	for i := len(lines) - 1; i >= 0; i-- {
+		if f := strings.Fields(lines[i]); len(f) > 4 && unescapeMountPath(f[4]) == mp {
+			lines = slices.Delete(lines, i, i+1)
+			return os.WriteFile(k.MountInfo, []byte(strings.Join(lines, "")), 0o644)
+		}
+	}
+	return unix.EINVAL
+}
+
+// UnbindDevice writes the function's address to its driver's unbind file, as the kernel's sysfs takes it, and
+// removes the function's driver link, as the kernel would.
+func (k *FixtureKernel) UnbindDevice(dev string) error {
+	if err := (System{}).writeUnbind(dev, true); err != nil {
+		return err
+	}
+	return os.Remove(filepath.Join(dev, "driver"))
+}
