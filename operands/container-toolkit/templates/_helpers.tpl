@@ -65,7 +65,7 @@ CONTAINERD_CONFIG: {{ $config | quote }}
 CONTAINERD_SOCKET: {{ $socket | quote }}
 CONTAINERD_RUNTIME_CLASS: {{ .Values.global.runtimeClassName | quote }}
 {{- else }}
-CRIO_CONFIG: {{ $config | quote }}
+{{- /* RUNTIME_CONFIG names CRI-O's config: the installer reads no CRIO_CONFIG */}}
 {{- /* without CDI, CRI-O keeps the OCI prestart hook rather than making nvidia its default runtime */}}
 CRIO_CONFIG_MODE: {{ .Values.global.cdi.enabled | ternary "config" "hook" }}
 {{- end }}

@@ -135,17 +135,16 @@ USE_HOST_MOFED: {{ .Values.rdma.useHostMofed | quote }}
 {{- end }}
 {{- end }}
 
-{{/* driver.env: the driver container's environment (also what the startup probe writes to .driver-ctr-ready) */}}
+{{/*
+driver.env: the driver container's environment (also what the startup probe writes to .driver-ctr-ready). Only what
+nvidia-driver reads (tests/contracts): no NODE_NAME, NODE_IP or OPEN_KERNEL_MODULES_ENABLED (KERNEL_MODULE_TYPE
+replaced it). DRIVER_CONFIG_DIGEST stays on every driver container, precompiled ones too, whose script ignores it:
+the rollout plan and the driver pod's status read the digest from the driver container.
+*/}}
 {{- define "driver.env" -}}
 {{- $v := .ctx.Values -}}
-NODE_NAME: {fieldRef: {fieldPath: spec.nodeName}}
-NODE_IP: {fieldRef: {fieldPath: status.hostIP}}
 NVIDIA_VISIBLE_DEVICES: void
-{{- $type := include "driver.kernelModuleType" .ctx }}
-KERNEL_MODULE_TYPE: {{ $type }}
-{{- if eq $type "open" }}
-OPEN_KERNEL_MODULES_ENABLED: "true"
-{{- end }}
+KERNEL_MODULE_TYPE: {{ include "driver.kernelModuleType" .ctx }}
 GPU_DIRECT_RDMA_ENABLED: {{ $v.rdma.enabled | quote }}
 {{- if $v.rdma.enabled }}
 USE_HOST_MOFED: {{ $v.rdma.useHostMofed | quote }}

@@ -1,0 +1,435 @@
+package contracts
+
+import "regexp"
+
+// vars builds an Env map of optional vars.
+func vars(names ...string) map[string]EnvVar {
+	m := map[string]EnvVar{}
+	for _, n := range names {
+		m[n] = EnvVar{}
+	}
+	return m
+}
+
+// with returns m with the given entries set.
+func with(m map[string]EnvVar, set map[string]EnvVar) map[string]EnvVar {
+	for k, v := range set {
+		m[k] = v
+	}
+	return m
+}
+
+const (
+	busybox = "/bin/sh (busybox-static, applets under /busybox on PATH)"
+	distro  = "/bin/bash and /bin/sh with the distribution's tools"
+)
+
+// driverHostPaths are the host paths the driver container's nvidia-driver script uses (gpu-driver-container
+// ubuntu24.04/nvidia-driver, rhel9/nvidia-driver at 06a208c): `init` installs and runs the driver, the other
+// subcommands (reload_nvidia_peermem in the peermem sidecar) need only the shared /run/nvidia.
+var driverHostPaths = []HostPath{
+	// RUN_DIR=/run/nvidia: the pid file and the driver root /run/nvidia/driver it installs into and shares.
+	{Container: "/run/nvidia", Host: "/run/nvidia", Why: "RUN_DIR: pid file and the shared driver root /run/nvidia/driver"},
+	// _load_driver: fw_path_config_file="/sys/module/firmware_class/parameters/path".
+	{Subcommand: "init", Container: "/sys/module/firmware_class/parameters/path", Host: "/sys/module/firmware_class/parameters/path", Why: "points the kernel's firmware search at the driver root's firmware"},
+	// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3) mounts the directory /sys/devices/system; the
+	// memory block onlining file under it is absent on kernels without memory hotplug, so a file mount fails there.
+	{Subcommand: "init", Container: "/sys/devices/system", Host: "/sys/devices/system", Why: "memory onlining for coherent-memory GPUs; mount the directory, the file auto_online_blocks is absent without memory hotplug"},
+	// _start_daemons/_shutdown: /var/run/nvidia-fabricmanager/*.pid and /var/run/nvidia-topologyd/*.pid.
+	{Subcommand: "init", Container: "/run/nvidia-fabricmanager", Host: "/run/nvidia-fabricmanager", Why: "Fabric Manager pid and state, shared with the host"},
+	{Subcommand: "init", Container: "/run/nvidia-topologyd", Host: "/run/nvidia-topologyd", Why: "nvidia-topologyd pid (vGPU)"},
+	// _gpu_direct_rdma_enabled / init: waits for /run/mellanox/drivers/.driver-ready (MOFED container).
+	{Subcommand: "init", Container: "/run/mellanox/drivers", Host: "/run/mellanox/drivers", When: "GPU_DIRECT_RDMA_ENABLED", Why: "waits for the MOFED driver's .driver-ready"},
+	// _link_ofa_kernel: links /run/mellanox/drivers/usr/src/ofa_kernel into /usr/src to build nvidia-peermem. With a
+	// host MOFED those sources are the host's /usr/src (GPU Operator: mlnx-ofed-usr-src -> /usr/src when
+	// useHostMofed).
+	{Subcommand: "init", Container: "/run/mellanox/drivers/usr/src", Host: "/usr/src", When: "USE_HOST_MOFED", Why: "host MOFED's ofa_kernel sources for nvidia-peermem"},
+}
+
+// driverFiles are the files the driver container waits for.
+var driverFiles = []File{
+	// init, GPU_DIRECT_RDMA_ENABLED: `until ... [ -f /run/nvidia/validations/.driver-ctr-ready ]`.
+	{Path: "/run/nvidia/validations/.driver-ctr-ready", Format: "presence; KEY=VALUE lines GDRCOPY_ENABLED, GDS_ENABLED, GPU_DIRECT_RDMA_ENABLED", From: "the driver container's startup probe", When: "GPU_DIRECT_RDMA_ENABLED"},
+}
+
+// Table is the contract table: one row per third-party image repository and tag family the chart renders.
+var Table = []Contract{
+	{
+		Repository: "nvidia/driver",
+		Tags:       regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+-ubuntu(22|24)\.04$`),
+		Source:     "github.com/NVIDIA/gpu-driver-container@06a208c ubuntu24.04/ ubuntu22.04/",
+		// ubuntu24.04/Dockerfile: COPY nvidia-driver /usr/local/bin; ENTRYPOINT ["nvidia-driver", "init"]; no USER.
+		Entrypoint: []string{"nvidia-driver", "init"},
+		Binaries:   []string{"/usr/local/bin/nvidia-driver"},
+		Shell:      distro,
+		User:       "0",
+		NeedsRoot:  true,
+		// ubuntu24.04/nvidia-driver: DRIVER_VERSION and TARGETARCH are required (${VAR:?}) and come from the image's
+		// ENV; the rest are optional.
+		Env: with(vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "UBUNTU_PRO_TOKEN",
+			"DRIVER_CONFIG_DIGEST", "NVFM_CONFIG_FABRIC_MODE", "DRIVER_TYPE", "DRIVER_BRANCH", "VGPU_LICENSE_SERVER_TYPE",
+			"DISABLE_VGPU_VERSION_CHECK"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
+		ReadsFiles: driverFiles,
+		HostPaths:  driverHostPaths,
+		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17), which the 570/595 images may predate",
+	},
+	{
+		Repository: "nvidia/driver",
+		Tags:       regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+-rhel9$`),
+		Source:     "github.com/NVIDIA/gpu-driver-container@06a208c rhel9/",
+		// rhel9/Dockerfile: COPY nvidia-driver, common.sh /usr/local/bin; ENTRYPOINT ["nvidia-driver", "init"].
+		Entrypoint: []string{"nvidia-driver", "init"},
+		Binaries:   []string{"/usr/local/bin/nvidia-driver", "/usr/local/bin/common.sh"},
+		Shell:      distro,
+		User:       "0",
+		NeedsRoot:  true,
+		// rhel9/nvidia-driver and rhel9/common.sh (GDS_ENABLED, GDRCOPY_ENABLED: wait for the sidecars' modules).
+		Env: with(vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_CONFIG_DIGEST",
+			"NVFM_CONFIG_FABRIC_MODE", "DRIVER_TYPE", "DRIVER_BRANCH", "VGPU_LICENSE_SERVER_TYPE", "DISABLE_VGPU_VERSION_CHECK",
+			"GDS_ENABLED", "GDRCOPY_ENABLED", "OPENSHIFT_VERSION", "RHEL_VERSION"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
+		ReadsFiles: driverFiles,
+		HostPaths:  driverHostPaths,
+		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17)",
+	},
+	{
+		Repository: "nvidia/driver",
+		Tags:       regexp.MustCompile(`^[0-9]+-[0-9.]+-[0-9]+-[a-z]+-ubuntu(22|24)\.04$`),
+		Source:     "github.com/NVIDIA/gpu-driver-container@06a208c ubuntu22.04/precompiled/",
+		// ubuntu22.04/precompiled/Dockerfile: COPY nvidia-driver /usr/local/bin; ENTRYPOINT ["nvidia-driver", "init"].
+		Entrypoint: []string{"nvidia-driver", "init"},
+		Binaries:   []string{"/usr/local/bin/nvidia-driver"},
+		Shell:      distro,
+		User:       "0",
+		NeedsRoot:  true,
+		// ubuntu22.04/precompiled/nvidia-driver reads no DRIVER_CONFIG_DIGEST.
+		Env:        vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_BRANCH", "DRIVER_VERSION", "KERNEL_VERSION", "TARGETARCH"),
+		ReadsFiles: driverFiles,
+		HostPaths:  driverHostPaths,
+		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17)",
+	},
+	{
+		Repository: "nvidia/k8s/container-toolkit",
+		Tags:       regexp.MustCompile(`^v1\.20\.0$`),
+		Source:     "github.com/NVIDIA/nvidia-container-toolkit@v1.20.0",
+		// deployments/container/Dockerfile: distroless/go + busybox; USER 0:0; binaries under /work (on PATH);
+		// ENTRYPOINT ["/work/nvidia-ctk-installer"]; RUN ln -s /work/nvidia-ctk-installer /work/nvidia-toolkit.
+		Entrypoint: []string{"/work/nvidia-ctk-installer"},
+		// The build stage makes only cmd-nvidia-ctk-installer into /artifacts/bin -> /work; the toolkit's own
+		// binaries come from the deb/rpm packages under /artifacts, which the installer unpacks on the host.
+		Binaries:  []string{"/work/nvidia-ctk-installer", "/work/nvidia-toolkit"},
+		Shell:     busybox,
+		User:      "0",
+		NeedsRoot: true,
+		// cmd/nvidia-ctk-installer/{main.go,toolkit/toolkit.go,container/**}: cli.EnvVars sources. None is required;
+		// DRIVER_ROOT_CTR_PATH defaults to /run/nvidia/driver, so a driver root mounted elsewhere needs it (the
+		// chart's wrapper takes it from driver-ready).
+		Env: with(vars("ACCEPT_NVIDIA_VISIBLE_DEVICES_AS_VOLUME_MOUNTS", "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED",
+			"CDI_ENABLED", "ENABLE_CDI", "CDI_KIND", "CDI_OUTPUT_DIR", "CONTAINERD_CONFIG", "CONTAINERD_RUNTIME_CLASS",
+			"CONTAINERD_RUNTIME_CONFIG_OVERRIDE", "CONTAINERD_RUNTIME_TYPE", "CONTAINERD_SET_AS_DEFAULT", "CONTAINERD_SOCKET",
+			"CONTAINERD_USE_LEGACY_CONFIG", "CREATE_DEVICE_NODES", "CRIO_CONFIG_MODE", "CRIO_HOOKS_DIR", "CRIO_HOOK_FILENAME",
+			"DEV_ROOT", "NVIDIA_DEV_ROOT", "DEV_ROOT_CTR_PATH", "DOCKER_CONFIG", "DOCKER_RUNTIME_NAME", "DOCKER_SET_AS_DEFAULT",
+			"DOCKER_SOCKET", "DRIVER_ROOT", "NVIDIA_DRIVER_ROOT", "ENABLE_NRI_PLUGIN", "HOST_ROOT_MOUNT", "NO_DAEMON",
+			"NO_RUNTIME_CONFIG", "NRI_MANAGEMENT_CDI_DEVICE_NAMESPACES", "NRI_NAMESPACE", "NRI_PLUGIN_INDEX", "NRI_SOCKET",
+			"NVIDIA_CONTAINER_CLI_DEBUG", "NVIDIA_CONTAINER_RUNTIME_DEBUG", "NVIDIA_CONTAINER_RUNTIME_HOOK_SKIP_MODE_DETECTION",
+			"NVIDIA_CONTAINER_RUNTIME_LOG_LEVEL", "NVIDIA_CONTAINER_RUNTIME_MODE", "NVIDIA_CONTAINER_RUNTIME_MODES_CDI_ANNOTATION_PREFIXES",
+			"NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND", "NVIDIA_CONTAINER_RUNTIME_RUNTIMES", "NVIDIA_CONTAINER_TOOLKIT_OPT_IN_FEATURES",
+			"NVIDIA_RUNTIME_NAME", "NVIDIA_RUNTIME_SET_AS_DEFAULT", "PID_FILE", "TOOLKIT_PID_FILE", "ROOT", "TOOLKIT_INSTALL_DIR",
+			"RUNTIME", "RUNTIME_CONFIG", "RUNTIME_CONFIG_OVERRIDE", "RUNTIME_CONFIG_SOURCE", "RUNTIME_CONFIG_SOURCES",
+			"RUNTIME_DROP_IN_CONFIG", "RUNTIME_DROP_IN_CONFIG_HOST_PATH", "RUNTIME_ENABLE_CDI", "RUNTIME_EXECUTABLE_PATH",
+			"RUNTIME_RESTART_MODE", "RUNTIME_SOCKET", "TOOLKIT_DEBUG", "TOOLKIT_PACKAGE_TYPE", "TOOLKIT_SOURCE_ROOT"),
+			map[string]EnvVar{"DRIVER_ROOT_CTR_PATH": {Required: true}}),
+		HostPaths: []HostPath{
+			// main.go: defaultToolkitInstallDir = "/usr/local/nvidia" (ROOT); installs the runtime and hooks there.
+			{Container: "/usr/local/nvidia", Why: "toolkit install dir (ROOT), referenced by the runtime config by its host path"},
+			// main.go: defaultPidFile = "/run/nvidia/toolkit/toolkit.pid".
+			{Container: "/run/nvidia/toolkit", Host: "/run/nvidia/toolkit", Why: "pid file other operands wait on"},
+			// toolkit.go: driver-root-ctr-path; the chart's driver-ready gives /driver-root.
+			{Container: "/driver-root", Why: "the driver root it generates CDI specs and hooks from"},
+			// cdi-output-dir default /var/run/cdi.
+			{Container: "/var/run/cdi", Host: "/var/run/cdi", Why: "management CDI specs for the runtime"},
+		},
+	},
+	{
+		Repository: "nvidia/k8s-device-plugin",
+		Tags:       regexp.MustCompile(`^v0\.20\.0$`),
+		Source:     "github.com/NVIDIA/k8s-device-plugin@v0.20.0",
+		// deployments/container/Dockerfile: distroless/go + busybox, USER 0:0, the four binaries in /usr/bin,
+		// ENTRYPOINT ["nvidia-device-plugin"]. The device plugin, GFD and the MPS control daemon share it.
+		Entrypoint: []string{"nvidia-device-plugin"},
+		Binaries:   []string{"/usr/bin/nvidia-device-plugin", "/usr/bin/gpu-feature-discovery", "/usr/bin/mps-control-daemon", "/usr/bin/config-manager"},
+		Shell:      busybox,
+		User:       "0",
+		NeedsRoot:  true,
+		// config-manager only reads its node's label and copies a ConfigMap key into a shared emptyDir.
+		Rootless: []string{"config-manager"},
+		// cmd/nvidia-device-plugin/main.go, cmd/gpu-feature-discovery/main.go, cmd/mps-control-daemon/main.go,
+		// cmd/config-manager/main.go (ONESHOT ... PROCESS_TO_SIGNAL), internal/flags/{node,kubeclient}.go, internal/rm/health.go (os.Getenv).
+		// GDS_ENABLED / MOFED_ENABLED / GDRCOPY_ENABLED make the plugin hand /dev/nvidia-fs*, /dev/infiniband and
+		// /dev/gdrdrv to pods: required where the driver pool enables GDS, RDMA or GDRCopy (the test checks that).
+		Env: with(vars("MIG_STRATEGY", "GFD_MIG_STRATEGY", "FAIL_ON_INIT_ERROR", "GFD_FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT",
+			"NVIDIA_DEV_ROOT", "PASS_DEVICE_SPECS", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "GDRCOPY_ENABLED", "GDS_ENABLED",
+			"MOFED_ENABLED", "CDI_ANNOTATION_PREFIX", "NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH", "DRIVER_ROOT_CTR_PATH",
+			"CONTAINER_DRIVER_ROOT", "MPS_ROOT", "SHARED_DEVICES_ALLOCATION_POLICY", "DEVICE_DISCOVERY_STRATEGY", "IMEX_CHANNEL_IDS",
+			"IMEX_REQUIRED", "KUBELET_SOCKET", "CONFIG_FILE", "GFD_CONFIG_FILE", "CDI_FEATURE_FLAGS", "CDI_DISABLE_HOOKS",
+			"GFD_ONESHOT", "GFD_NO_TIMESTAMP", "GFD_SLEEP_INTERVAL", "GFD_OUTPUT_FILE", "GFD_MACHINE_TYPE_FILE",
+			"GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API", "NAMESPACE", "POD_NAME", "KUBECONFIG", "KUBE_API_QPS",
+			"KUBE_API_BURST", "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES",
+			"NODE_LABEL", "CONFIG_FILE_SRCDIR", "CONFIG_FILE_DST", "SEND_SIGNAL", "SIGNAL", "PROCESS_TO_SIGNAL", "ONESHOT"),
+			map[string]EnvVar{
+				// internal/flags/node.go: NODE_NAME names the node whose NodeFeature GFD writes (config-manager: the
+				// node whose label it follows).
+				"NODE_NAME": {Required: true, Binaries: []string{"gpu-feature-discovery", "config-manager"}},
+				// the plugin finds the driver under /driver-root unless told (driver-root-ctr-path default).
+				"DRIVER_ROOT_CTR_PATH": {},
+			}),
+		HostPaths: []HostPath{
+			// kubelet-socket default /var/lib/kubelet/device-plugins/kubelet.sock (host location varies by distro).
+			{Container: "/var/lib/kubelet/device-plugins", Binaries: []string{"nvidia-device-plugin"}, Why: "the kubelet's device-plugin socket directory"},
+		},
+	},
+	{
+		Repository: "nvidia/cloud-native/dcgm",
+		Tags:       regexp.MustCompile(`^4\.6\.0-1-(ubuntu24\.04|ubuntu22\.04|ubi9)$`),
+		Source:     "none readable: the DCGM container's Dockerfile is not in a public repository the index holds",
+		User:       "0",
+		Unverified: "entrypoint, user and env could not be read from source; the chart renders no command (the image's own entrypoint, nv-hostengine per the GPU Operator's assets/state-dcgm/0400_dcgm.yml) and sets no env",
+		// Nothing rendered is checked against unread facts: no command (entrypoint unknown), no env.
+		Entrypoint:    []string{"(image entrypoint)"},
+		Binaries:      []string{"(image entrypoint)"},
+		EnvUnverified: true,
+	},
+	{
+		Repository: "nvidia/k8s/dcgm-exporter",
+		Tags:       regexp.MustCompile(`^4\.6\.0-4\.8\.3-(distroless|ubuntu22\.04|ubi9)$`),
+		Source:     "github.com/NVIDIA/dcgm-exporter@4.5.3-4.8.2 (4.6.0-4.8.3 is not tagged in the mirror)",
+		// docker/Dockerfile runtime-distroless: USER root:root; ENTRYPOINT ["/usr/bin/dcgm-exporter-entrypoint.sh"],
+		// which execs /usr/bin/dcgm-exporter "$@"; /bin/sh and bash copied in.
+		Entrypoint: []string{"/usr/bin/dcgm-exporter-entrypoint.sh"},
+		Binaries:   []string{"/usr/bin/dcgm-exporter-entrypoint.sh", "/usr/bin/dcgm-exporter"},
+		Shell:      "/bin/sh and /usr/bin/bash copied from ubuntu",
+		User:       "0",
+		// pkg/cmd/app.go EnvVars; internal/pkg/hostname/hostname.go and transformation/kubernetes.go read NODE_NAME.
+		Env: vars("DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE", "DCGM_EXPORTER_COLLECTORS", "DCGM_EXPORTER_CONFIGMAP_DATA",
+			"DCGM_EXPORTER_CPU_DEVICES_STR", "DCGM_EXPORTER_DCGM_LOG_LEVEL", "DCGM_EXPORTER_DEBUG", "DCGM_EXPORTER_DEVICES_STR",
+			"DCGM_EXPORTER_DUMP_COMPRESSION", "DCGM_EXPORTER_DUMP_DIRECTORY", "DCGM_EXPORTER_DUMP_ENABLED", "DCGM_EXPORTER_DUMP_RETENTION",
+			"DCGM_EXPORTER_ENABLE_DCGM_LOG", "DCGM_EXPORTER_ENABLE_GPU_BIND_UNBIND_WATCH", "DCGM_EXPORTER_ENABLE_PPROF",
+			"DCGM_EXPORTER_GPU_BIND_UNBIND_POLL_INTERVAL", "DCGM_EXPORTER_INTERVAL", "DCGM_EXPORTER_KUBERNETES",
+			"DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", "DCGM_EXPORTER_KUBERNETES_GPU_ID_TYPE",
+			"DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", "DCGM_EXPORTER_LISTEN", "DCGM_EXPORTER_LOG_FORMAT",
+			"DCGM_EXPORTER_NO_HOSTNAME", "DCGM_EXPORTER_OTHER_DEVICES_STR", "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME",
+			"DCGM_EXPORTER_SYSTEMD_SOCKET", "DCGM_EXPORTER_USE_FAKE_GPUS", "DCGM_EXPORTER_USE_OLD_NAMESPACE",
+			"DCGM_EXPORTER_WEB_CONFIG_FILE", "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE", "DCGM_HPC_JOB_MAPPING_DIR",
+			"DCGM_POD_RESOURCES_KUBELET_SOCKET", "DCGM_REMOTE_HOSTENGINE_INFO", "DISABLE_STARTUP_VALIDATE", "KUBERNETES_ENABLE_DRA",
+			"KUBERNETES_VIRTUAL_GPUS", "NVIDIA_RESOURCE_NAMES", "NODE_NAME"),
+		HostPaths: []HostPath{
+			// pkg/cmd/app.go: pod-resources socket default /var/lib/kubelet/pod-resources/kubelet.sock.
+			{Container: "/var/lib/kubelet/pod-resources", When: "DCGM_EXPORTER_KUBERNETES", Why: "maps GPUs to pods through the kubelet's pod-resources API"},
+		},
+		Unverified: "tag 4.6.0-4.8.3 is absent from the mirror; facts from 4.5.3-4.8.2, the newest tag present",
+	},
+	{
+		Repository: "nvidia/cloud-native/k8s-mig-manager",
+		Tags:       regexp.MustCompile(`^v0\.15\.0$`),
+		Source:     "github.com/NVIDIA/mig-parted@v0.15.0",
+		// deployments/container/Dockerfile: distroless/go + busybox; USER 0:0; /usr/bin/nvidia-mig-parted,
+		// /usr/bin/nvidia-mig-manager, /usr/bin/nvidia-ctk; ENTRYPOINT ["nvidia-mig-manager"].
+		Entrypoint: []string{"nvidia-mig-manager"},
+		Binaries:   []string{"/usr/bin/nvidia-mig-manager", "/usr/bin/nvidia-mig-parted", "/usr/bin/nvidia-ctk"},
+		Shell:      busybox,
+		User:       "0",
+		NeedsRoot:  true,
+		// cmd/nvidia-mig-manager/main.go: cli.EnvVars sources and os.Getenv.
+		Env: with(vars("KUBECONFIG", "RECONFIGURE_SCRIPT", "HOST_ROOT_MOUNT", "HOST_NVIDIA_DIR", "HOST_MIG_MANAGER_STATE_FILE",
+			"HOST_KUBELET_SYSTEMD_SERVICE", "GPU_CLIENTS_FILE", "WITH_REBOOT", "WITH_SHUTDOWN_HOST_GPU_CLIENTS",
+			"DEFAULT_GPU_CLIENTS_NAMESPACE", "NVIDIA_DRIVER_ROOT", "DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH", "CDI_ENABLED",
+			"NVIDIA_DEV_ROOT", "DEV_ROOT_CTR_PATH", "NVIDIA_CDI_HOOK_PATH", "DEFAULT_CONFIG_FILE"),
+			map[string]EnvVar{
+				// validateFlags: "invalid -n <node-name> flag: must not be empty string".
+				"NODE_NAME": {Required: true},
+				// createNodeConfigMap: "POD_NAMESPACE/POD_NAME environment variable not set" when it publishes the
+				// config it generated from the hardware (the path taken when CONFIG_FILE is unset).
+				"POD_NAME":      {Required: true},
+				"POD_NAMESPACE": {Required: true},
+				// a set CONFIG_FILE is used as is: mig-parted then never generates the config from the hardware;
+				// DEFAULT_CONFIG_FILE is the fallback for hardware it cannot profile.
+				"CONFIG_FILE": {Avoid: "mig-parted then uses it as is and never generates the MIG config from the hardware; set DEFAULT_CONFIG_FILE"},
+			}),
+		HostPaths: []HostPath{
+			// DefaultHostRootMount = "/host": reboots, host GPU clients, systemd state.
+			{Container: "/host", Host: "/", Why: "host root for host GPU clients and systemd state"},
+			// DefaultDriverRootCtrPath = "/run/nvidia/driver" unless DRIVER_ROOT_CTR_PATH says otherwise.
+			{Container: "/driver-root", Why: "the driver root (chart's driver-ready gives /driver-root)"},
+		},
+	},
+	{
+		Repository: "nvidia/cloud-native/k8s-driver-manager",
+		Tags:       regexp.MustCompile(`^v0\.12\.0$`),
+		Source:     "github.com/NVIDIA/k8s-driver-manager@v0.12.0",
+		// deployments/container/Dockerfile.distroless: distroless/cc + busybox (/bin/sh link), USER 0:0,
+		// COPY vfio-manage, driver-manager /usr/bin; ENTRYPOINT ["driver-manager", "preflight_check"].
+		Entrypoint: []string{"driver-manager", "preflight_check"},
+		Binaries:   []string{"/usr/bin/driver-manager", "/usr/bin/vfio-manage"},
+		Shell:      busybox,
+		User:       "0",
+		NeedsRoot:  true,
+		// cmd/vfio-manage/bind.go: HOST_ROOT (default "/", used when loading vfio-pci), BIND_NVSWITCHES.
+		Env: vars("HOST_ROOT", "BIND_NVSWITCHES"),
+		HostPaths: []HostPath{
+			// vfio-manage binds through sysfs (/sys/bus/pci) and loads vfio-pci from HOST_ROOT's /lib/modules.
+			{Container: "/sys", Host: "/sys", Why: "PCI driver binding through sysfs"},
+		},
+		Unverified: "driver-manager's own env (the k8s driver manager binary) is not listed: the chart runs only vfio-manage from this image",
+	},
+	{
+		Repository: "nvidia/cloud-native/vgpu-device-manager",
+		Tags:       regexp.MustCompile(`^v0\.5\.0$`),
+		Source:     "github.com/NVIDIA/vgpu-device-manager@v0.5.0",
+		// deployments/container/Dockerfile.distroless: distroless/go + busybox, USER 0:0, /usr/bin/nvidia-vgpu-dm,
+		// /usr/bin/nvidia-k8s-vgpu-dm, /usr/bin/nvidia-mig-parted; ENTRYPOINT ["nvidia-k8s-vgpu-dm"].
+		Entrypoint: []string{"nvidia-k8s-vgpu-dm"},
+		Binaries:   []string{"/usr/bin/nvidia-k8s-vgpu-dm", "/usr/bin/nvidia-vgpu-dm", "/usr/bin/nvidia-mig-parted"},
+		Shell:      busybox,
+		User:       "0",
+		NeedsRoot:  true,
+		// cmd/nvidia-k8s-vgpu-dm/main.go: EnvVars; validateFlags rejects an empty node name, namespace, config file
+		// and default vGPU config.
+		Env: with(vars("KUBECONFIG", "HOST_ROOT_MOUNT", "HOST_MIG_MANAGER_STATE_FILE", "HOST_KUBELET_SYSTEMD_SERVICE",
+			"DRIVER_ROOT_CTR_PATH", "GPU_CLIENTS_FILE", "WITH_REBOOT", "WITH_SHUTDOWN_HOST_GPU_CLIENTS", "VGPU_DM_CONFIG_FILE",
+			"VGPU_DM_DEBUG", "VGPU_DM_SELECTED_CONFIG", "VGPU_DM_VALID_CONFIG"),
+			map[string]EnvVar{"NODE_NAME": {Required: true}, "NAMESPACE": {Required: true}, "CONFIG_FILE": {Required: true},
+				"DEFAULT_VGPU_CONFIG": {Required: true}}),
+		HostPaths: []HostPath{
+			// defaultHostRootMount = "/host"; defaultDriverRootCtrPath = "/driver-root".
+			{Container: "/host", Host: "/", Why: "host root for host GPU clients and systemd state"},
+			{Container: "/driver-root", Why: "the driver root it loads NVML from"},
+			// internal/nvlib uses the vendored go-nvlib nvpci/nvmdev: PCIDevicesRoot = "/sys/bus/pci/devices".
+			{Container: "/sys", Host: "/sys", Why: "mdev and SR-IOV vGPU devices under /sys/bus/pci/devices"},
+		},
+	},
+	{
+		Repository: "nvidia/kubevirt-gpu-device-plugin",
+		Tags:       regexp.MustCompile(`^v1\.6\.0$`),
+		Source:     "github.com/NVIDIA/kubevirt-gpu-device-plugin@v1.6.0",
+		// deployments/container/Dockerfile.distroless: distroless/go (no shell), USER 0:0,
+		// COPY nvidia-kubevirt-gpu-device-plugin /usr/bin/; CMD ["nvidia-kubevirt-gpu-device-plugin"].
+		Cmd:       []string{"nvidia-kubevirt-gpu-device-plugin"},
+		Binaries:  []string{"/usr/bin/nvidia-kubevirt-gpu-device-plugin"},
+		User:      "0",
+		NeedsRoot: true,
+		// no os.Getenv or flag in the non-vendored code.
+		Env: vars(),
+		HostPaths: []HostPath{
+			// pkg/device_plugin/generic_device_plugin.go: vfioDevicePath = "/dev/vfio".
+			{Container: "/dev/vfio", Host: "/dev/vfio", Why: "VFIO group devices it hands to VMs"},
+			{Container: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory"},
+		},
+	},
+	{
+		Repository: "nvidia/cloud-native/nvidia-sandbox-device-plugin",
+		Tags:       regexp.MustCompile(`^v0\.0\.5$`),
+		Source:     "github.com/NVIDIA/sandbox-device-plugin Dockerfile at 054a9fb (the index holds no v0.0.5 tag)",
+		// Dockerfile: distroless/go + busybox (/bin/sh), USER 0:0, /usr/bin/nvidia-sandbox-device-plugin and
+		// /usr/bin/gpu-feature-discovery; ENTRYPOINT ["/usr/bin/nvidia-sandbox-device-plugin"].
+		Entrypoint:    []string{"/usr/bin/nvidia-sandbox-device-plugin"},
+		Binaries:      []string{"/usr/bin/nvidia-sandbox-device-plugin", "/usr/bin/gpu-feature-discovery"},
+		Shell:         busybox,
+		User:          "0",
+		NeedsRoot:     true,
+		EnvUnverified: true,
+		HostPaths: []HostPath{
+			{Container: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory"},
+		},
+		Unverified: "tag v0.0.5 not found in the index (Dockerfile read at commit 054a9fb); the env it reads (the chart sets NODE_NAME, POD_NAMESPACE, POD_SERVICE_ACCOUNT) was not read from its source",
+	},
+	{
+		Repository: "nvidia/cloud-native/k8s-cc-manager",
+		Tags:       regexp.MustCompile(`^v0\.4\.3$`),
+		Source:     "github.com/NVIDIA/k8s-cc-manager@v0.4.3",
+		// deployments/container/Dockerfile.distroless: distroless/python, COPY main.py gpu_operator_eviction.py /app/,
+		// USER 0:0, ENTRYPOINT ["python3", "/app/main.py"]. No k8s-cc-manager executable exists.
+		Entrypoint: []string{"python3", "/app/main.py"},
+		Binaries:   []string{"python3", "/app/main.py"},
+		User:       "0",
+		NeedsRoot:  true,
+		// main.py: os.environ.get.
+		Env: with(vars("KUBECONFIG", "DEFAULT_CC_MODE", "CC_READINESS_FILE", "EVICT_OPERATOR_COMPONENTS"), map[string]EnvVar{
+			// "NODE_NAME environment variable must be set for k8s-cc-manager" (exit 1).
+			"NODE_NAME": {Required: true},
+			// the namespace whose operand pods it evicts; defaults to gpu-operator, wrong in any other namespace.
+			"OPERATOR_NAMESPACE": {Required: true},
+		}),
+		HostPaths: []HostPath{
+			// READINESS_FILE default /run/nvidia/validations/.cc-manager-ctr-ready: it writes it once the CC mode is
+			// applied, for the sandbox validator.
+			{Container: "/run/nvidia/validations", Host: "/run/nvidia/validations", Why: "writes .cc-manager-ctr-ready for the sandbox validator"},
+			// is_host_cc_enabled: /sys/module/kvm_intel/parameters/tdx, /sys/module/kvm_amd/parameters/sev_snp.
+			{Container: "/sys", Host: "/sys", Why: "host CC capability and GPU PCI config"},
+		},
+	},
+	{
+		Repository: "nvidia/cloud-native/nvidia-fs",
+		Tags:       regexp.MustCompile(`^2\.29\.4-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		Source:     "none readable: github.com/NVIDIA/gds-nvidia-fs holds the module source only (tags up to v2.28.4), not the container",
+		Entrypoint: []string{"(image entrypoint)"},
+		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `bash -xc "... exec nvidia-gds-driver install"`.
+		Binaries:      []string{"nvidia-gds-driver"},
+		Shell:         "unverified: a distribution base (the GPU Operator runs its wrapper with bash -xc in it)",
+		User:          "0",
+		NeedsRoot:     true,
+		EnvUnverified: true,
+		HostPaths: []HostPath{
+			// builds against the driver sources the driver container exposes under /run/nvidia/driver/usr/src.
+			{Container: "/run/nvidia", Host: "/run/nvidia", Why: "the driver root with the NVIDIA kernel sources"},
+		},
+		Unverified: "the container's Dockerfile and script are not public: the binary name comes from the GPU Operator's driver DaemonSet asset, the env it reads is unknown",
+	},
+	{
+		Repository: "nvidia/cloud-native/gdrdrv",
+		Tags:       regexp.MustCompile(`^v2\.6-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		Source:     "none readable: github.com/NVIDIA/gdrcopy@v2.6 holds the library and module, not the container",
+		Entrypoint: []string{"(image entrypoint)"},
+		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `exec nvidia-gdrcopy-driver install`.
+		Binaries:      []string{"nvidia-gdrcopy-driver"},
+		Shell:         "unverified: a distribution base (the GPU Operator runs its wrapper with bash -xc in it)",
+		User:          "0",
+		NeedsRoot:     true,
+		EnvUnverified: true,
+		HostPaths: []HostPath{
+			{Container: "/run/nvidia", Host: "/run/nvidia", Why: "the driver root with the NVIDIA kernel sources"},
+		},
+		Unverified: "the container's Dockerfile and script are not public: the binary name comes from the GPU Operator's driver DaemonSet asset, the env it reads is unknown",
+	},
+	{
+		Repository: "nvidia/k8s/cuda-sample",
+		Tags:       regexp.MustCompile(`^vectoradd-cuda[0-9.]+-(ubuntu22\.04|ubuntu24\.04|ubi9)$`),
+		Source:     "github.com/NVIDIA/k8s-samples deployments/container/Dockerfile at its default branch (the mirror tags no vectoradd build)",
+		// deployments/container/Dockerfile: CUDA base (ubuntu22.04), no USER; COPY the sample to
+		// /cuda-samples/${SAMPLE_NAME}, ln -s it to /cuda-samples/sample; ENTRYPOINT ["/cuda-samples/sample"].
+		Entrypoint: []string{"/cuda-samples/sample"},
+		Binaries:   []string{"/cuda-samples/vectorAdd", "/cuda-samples/sample"},
+		Shell:      distro,
+		User:       "0",
+		Env:        vars(),
+		Unverified: "the vectoradd-cuda12.5.0 build predates the Dockerfile read (default branch, CUDA 13 base); the validator launches it as a workload, so no rendered container runs it",
+	},
+	{
+		Repository: "nfd/node-feature-discovery",
+		Tags:       regexp.MustCompile(`^v0\.19\.0(-minimal)?$`),
+		Source:     "github.com/kubernetes-sigs/node-feature-discovery@v0.19.0",
+		// Dockerfile minimal stage: scratch, USER 65534:65534, nfd-master, nfd-worker, nfd-topology-updater, nfd-gc,
+		// kubectl-nfd, nfd in /usr/bin; no ENTRYPOINT (the deployment names the binary).
+		Binaries: []string{"/usr/bin/nfd-master", "/usr/bin/nfd-worker", "/usr/bin/nfd-topology-updater", "/usr/bin/nfd-gc", "/usr/bin/kubectl-nfd", "/usr/bin/nfd"},
+		User:     "65534",
+		// pkg/utils/kubernetes.go (NODE_NAME, KUBERNETES_NAMESPACE), pkg/nfd-worker/nfd-worker.go (POD_NAME, POD_UID),
+		// cmd/nfd-topology-updater/main.go (NODE_ADDRESS).
+		Env: with(vars("KUBERNETES_NAMESPACE", "POD_NAME", "POD_UID", "NODE_ADDRESS"), map[string]EnvVar{
+			// nfd-worker.go resolveNodeOwnerReference: "cannot resolve Node owner reference: NODE_NAME not specified".
+			"NODE_NAME": {Required: true, Binaries: []string{"nfd-worker", "nfd-topology-updater"}},
+		}),
+		HostPaths: []HostPath{
+			// pkg/utils/hostpath: the worker reads the host's sysfs and os-release under /host-*.
+			{Container: "/host-sys", Host: "/sys", Binaries: []string{"nfd-worker"}, Why: "PCI and kernel features (worker)"},
+			{Container: "/host-etc/os-release", Host: "/etc/os-release", Binaries: []string{"nfd-worker"}, Why: "system-os_release labels the driver pools select on (worker)"},
+		},
+	},
+}
