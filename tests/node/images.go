@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
 )
 
 // PauseImage is the sandbox image containerd is configured with; it is built locally (tests/node/standin/pause),
@@ -60,7 +61,9 @@ func (g GoImage) Build(ctx context.Context, moduleDir string) (v1.Image, error) 
 	}
 	defer os.RemoveAll(dir)
 	out := filepath.Join(dir, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, g.Package)
+	// a stand-in's contract check looks its row up by the reference it was built for
+	ldflags := "-s -w -X github.com/kube-gpu-stack/kube-gpu-stack/tests/node/standin/contract.Image=" + g.Ref
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", out, g.Package)
 	cmd.Dir = moduleDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -99,10 +102,32 @@ func (g GoImage) Build(ctx context.Context, moduleDir string) (v1.Image, error) 
 	if entry == nil {
 		entry = []string{g.Binary}
 	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	if dir := filepath.Dir(g.Binary); !strings.Contains(":"+path+":", ":"+dir+":") {
+		path = dir + ":" + path
+	}
 	return configure(layer, v1.Config{
 		Entrypoint: entry, Cmd: g.Cmd, User: g.User, WorkingDir: "/",
-		Env: append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, g.Env...),
+		Env: append([]string{"PATH=" + path}, g.Env...),
 	})
+}
+
+// StandIn is the stand-in image for a third-party image: the stand-in program (package) at the image's binary
+// paths, with the image's entrypoint, user and shell, all from the image's contract row.
+func StandIn(ref, pkg string) (GoImage, error) {
+	row, ok := contracts.Lookup(ref)
+	if !ok || len(row.Binaries) == 0 {
+		return GoImage{}, fmt.Errorf("no contract row with binaries for %s", ref)
+	}
+	g := GoImage{Ref: ref, Package: pkg, Binary: row.Binaries[0], Entrypoint: row.Entrypoint, Cmd: row.Cmd,
+		Shell: row.Shell != "", Links: map[string]string{}}
+	if row.User != "0" {
+		g.User = row.User
+	}
+	for _, b := range row.Binaries[1:] {
+		g.Links[b] = g.Binary
+	}
+	return g, nil
 }
 
 func configure(layer v1.Layer, cfg v1.Config) (v1.Image, error) {

@@ -36,10 +36,18 @@ func importImages(ctx context.Context, n *Node, runtimeBin string) error {
 	}
 	images[ref] = img
 	projectTag = ref[strings.LastIndex(ref, ":")+1:]
+	driver, err := StandIn(driverImage, "./tests/node/standin/driver")
+	if err != nil {
+		return err
+	}
+	driver.Files = files // the driver root the real image installs
+	toolkit, err := StandIn(toolkitImage, "./tests/node/standin/toolkit")
+	if err != nil {
+		return err
+	}
 	for _, g := range []GoImage{
 		{Ref: probeImage, Package: "./tests/node/standin/apiprobe", Binary: "/apiprobe", User: "65532"},
-		{Ref: driverImage, Package: "./tests/node/standin/driver", Binary: "/usr/local/bin/nvidia-driver", Files: files, Shell: true},
-		{Ref: toolkitImage, Package: "./tests/node/standin/toolkit", Binary: "/usr/bin/nvidia-toolkit", Shell: true},
+		driver, toolkit,
 	} {
 		img, err := g.Build(ctx, n.ModuleDir)
 		if err != nil {

@@ -1,5 +1,5 @@
-// Command driver plays `nvidia-driver init` in the driver image. It checks what the real container needs (root,
-// privileged mounts, the chart's env) and then does what the real one does once its modules are loaded: it makes
+// Command driver plays `nvidia-driver init` in the driver image. It checks its container against the image's
+// contract row (root, required env, the host paths `init` needs) and then does what the real one does once its modules are loaded: it makes
 // its own root the driver root on the host (rbind / onto /run/nvidia/driver, propagated back by the Bidirectional
 // /run/nvidia mount), so nvidia-smi and the libraries in this image are what the node's driver root holds; and it
 // shows the startup probe a loaded module (a tmpfs with nvidia/refcnt over this container's own /sys/module — the
@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/node/standin/contract"
 )
 
 const driverRoot = "/run/nvidia/driver"
@@ -40,19 +42,11 @@ func fail(err error) {
 }
 
 func check() error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("runs as uid %d; loading modules needs root", os.Geteuid())
-	}
-	for _, k := range []string{"NODE_NAME", "KERNEL_MODULE_TYPE", "DRIVER_CONFIG_DIGEST"} {
-		if os.Getenv(k) == "" {
-			return fmt.Errorf("%s is not set", k)
-		}
+	if err := contract.Check(); err != nil {
+		return err
 	}
 	if v := os.Getenv("NVIDIA_VISIBLE_DEVICES"); v != "void" {
 		return fmt.Errorf("NVIDIA_VISIBLE_DEVICES=%q; the driver container must not get GPUs injected (void)", v)
-	}
-	if _, err := os.Stat("/run/nvidia"); err != nil {
-		return fmt.Errorf("/run/nvidia not mounted: %w", err)
 	}
 	return nil
 }

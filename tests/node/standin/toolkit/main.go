@@ -1,7 +1,7 @@
-// Command toolkit plays nvidia-toolkit in the container-toolkit image. The chart's command sources driver-ready
-// (set -a) before exec'ing it, so the driver's paths arrive as environment: it fails, as the real installer does,
-// unless DRIVER_ROOT_CTR_PATH names a mounted tree holding libcuda and libnvidia-ml, and unless it runs as root with
-// the runtime's config and socket paths set. Then it writes its pid file and stays running, as the installer does
+// Command toolkit plays nvidia-ctk-installer (and its nvidia-toolkit link) in the container-toolkit image. It
+// checks its container against the image's contract row (root, required env, mounts). The chart's command sources
+// driver-ready (set -a) before exec'ing it, so the driver's paths arrive as environment: it fails, as the real
+// installer does, unless DRIVER_ROOT_CTR_PATH names a mounted tree holding libcuda and libnvidia-ml. Then it writes its pid file and stays running, as the installer does
 // after configuring the runtime.
 package main
 
@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/node/standin/contract"
 )
 
 func main() {
@@ -31,13 +33,8 @@ func main() {
 }
 
 func check() error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("runs as uid %d; the installer needs root", os.Geteuid())
-	}
-	for _, k := range []string{"RUNTIME", "RUNTIME_CONFIG", "RUNTIME_SOCKET", "ROOT", "DRIVER_ROOT_CTR_PATH"} {
-		if os.Getenv(k) == "" {
-			return fmt.Errorf("%s is not set", k)
-		}
+	if err := contract.Check(); err != nil {
+		return err
 	}
 	root := os.Getenv("DRIVER_ROOT_CTR_PATH")
 	if st, err := os.Stat(root); err != nil || !st.IsDir() {
