@@ -25,14 +25,15 @@ const (
 
 // nodeValues is the profile for this node: host paths on the fixture, only the operands that can be played here
 // (the driver with its driver-manager init container, the toolkit stand-in, the validator), the rest off.
-func nodeValues(t *testing.T) string {
+func nodeValues(t *testing.T, hostRoot string) string {
 	values := fmt.Sprintf(`global:
   # the image built and imported here; never pulled
   stackImage: {tag: %[4]q, pullPolicy: Never}
+  # the driver manager's module and mount operations act on the fixture host (rootFS), not this machine's kernel
+  extraEnv: {DRIVER_MANAGER_KERNEL: fixture}
   hostPaths:
     rootFS: %[1]s
     kubeletRootDir: %[2]s
-    toolkitInstallDir: %[1]s/usr/local/nvidia
 nfd: {mode: none}
 devicePlugin: {enabled: false}
 dcgmExporter: {enabled: false}
@@ -50,7 +51,7 @@ validator:
   cuda: {enabled: false}
   plugin: {enabled: false}
 hooks:
-  validation: {timeoutSeconds: 150}
+  validation: {timeoutSeconds: 90}
 `, hostRoot, testNode.KubeletRoot(), testNode.socket, projectTag)
 	path := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(path, []byte(values), 0o644); err != nil {
@@ -59,23 +60,60 @@ hooks:
 	return path
 }
 
-// The chart on a real node, in real containers: the driver pod's driver-manager init container and the
-// validator's and toolkit's init containers pass, the validator writes driver-ready and toolkit-ready, the
-// post-install gate passes, and helm uninstall leaves the fixture host as it was.
+// The chart on a real node, in real containers, on a new GPU node (no driver loaded) and on one whose loaded driver
+// it replaces. The driver pod's driver-manager init container (as root) finds the node's driver and, on the second,
+// unloads the old modules and unmounts the old driver root in the fixture (DRIVER_MANAGER_KERNEL=fixture); the
+// driver stand-in installs; the validator's and toolkit's init containers pass; the validator writes driver-ready
+// and toolkit-ready; the upgrade gate lets the node go; the post-install gate passes; no container is refused by
+// RBAC; helm uninstall leaves the fixture host as the install left it.
 func TestChartOnNode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		loaded bool
+		// what the install is meant to change on the host (/dev/char links stay, as nvidia-ctk's do: they point at
+		// the driver's devices)
+		changes []string
+	}{
+		{"new node", false, []string{"+ dev/char/195:0", "+ dev/char/195:255"}},
+		{"driver change", true, []string{"~ proc/modules", "~ proc/self/mountinfo", "+ dev/char/195:0", "+ dev/char/195:255",
+			"- sys/module/nvidia", "- sys/module/nvidia/refcnt", "- sys/module/nvidia_uvm", "- sys/module/nvidia_uvm/refcnt",
+			"- sys/module/nvidia_modeset", "- sys/module/nvidia_modeset/refcnt"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := filepath.Join(testNode.Dir, "host-"+strings.ReplaceAll(tc.name, " ", "-"))
+			if err := HostTree(root, tc.loaded); err != nil {
+				t.Fatal(err)
+			}
+			chartOnNode(t, root, tc.loaded, tc.changes)
+		})
+	}
+}
+
+func chartOnNode(t *testing.T, hostRoot string, loaded bool, changes []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	before := treeSnapshot(t, hostRoot)
 	target := install.Target{Kubeconfig: testNode.Cluster.Kubeconfig, Release: "kgs", Namespace: namespace,
 		Timeout: 6 * time.Minute, NoWait: true, KeepFailed: true}
 	start := time.Now()
-	_, err := target.Install(ctx, []string{nodeValues(t)})
+	_, err := target.Install(ctx, []string{nodeValues(t, hostRoot)})
 	t.Logf("helm install (post-install gate included) took %s", time.Since(start).Round(time.Second))
 	if err != nil {
 		t.Errorf("install: %v", err)
 	}
 	describePods(t, ctx)
 
+	afterInstall := treeSnapshot(t, hostRoot)
+	wantChanged := toSet(changes)
+	for _, d := range diffTrees(before, afterInstall) {
+		if !wantChanged[d] {
+			t.Errorf("the install changed the fixture host unexpectedly: %s", d)
+		}
+		delete(wantChanged, d)
+	}
+	for d := range wantChanged {
+		t.Errorf("the install did not change the fixture host as expected: %s missing", d)
+	}
 	for _, f := range []string{"driver-ready", "toolkit-ready"} {
 		if _, err := os.Stat(filepath.Join(validationsDir, f)); err != nil {
 			t.Errorf("the validator did not write %s: %v", f, err)
@@ -89,6 +127,20 @@ func TestChartOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range pods.Items {
+		for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
+			logs, _ := testNode.Cluster.Client.CoreV1().Pods(namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: c.Name}).DoRaw(ctx)
+			if strings.Contains(string(logs), "is forbidden") {
+				t.Errorf("pod %s: container %s was refused by the API server (RBAC):\n%s", p.Name, c.Name, logs)
+			}
+			if c.Name == "driver-manager" {
+				if c.SecurityContext == nil || c.SecurityContext.RunAsUser == nil || *c.SecurityContext.RunAsUser != 0 {
+					t.Errorf("pod %s: the driver manager does not run as root", p.Name)
+				}
+				if got := strings.Contains(string(logs), "no NVIDIA driver loaded"); got == loaded {
+					t.Errorf("pod %s: the driver manager saw the node's driver wrong (loaded: %v):\n%s", p.Name, loaded, logs)
+				}
+			}
+		}
 		for _, s := range p.Status.InitContainerStatuses {
 			if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
 				t.Errorf("pod %s: init container %s did not pass: %s", p.Name, s.Name, state(s))
@@ -106,7 +158,7 @@ func TestChartOnNode(t *testing.T) {
 		t.Errorf("uninstall: %v", err)
 	}
 	t.Logf("helm uninstall took %s", time.Since(start).Round(time.Second))
-	if diff := diffTrees(before, treeSnapshot(t, hostRoot)); len(diff) > 0 {
+	if diff := diffTrees(afterInstall, treeSnapshot(t, hostRoot)); len(diff) > 0 {
 		t.Errorf("helm uninstall left the fixture host changed:\n  %s", strings.Join(diff, "\n  "))
 	}
 }

@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
 // runtime and toolkit have. With loaded, the NVIDIA modules are listed as loaded (a node whose driver is to be
 // replaced); without, none is (a new node).
 func HostTree(dir string, loaded bool) error {
-	for _, d := range []string{"dev/char", "proc", "sys/module", "etc/containerd/conf.d", "usr/local/nvidia", "run/nvidia"} {
+	for _, d := range []string{"dev/char", "proc/self", "sys/module", "etc/containerd/conf.d", "usr/local/nvidia", "run/nvidia"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return err
 		}
@@ -71,10 +71,13 @@ func HostTree(dir string, loaded bool) error {
 		}
 	}
 	files := map[string]string{
-		"proc/modules":   "",
-		"etc/os-release": "ID=ubuntu\nVERSION_ID=\"22.04\"\n",
+		"proc/modules":        "",
+		"proc/self/mountinfo": "",
+		"etc/os-release":      "ID=ubuntu\nVERSION_ID=\"22.04\"\n",
 	}
 	if loaded {
+		// the old driver's root, as the driver manager's fixture kernel reads the mount table (DRIVER_MANAGER_KERNEL)
+		files["proc/self/mountinfo"] = "1000 1 0:50 / /run/nvidia/driver rw,relatime shared:500 - overlay overlay rw\n"
 		files["proc/modules"] = "nvidia_modeset 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia 2 2 nvidia_modeset,nvidia_uvm, Live 0x0\n"
 		for m, refs := range map[string]string{"nvidia": "2\n", "nvidia_uvm": "0\n", "nvidia_modeset": "0\n"} {
 			if err := os.MkdirAll(filepath.Join(dir, "sys/module", m), 0o755); err != nil {

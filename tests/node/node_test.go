@@ -18,7 +18,7 @@ import (
 
 var testNode *Node
 
-// hostRoot is the fixture GPU host (global.hostPaths.rootFS); runtimeBin the nvidia runtime handler's binary.
+// hostRoot is a fixture GPU host whose devices the nvidia runtime stand-in injects; runtimeBin that runtime.
 var hostRoot, runtimeBin string
 
 const testDir = "/var/lib/kube-gpu-stack-test"
