@@ -56,6 +56,9 @@ var Packages = map[string]string{
 	"iproute2":                    "/usr/sbin/ip",
 	// a static shell for the stand-in images (the upstream images run `sh -c` commands)
 	"busybox-static": "/bin/busybox",
+	// the fixture driver's nvidia-smi and libraries are C, dynamically linked against glibc as the real ones are
+	"gcc":       "/usr/bin/gcc",
+	"libc6-dev": "/usr/include/stdio.h",
 }
 
 // ErrMissing means a piece the node needs is not on this machine (not root, no kubelet built, ...).
