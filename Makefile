@@ -1,7 +1,7 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden vet fmt-check package controlplane
+.PHONY: test demo golden vet fmt-check package controlplane node
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, e2e on the local
 ## control plane, which it builds first when this machine has not built it yet)
@@ -11,6 +11,10 @@ test: vet fmt-check
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
 controlplane:
 	./ci/build-controlplane.sh
+
+## node: build (or reuse) the kubelet of the real-node tests (tests/node) in the same cache; prints its folder
+node:
+	./ci/build-node.sh
 
 ## demo: local control plane + simulated GPU nodes, the chart installed (mixed profile), what runs where;
 ## DEMO_ARGS=-keep leaves it running

@@ -74,6 +74,13 @@ type Options struct {
 	// HarnessComponents are pod components (label app.kubernetes.io/component) that kwok leaves alone: the tests
 	// play the kubelet for them (tests/kubelet), running the project's own code instead of faking success.
 	HarnessComponents []string
+	// APIServerAddress and APIServerPort, when both set, are where the API server listens (and the address its serving
+	// certificate names) instead of a free port on 127.0.0.1: a real kubelet's pods must reach it (tests/node).
+	APIServerAddress string
+	APIServerPort    int
+	// APIServerArgs are extra kube-apiserver flags (name without dashes -> values); no values drops one of envtest's
+	// defaults (e.g. disable-admission-plugins, which turns off ServiceAccount admission: real pods need their token).
+	APIServerArgs map[string][]string
 }
 
 // Start starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and returns once the API
@@ -100,7 +107,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}}
 	// Without an endpoint reconciler the apiserver does not try to publish its (loopback) address.
-	c.env.ControlPlane.GetAPIServer().Configure().Set("endpoint-reconciler-type", "none")
+	api := c.env.ControlPlane.GetAPIServer()
+	api.Configure().Set("endpoint-reconciler-type", "none")
+	for k, v := range opts.APIServerArgs {
+		if len(v) == 0 {
+			api.Configure().Disable(k)
+			continue
+		}
+		api.Configure().Set(k, v...)
+	}
+	if opts.APIServerAddress != "" {
+		api.SecureServing.Address, api.SecureServing.Port = opts.APIServerAddress, fmt.Sprint(opts.APIServerPort)
+	}
 	if c.Config, err = c.env.Start(); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)

@@ -1,0 +1,95 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+)
+
+// DriverFiles builds what a driver root holds for the checks that run it, into dir: an nvidia-smi that is
+// dynamically linked against glibc (as the real one is, so a static image cannot exec it without the driver root's
+// loader), stub libnvidia-ml.so.1 and libcuda.so.1, and this machine's glibc loader and libc. It returns them as
+// path in the driver root -> file here.
+func DriverFiles(ctx context.Context, dir string) (map[string]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	smi := `#include <stdio.h>
+#include <string.h>
+int main(int argc, char **argv) {
+	if (argc > 1 && strcmp(argv[1], "--version") == 0) { printf("NVIDIA-SMI 595.91.07\nDRIVER version : 595.91.07\n"); return 0; }
+	printf("GPU 0: NVIDIA Test GPU (UUID: GPU-00000000-0000-0000-0000-000000000000)\n");
+	return 0;
+}
+`
+	lib := `int nvmlInit_v2(void) { return 0; } int cuInit(unsigned int f) { return 0; }`
+	if err := os.WriteFile(filepath.Join(dir, "smi.c"), []byte(smi), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lib.c"), []byte(lib), 0o644); err != nil {
+		return nil, err
+	}
+	for _, c := range [][]string{
+		{"-O2", "-o", "nvidia-smi", "smi.c"},
+		{"-O2", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", "libnvidia-ml.so.1", "lib.c"},
+		{"-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", "lib.c"},
+	} {
+		cmd := exec.CommandContext(ctx, "gcc", c...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("gcc %v: %v: %s", c, err, out)
+		}
+	}
+	libdir := "/usr/lib/x86_64-linux-gnu"
+	return map[string]string{
+		"/usr/bin/nvidia-smi":                 filepath.Join(dir, "nvidia-smi"),
+		libdir + "/libnvidia-ml.so.1":         filepath.Join(dir, "libnvidia-ml.so.1"),
+		libdir + "/libcuda.so.1":              filepath.Join(dir, "libcuda.so.1"),
+		"/lib64/ld-linux-x86-64.so.2":         "/lib64/ld-linux-x86-64.so.2",
+		"/lib/x86_64-linux-gnu/libc.so.6":     "/lib/x86_64-linux-gnu/libc.so.6",
+		"/usr/lib/x86_64-linux-gnu/libc.so.6": "/lib/x86_64-linux-gnu/libc.so.6",
+	}, nil
+}
+
+// HostTree creates the fixture GPU host under dir, used as global.hostPaths.rootFS: /dev/nvidia* character
+// devices (the driver's major 195; nothing answers them, which no check here opens), /dev/char, the loaded-modules
+// list and the module directories the driver manager and the validator read, and the folders a GPU node's
+// runtime and toolkit have. With loaded, the NVIDIA modules are listed as loaded (a node whose driver is to be
+// replaced); without, none is (a new node).
+func HostTree(dir string, loaded bool) error {
+	for _, d := range []string{"dev/char", "proc/self", "sys/module", "etc/containerd/conf.d", "usr/local/nvidia", "run/nvidia"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for name, minor := range map[string]int{"nvidia0": 0, "nvidiactl": 255} {
+		if err := syscall.Mknod(filepath.Join(dir, "dev", name), syscall.S_IFCHR|0o666, 195<<8|minor); err != nil {
+			return fmt.Errorf("mknod %s: %w", name, err)
+		}
+	}
+	files := map[string]string{
+		"proc/modules":        "",
+		"proc/self/mountinfo": "",
+		"etc/os-release":      "ID=ubuntu\nVERSION_ID=\"22.04\"\n",
+	}
+	if loaded {
+		// the old driver's root, as the driver manager's fixture kernel reads the mount table (DRIVER_MANAGER_KERNEL)
+		files["proc/self/mountinfo"] = "1000 1 0:50 / /run/nvidia/driver rw,relatime shared:500 - overlay overlay rw\n"
+		files["proc/modules"] = "nvidia_modeset 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia 2 2 nvidia_modeset,nvidia_uvm, Live 0x0\n"
+		for m, refs := range map[string]string{"nvidia": "2\n", "nvidia_uvm": "0\n", "nvidia_modeset": "0\n"} {
+			if err := os.MkdirAll(filepath.Join(dir, "sys/module", m), 0o755); err != nil {
+				return err
+			}
+			files["sys/module/"+m+"/refcnt"] = refs
+		}
+	}
+	for p, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
