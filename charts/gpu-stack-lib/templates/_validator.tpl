@@ -11,6 +11,9 @@ status file under the validations dir, which other operands wait on. dict:
   spec       optional further container fields (ports, probes)
   preStopRemove  optional status files the container removes when it stops (`validator cleanup FILE...`), so a
              stopped validator never leaves a stale "ready" behind
+  unrecorded optional: true for a copy of a check that another pod's validator also runs (the toolkit's driver
+             validation): it writes the status file but leaves recording the outcome on the Node to the validator
+             DaemonSet, so its pod needs no API access (no NODE_NAME)
   statusOnly optional: true for a component that only reads the status files (metrics): it mounts the validations
              dir read-only and nothing of the host, and runs unprivileged as the image's non-root user
 A check runs privileged and as root: the image's user (65532) would get no effective capabilities, even privileged,
@@ -23,6 +26,7 @@ so it could neither write the validations dir, chroot nor create the /dev/char l
   "HOST_ROOT" "/host"
   "DRIVER_INSTALL_DIR" "/run/nvidia/driver"
 -}}
+{{- if .unrecorded }}{{ $_ := unset $env "NODE_NAME" }}{{ end -}}
 {{- $spec := deepCopy (.spec | default dict) -}}
 {{- $mounts := list
   (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "Bidirectional")
