@@ -731,7 +731,7 @@ func TestHookValues(t *testing.T) {
   nodeSelector: {kubernetes.io/os: linux, pool: gpu}
   tolerations: [{key: global.example/taint, operator: Exists}]
 hooks:
-  validation: {timeoutSeconds: 600}
+  validation: {timeoutSeconds: 600, installTimeoutSeconds: 900}
   test: {timeoutSeconds: 45}
   preUpgrade: {timeoutSeconds: 90}
   cleanup: {timeoutSeconds: 200}
@@ -740,8 +740,9 @@ hooks:
   priorityClassName: hook-priority
   resources: {requests: {cpu: 5m, memory: 32Mi}, limits: {memory: 128Mi}}
 `)
-	deadlines := map[string]int64{gateName: 630, testName: 75, preUpgradeName: 120, cleanupName: 230}
-	timeouts := map[string]string{gateName: "600s", testName: "45s"}
+	// an install render: the gate takes installTimeoutSeconds (TestFirstInstallOutlastsTheDriverBuild renders the upgrade)
+	deadlines := map[string]int64{gateName: 930, testName: 75, preUpgradeName: 120, cleanupName: 230}
+	timeouts := map[string]string{gateName: "900s", testName: "45s"}
 	seen := 0
 	for _, h := range hookObjects(t, render(t, newestKube, append(profile, overlay))) {
 		if h.kind() != "Job" && h.kind() != "Pod" {
