@@ -331,3 +331,47 @@ func TestMIGProfilesHaveDeviceFilters(t *testing.T) {
 		}
 	}
 }
+
+// gfdConfig is the device plugin config GFD's config manager reads: the ConfigMap mounted as available-configs and
+// the config manager's DEFAULT_CONFIG; empty when GFD runs with its built-in config (no config manager).
+func gfdConfig(t *testing.T, set ...string) (name, def string) {
+	t.Helper()
+	ds := daemonSet(t, render(t, newestKube, []string{profileFile("container-only")}, set...), "gpu-feature-discovery")
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.Name == "available-configs" && v.ConfigMap != nil {
+			name = v.ConfigMap.Name
+		}
+	}
+	if name == "" {
+		return "", ""
+	}
+	e, _ := envVar(containerNamed(t, ds, "config-manager"), "DEFAULT_CONFIG")
+	if e, ok := envVar(containerNamed(t, ds, "gpu-feature-discovery"), "CONFIG_FILE"); !ok || e.Value != "/config/config.yaml" {
+		t.Errorf("GFD reads no config file (CONFIG_FILE %+v)", e)
+	}
+	return name, e.Value
+}
+
+// TestGFDFollowsDevicePluginConfig: the sharing settings of the device plugin's config (time-slicing replicas,
+// MPS) change the labels GPU feature discovery publishes (nvidia.com/gpu.replicas, gpu.sharing-strategy, the
+// product's -SHARED suffix), so GFD reads the same config the plugin reads on each node unless gfd.config names its
+// own; with the device plugin off there is no config to follow.
+func TestGFDFollowsDevicePluginConfig(t *testing.T) {
+	plugin := []string{"devicePlugin.config.name=plugin-configs", "devicePlugin.config.default=time-sliced"}
+	for _, tc := range []struct {
+		name          string
+		set           []string
+		wantCM, wantD string
+	}{
+		{"device plugin config", plugin, "plugin-configs", "time-sliced"},
+		{"gfd's own", append(slices.Clone(plugin), "gfd.config.name=gfd-configs", "gfd.config.default=plain"), "gfd-configs", "plain"},
+		{"none", nil, "", ""},
+		{"device plugin off", append(slices.Clone(plugin), "devicePlugin.enabled=false"), "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if cm, def := gfdConfig(t, tc.set...); cm != tc.wantCM || def != tc.wantD {
+				t.Errorf("GFD reads ConfigMap %q default %q, want %q %q", cm, def, tc.wantCM, tc.wantD)
+			}
+		})
+	}
+}
