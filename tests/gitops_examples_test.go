@@ -201,12 +201,13 @@ func renderExampleValues(t *testing.T, vals map[string]any) map[string]any {
 	return effective
 }
 
-// hookDeadline is how long a hook Job or Pod of the chart may live: its timeoutSeconds + 30 (activeDeadlineSeconds).
-func hookDeadline(t *testing.T, vals map[string]any, hook string) time.Duration {
+// hookDeadline is how long a hook Job or Pod of the chart may live: the value at hooks.<key> (a timeoutSeconds)
+// + 30 (activeDeadlineSeconds).
+func hookDeadline(t *testing.T, vals map[string]any, key string) time.Duration {
 	t.Helper()
-	v, err := chartutil.Values(vals).PathValue("hooks." + hook + ".timeoutSeconds")
+	v, err := chartutil.Values(vals).PathValue("hooks." + key)
 	if err != nil {
-		t.Fatalf("hooks.%s.timeoutSeconds: %v", hook, err)
+		t.Fatalf("hooks.%s: %v", key, err)
 	}
 	var seconds float64
 	switch n := v.(type) {
@@ -219,7 +220,7 @@ func hookDeadline(t *testing.T, vals map[string]any, hook string) time.Duration 
 	case json.Number:
 		seconds, _ = n.Float64()
 	default:
-		t.Fatalf("hooks.%s.timeoutSeconds is %T %v", hook, v, v)
+		t.Fatalf("hooks.%s is %T %v", key, v, v)
 	}
 	return time.Duration(seconds)*time.Second + 30*time.Second
 }
@@ -260,19 +261,21 @@ func helmReleaseProblems(t *testing.T, hr *helmv2.HelmRelease) []string {
 	if spec.Timeout != nil {
 		defaultTimeout = *spec.Timeout
 	}
-	gate, plan, test := hookDeadline(t, effective, "validation"), hookDeadline(t, effective, "preUpgrade"), hookDeadline(t, effective, "test")
+	gate, plan, test := hookDeadline(t, effective, "validation.timeoutSeconds"), hookDeadline(t, effective, "preUpgrade.timeoutSeconds"), hookDeadline(t, effective, "test.timeoutSeconds")
+	// the first install builds every node's driver: its gate has the longer installTimeoutSeconds
+	firstGate := hookDeadline(t, effective, "validation.installTimeoutSeconds")
 	for _, c := range []struct {
-		action, hook      string
+		action, key       string
 		timeout, deadline time.Duration
 	}{
-		{"install", "validation", spec.Install.GetTimeout(defaultTimeout).Duration, gate},
-		{"install", "preUpgrade", spec.Install.GetTimeout(defaultTimeout).Duration, plan},
-		{"upgrade", "validation", spec.Upgrade.GetTimeout(defaultTimeout).Duration, gate},
-		{"upgrade", "preUpgrade", spec.Upgrade.GetTimeout(defaultTimeout).Duration, plan},
-		{"test", "test", spec.Test.GetTimeout(defaultTimeout).Duration, test},
+		{"install", "validation.installTimeoutSeconds", spec.Install.GetTimeout(defaultTimeout).Duration, firstGate},
+		{"install", "preUpgrade.timeoutSeconds", spec.Install.GetTimeout(defaultTimeout).Duration, plan},
+		{"upgrade", "validation.timeoutSeconds", spec.Upgrade.GetTimeout(defaultTimeout).Duration, gate},
+		{"upgrade", "preUpgrade.timeoutSeconds", spec.Upgrade.GetTimeout(defaultTimeout).Duration, plan},
+		{"test", "test.timeoutSeconds", spec.Test.GetTimeout(defaultTimeout).Duration, test},
 	} {
 		if c.timeout <= c.deadline {
-			problems = append(problems, fmt.Sprintf("%s timeout %s does not outlast hooks.%s (timeoutSeconds + 30 = %s)", c.action, c.timeout, c.hook, c.deadline))
+			problems = append(problems, fmt.Sprintf("%s timeout %s does not outlast hooks.%s + 30 = %s", c.action, c.timeout, c.key, c.deadline))
 		}
 	}
 	if !spec.Install.DisableWait || !spec.Upgrade.DisableWait {
@@ -474,8 +477,8 @@ func TestHelmReleaseChecksNameUnsafeSettings(t *testing.T) {
 		want []string
 	}{
 		"defaults": {defaults, []string{
-			"install timeout 5m0s does not outlast hooks.validation (timeoutSeconds + 30 = 5m30s)",
-			"upgrade timeout 5m0s does not outlast hooks.validation (timeoutSeconds + 30 = 5m30s)",
+			"install timeout 5m0s does not outlast hooks.validation.installTimeoutSeconds + 30 = 25m30s",
+			"upgrade timeout 5m0s does not outlast hooks.validation.timeoutSeconds + 30 = 5m30s",
 			"install and upgrade must set disableWait: the gate is the wait",
 			"test.enable must be true",
 			"driftDetection is disabled with 0 ignore rules, want enabled with none",

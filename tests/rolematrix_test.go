@@ -43,12 +43,14 @@ func sandboxOff(role string) matrix {
 		"container-mig-capable":     role + " mig-manager",
 		"container-mps-capable":     role + " mps-control-daemon",
 		"device-plugin-off":         strings.Replace(role, "device-plugin ", "", 1),
+		"device-plugin-empty":       role,
 		"paused-for-driver-upgrade": onlyDriver(role),
 		"operands-off":              none,
 		"container-tainted":         role,
 		"container-dedicated":       none, // a taint the chart does not tolerate
 		"vm-passthrough":            role,
 		"vm-vgpu":                   role,
+		"vm-passthrough-cc-resumed": role,
 		"role-unknown":              role,
 		"cpu-only":                  none,
 	}
@@ -77,10 +79,12 @@ func sandboxOn(def, container, passthrough, vgpu string) matrix {
 		"container-mps-capable": container + " mps-control-daemon",
 		"vm-passthrough":        passthrough,
 		"vm-vgpu":               vgpu,
-		"role-unknown":          d,
-		"operands-off":          none,
-		"container-dedicated":   none,
-		"cpu-only":              none,
+		// the CC manager's resumed switches ("") keep every sandbox operand
+		"vm-passthrough-cc-resumed": passthrough,
+		"role-unknown":              d,
+		"operands-off":              none,
+		"container-dedicated":       none,
+		"cpu-only":                  none,
 	}
 	if def == "container" {
 		for k, v := range sandboxOff(container) {
@@ -93,7 +97,7 @@ func sandboxOn(def, container, passthrough, vgpu string) matrix {
 	// Unlabelled GPU nodes have the default VM role: container-only switches (MIG, MPS, pauses of container
 	// operands) change nothing there.
 	for _, n := range []string{"container-ubuntu2204", "mig-capable",
-		"mps-capable", "device-plugin-off", "paused-for-driver-upgrade", "container-tainted"} {
+		"mps-capable", "device-plugin-off", "device-plugin-empty", "paused-for-driver-upgrade", "container-tainted"} {
 		m[n] = d
 	}
 	for _, n := range nodefixtures.DriverPools() {

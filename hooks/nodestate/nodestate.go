@@ -47,6 +47,9 @@ const (
 	UpgradeReasonAnnotation = AnnotationPrefix + "upgrade-reason"
 	// UpgradeSinceAnnotation is when the node entered its upgrade state (RFC 3339).
 	UpgradeSinceAnnotation = AnnotationPrefix + "upgrade-since"
+	// SeededLabelsAnnotation records, as a JSON object, each label the stack set as a default on a node that had
+	// none (Seed) and the value it set, so Cleanup removes a default nobody changed since.
+	SeededLabelsAnnotation = AnnotationPrefix + "seeded-labels"
 	// ValidationAnnotationPrefix + <check> holds a validator check's outcome, as written by FormatValidation.
 	ValidationAnnotationPrefix = AnnotationPrefix + "validation."
 )
@@ -106,7 +109,11 @@ func (p *Patch) annotation(k string, v *string) {
 
 func ptr(s string) *string { return &s }
 
-// Pause returns the patch that pauses the given operands' switches on node: each one absent or "true" becomes
+// SwitchOn says whether a gpu.deploy.* switch lets its operand run: absent, "true" or "" (the chart's node
+// affinity, and the GPU Operator, take "" as absent; the CC manager writes it for switches it found absent).
+func SwitchOn(v string, present bool) bool { return !present || v == "true" || v == "" }
+
+// Pause returns the patch that pauses the given operands' switches on node: each one that is on (SwitchOn) becomes
 // Paused, any other value (an admin's "false", another pause) is kept. The values before are recorded in
 // PausedLabelsAnnotation, merged with an earlier record, so a pause repeated after a crash records the true
 // originals and never "Paused".
@@ -119,7 +126,7 @@ func Pause(node *corev1.Node, operands []string) (Patch, error) {
 	for _, op := range operands {
 		key := DeployLabelPrefix + op
 		v, present := node.Labels[key]
-		if present && v != "true" {
+		if !SwitchOn(v, present) {
 			continue
 		}
 		if _, seen := record[key]; !seen {
@@ -237,8 +244,37 @@ func SetUpgradeState(node *corev1.Node, state UpgradeState, reason, now string) 
 	return p
 }
 
+// Seed returns the patch that sets label key to value on a node where it is absent or empty (the stack's default,
+// e.g. nvidia.com/mig.config for the MIG manager, which acts on nothing else), recorded in SeededLabelsAnnotation.
+// A node with a value keeps it: the patch is empty.
+func Seed(node *corev1.Node, key, value string) (Patch, error) {
+	var p Patch
+	if node.Labels[key] != "" {
+		return p, nil
+	}
+	record, err := seededRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	record[key] = value
+	b, _ := json.Marshal(record)
+	p.label(key, ptr(value))
+	p.annotation(SeededLabelsAnnotation, ptr(string(b)))
+	return p, nil
+}
+
+func seededRecord(node *corev1.Node) (map[string]string, error) {
+	record := map[string]string{}
+	if raw, ok := node.Annotations[SeededLabelsAnnotation]; ok {
+		if err := json.Unmarshal([]byte(raw), &record); err != nil {
+			return nil, fmt.Errorf("node %s: annotation %s is not a JSON object of strings: %w", node.Name, SeededLabelsAnnotation, err)
+		}
+	}
+	return record, nil
+}
+
 // Cleanup returns the patch that removes everything the stack put on node: paused switches restored, the
-// stack's cordon lifted, a pre-installed mark it made undone, the upgrade state label dropped, and every
+// stack's cordon lifted, a pre-installed mark it made undone, defaults it seeded and nobody changed removed, the upgrade state label dropped, and every
 // annotation under AnnotationPrefix removed. Labels and annotations it never wrote are not touched.
 func Cleanup(node *corev1.Node) (Patch, error) {
 	p, err := Resume(node)
@@ -254,6 +290,15 @@ func Cleanup(node *corev1.Node) (Patch, error) {
 	}
 	if _, ok := node.Labels[UpgradeStateLabel]; ok {
 		p.label(UpgradeStateLabel, nil)
+	}
+	seeded, err := seededRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	for key, v := range seeded {
+		if node.Labels[key] == v {
+			p.label(key, nil)
+		}
 	}
 	u := Uncordon(node)
 	p.Unschedulable = u.Unschedulable

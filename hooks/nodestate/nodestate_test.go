@@ -47,20 +47,21 @@ func TestPauseResumeRestoresExactly(t *testing.T) {
 	before := node(map[string]string{
 		DeployLabelPrefix + "device-plugin": "true",  // explicit true: comes back as true
 		DeployLabelPrefix + "dcgm":          "false", // admin opt-out: never touched
+		DeployLabelPrefix + "dcgm-exporter": "",      // empty counts as absent: paused, and comes back empty
 		"other":                             "kept",
 	}, false)
-	p, err := Pause(before, []string{"device-plugin", "dcgm", "container-toolkit"})
+	p, err := Pause(before, []string{"device-plugin", "dcgm", "dcgm-exporter", "container-toolkit"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	paused := apply(before, p)
-	for op, want := range map[string]string{"device-plugin": Paused, "dcgm": "false", "container-toolkit": Paused} {
+	for op, want := range map[string]string{"device-plugin": Paused, "dcgm": "false", "dcgm-exporter": Paused, "container-toolkit": Paused} {
 		if got := paused.Labels[DeployLabelPrefix+op]; got != want {
 			t.Errorf("paused %s = %q, want %q", op, got, want)
 		}
 	}
 	// a second pause after a crash must not record "paused" as the original value
-	p2, err := Pause(paused, []string{"device-plugin", "dcgm", "container-toolkit"})
+	p2, err := Pause(paused, []string{"device-plugin", "dcgm", "dcgm-exporter", "container-toolkit"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +121,11 @@ func TestCleanupUndoesEverythingTheStackWrote(t *testing.T) {
 	n = apply(n, MarkPreInstalled(n))
 	n = apply(n, SetUpgradeState(n, UpgradeFailed, "PDB blocks eviction", "2026-01-01T00:00:00Z"))
 	n = apply(n, SetValidation("driver", Validation{CheckFailed, "nvidia-smi failed"}))
+	seed, err := Seed(n, "nvidia.com/mig.config", "all-disabled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = apply(n, seed)
 	c, err := Cleanup(n)
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +139,38 @@ func TestCleanupUndoesEverythingTheStackWrote(t *testing.T) {
 	admin := node(map[string]string{DriverDeployLabel: PreInstalled}, true)
 	if c, _ := Cleanup(admin); !c.Empty() {
 		t.Errorf("cleanup touched an admin's marks: %s", c.JSON())
+	}
+}
+
+// TestSeedSetsOnlyAMissingLabel: Seed sets a default label where there is none (or it is empty), never over a value,
+// and Cleanup removes a seeded default only while it still holds the value the stack set.
+func TestSeedSetsOnlyAMissingLabel(t *testing.T) {
+	const key = "nvidia.com/mig.config"
+	for _, labels := range []map[string]string{nil, {key: ""}} {
+		n := node(labels, false)
+		p, err := Seed(n, key, "all-disabled")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := apply(n, p).Labels[key]; got != "all-disabled" {
+			t.Errorf("labels %v: seeded %q, want all-disabled", labels, got)
+		}
+	}
+	admin := node(map[string]string{key: "all-1g.10gb"}, false)
+	if p, err := Seed(admin, key, "all-disabled"); err != nil || !p.Empty() {
+		t.Errorf("seed over the admin's value: %s, %v", p.JSON(), err)
+	}
+	// seeded, then changed by the admin: cleanup keeps the admin's value
+	n := node(nil, false)
+	p, _ := Seed(n, key, "all-disabled")
+	n = apply(n, p)
+	n.Labels[key] = "all-balanced"
+	c, err := Cleanup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := apply(n, c).Labels[key]; got != "all-balanced" {
+		t.Errorf("cleanup changed the admin's %s to %q", key, got)
 	}
 }
 

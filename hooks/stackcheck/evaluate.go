@@ -374,7 +374,7 @@ func problems(nodes []*corev1.Node, pools []driverpools.Pool, containerNodes map
 		if n.Labels[GPUPresentLabel] != "true" || !containerNodes[n.Name] {
 			continue
 		}
-		if v, ok := n.Labels[nodestate.DriverDeployLabel]; ok && v != "true" && v != nodestate.Paused {
+		if v, ok := n.Labels[nodestate.DriverDeployLabel]; !nodestate.SwitchOn(v, ok) && v != nodestate.Paused {
 			continue // the admin opted out, or a host driver was found
 		}
 		matched, err := driverpools.Matching(pools, n)

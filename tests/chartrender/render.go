@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/cli/values"
+	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/getter"
 )
 
@@ -99,6 +101,55 @@ func Render(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVer
 	b.WriteString("\n")
 	for _, h := range rel.Hooks {
 		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", h.Path, strings.TrimSpace(h.Manifest))
+	}
+	return b.String(), nil
+}
+
+// Action is the Helm action a render is for, as templates see it (.Release.IsInstall / IsUpgrade), and the APIs the
+// cluster serves beyond the built-in ones and APIVersions (.Capabilities.APIVersions; Argo CD passes the cluster's).
+type Action struct {
+	Upgrade     bool
+	APIVersions []string
+}
+
+// RenderFor renders the chart as Helm's engine does for action a against a cluster: every template, hooks and
+// manifests alike, one document per object, sorted by template (no schema check: Render does that).
+func RenderFor(chrt *chart.Chart, vals map[string]any, kubeVersion string, a Action) (string, error) {
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return "", err
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = *kv
+	caps.APIVersions = append(caps.APIVersions, APIVersions...)
+	caps.APIVersions = append(caps.APIVersions, a.APIVersions...)
+	if err := chartutil.ProcessDependenciesWithMerge(chrt, vals); err != nil {
+		return "", err
+	}
+	revision := 1
+	if a.Upgrade {
+		revision = 2
+	}
+	opts := chartutil.ReleaseOptions{Name: ReleaseName, Namespace: Namespace, Revision: revision, IsInstall: !a.Upgrade, IsUpgrade: a.Upgrade}
+	top, err := chartutil.ToRenderValues(chrt, vals, opts, caps)
+	if err != nil {
+		return "", err
+	}
+	files, err := engine.Render(chrt, top)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		body := strings.TrimSpace(files[name])
+		if body == "" || strings.HasSuffix(name, "NOTES.txt") {
+			continue
+		}
+		for _, doc := range strings.Split(body, "\n---") {
+			if doc = strings.TrimSpace(strings.TrimPrefix(doc, "---")); doc != "" {
+				fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", name, doc)
+			}
+		}
 	}
 	return b.String(), nil
 }

@@ -22,8 +22,9 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 )
 
-// shortGate makes a failing gate fail fast; the passing gate ends as soon as the last node is ready anyway.
-const shortGate = "hooks.validation.timeoutSeconds=15"
+// shortGate makes a failing gate fail fast, after an install or an upgrade; the passing gate ends as soon as the
+// last node is ready anyway.
+const shortGate = "hooks.validation.timeoutSeconds=15,hooks.validation.installTimeoutSeconds=15"
 
 func mixedProfile() string { return filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml") }
 

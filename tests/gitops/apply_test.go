@@ -20,8 +20,8 @@ import (
 )
 
 // renderRelease renders the repository's chart without a cluster, as `helm template` does (lookup finds nothing;
-// the newest supported Kubernetes and its API versions given), under a release name and namespace.
-func renderRelease(t *testing.T, name, namespace string, includeCRDs bool, files, set []string) *release.Release {
+// the newest supported Kubernetes and its API versions given, plus apis), under a release name and namespace.
+func renderRelease(t *testing.T, name, namespace string, includeCRDs bool, files, set []string, apis ...string) *release.Release {
 	t.Helper()
 	chrt, err := chartrender.Load(chartrender.ChartDir())
 	if err != nil {
@@ -38,7 +38,7 @@ func renderRelease(t *testing.T, name, namespace string, includeCRDs bool, files
 	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
 	inst.ClientOnly, inst.DryRun, inst.Replace, inst.IncludeCRDs = true, true, true, includeCRDs
 	inst.ReleaseName, inst.Namespace = name, namespace
-	inst.KubeVersion, inst.APIVersions = kv, slices.Clone(chartrender.APIVersions)
+	inst.KubeVersion, inst.APIVersions = kv, append(slices.Clone(chartrender.APIVersions), apis...)
 	rel, err := inst.RunWithContext(t.Context(), chrt, vals)
 	if err != nil {
 		t.Fatalf("helm template %v %v: %v", files, set, err)

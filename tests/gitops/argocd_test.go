@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
@@ -78,6 +79,7 @@ const (
 // plan succeeds and touches no node, that a second sync with the same values changes no object, that a driver
 // change is planned, marked and rolled, and that the pre-delete cleanup leaves the nodes as they were.
 func TestArgoCDSyncSequence(t *testing.T) {
+	removeNFDCRDs(t, dynamicCRDs(t)) // a new cluster: the first sync brings the NFD CRDs
 	nodes := addArgoNodes(t)
 	app := newArgoSync(t)
 	t.Cleanup(func() { app.deleteAll(t) })
@@ -136,6 +138,35 @@ func TestArgoCDSyncSequence(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+
+	// The first sync created the NodeFeatureRule as a PostSync hook (its CRD came in the same sync); from the next
+	// sync on the cluster serves its API, so it is an ordinary object Argo CD applies in place: never deleted (NFD
+	// would drop nvidia.com/gpu.present from every node, and the DaemonSet controller delete every operand pod).
+	t.Run("NodeFeatureRule kept across syncs", func(t *testing.T) {
+		first, _ := ruleUID(t)
+		events := watchRule(t)
+		for i := range 2 {
+			rep := app.sync(t, argoRender(t, profile, set), nil)
+			if _, hook := rep.hookUIDs["NodeFeatureRule/"+ruleName]; hook || !slices.ContainsFunc(rep.applied, func(o renderedObject) bool { return o.name == ruleName }) {
+				t.Errorf("sync %d: the rule is not an ordinary Sync-phase object", i+2)
+			}
+			if uid, _ := ruleUID(t); uid != first {
+				t.Errorf("sync %d: rule uid %s, want the first sync's %s", i+2, uid, first)
+			}
+		}
+		if got := events.stop(); slices.Contains(got, watch.Deleted) {
+			t.Errorf("the rule was deleted during the syncs: watch events %v", got)
+		}
+		for _, n := range nodes {
+			node, err := kube.Client.CoreV1().Nodes().Get(t.Context(), n, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasSuffix(n, "cpu-only") && node.Labels["nvidia.com/gpu.present"] != "true" {
+				t.Errorf("node %s lost nvidia.com/gpu.present", n)
+			}
+		}
+	})
 
 	t.Run("second sync changes nothing", func(t *testing.T) {
 		objs := argoRender(t, profile, set)
@@ -273,10 +304,11 @@ func addArgoNodes(t *testing.T) []string {
 
 // argoRender renders the chart as Argo CD's repo server does: `helm template` with the Application's name as
 // the release name, its destination namespace, CRDs included, no cluster (lookup finds nothing) and the
-// Kubernetes and API versions given as flags; hooks included, for Argo CD to map to its phases.
+// Kubernetes and API versions given as flags (the cluster's, as Argo CD passes them); hooks included, for Argo CD
+// to map to its phases.
 func argoRender(t *testing.T, files, set []string) []renderedObject {
 	t.Helper()
-	rel := renderRelease(t, argoApp, argoNamespace, true, files, set)
+	rel := renderRelease(t, argoApp, argoNamespace, true, files, set, clusterAPIVersions(t)...)
 	stream := rel.Manifest
 	for _, h := range rel.Hooks {
 		stream += fmt.Sprintf("\n---\n# Source: %s\n%s\n", h.Path, h.Manifest)

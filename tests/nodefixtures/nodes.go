@@ -77,6 +77,12 @@ func RoleMatrix() []Node {
 		"operator-validator", "node-status-exporter", "mig-manager"} {
 		paused["nvidia.com/gpu.deploy."+op] = "paused-for-driver-upgrade"
 	}
+	// what the CC manager leaves after a mode change on a node whose sandbox switches were absent: it pauses them by
+	// rewriting each one, writes "" for the absent ones, and "" stays after it resumes them
+	ccResumed := map[string]string{"nvidia.com/gpu.workload.config": "vm-passthrough"}
+	for _, op := range CCManagerSwitches {
+		ccResumed["nvidia.com/gpu.deploy."+op] = ""
+	}
 	tainted := gpuNode("container-tainted", Ubuntu2204, "NVIDIA-L40S", nil)
 	tainted.Taints = []corev1.Taint{GPUTaint}
 	dedicated := gpuNode("container-dedicated", Ubuntu2204, "NVIDIA-L40S", nil)
@@ -95,16 +101,23 @@ func RoleMatrix() []Node {
 		gpuNode("container-mps-capable", Ubuntu2204, "NVIDIA-L40S", map[string]string{
 			"nvidia.com/mps.capable": "true", "nvidia.com/gpu.workload.config": "container"}),
 		gpuNode("device-plugin-off", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.deploy.device-plugin": "false"}),
+		// an empty switch counts as absent (the GPU Operator's rule)
+		gpuNode("device-plugin-empty", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.deploy.device-plugin": ""}),
 		gpuNode("paused-for-driver-upgrade", Ubuntu2204, "NVIDIA-L40S", paused),
 		gpuNode("operands-off", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.deploy.operands": "false"}),
 		tainted,
 		dedicated,
 		gpuNode("vm-passthrough", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.workload.config": "vm-passthrough"}),
 		gpuNode("vm-vgpu", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "vm-vgpu"}),
+		gpuNode("vm-passthrough-cc-resumed", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", ccResumed),
 		gpuNode("role-unknown", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "bogus"}),
 		noGPU,
 	}, DriverPools()...)
 }
+
+// CCManagerSwitches are the gpu.deploy.* switches (suffixes) the CC manager (k8s-cc-manager v0.4.3,
+// gpu_operator_eviction.py COMPONENT_LABELS) pauses around a CC mode change.
+var CCManagerSwitches = []string{"vfio-manager", "vgpu-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-device-manager"}
 
 // DriverPoolLabel is the label the driver-pools profile selects its pools on.
 const DriverPoolLabel = "nvidia.com/driver.pool"

@@ -75,8 +75,9 @@ dict "ctx" . "name" NAME "files" (list FILE ...)
 gpu-stack-lib.withDriverEnv: a command that exports the facts the driver validation wrote to driver-ready
 (IS_HOST_DRIVER, NVIDIA_DRIVER_ROOT, DRIVER_ROOT_CTR_PATH, ...) and then execs the given command, so one pod
 template serves nodes with a containerized driver and nodes with a host driver. dict "command" (list ...)
+["exports" SHELL: run after driver-ready is sourced, while every variable it sets is exported]
 */}}
 {{- define "gpu-stack-lib.withDriverEnv" -}}
-{{- $script := printf "until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for driver-ready; sleep 5; done; set -a; . /run/nvidia/validations/driver-ready; set +a; exec %s" (join " " .command) -}}
+{{- $script := printf "until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for driver-ready; sleep 5; done; set -a; . /run/nvidia/validations/driver-ready; %sset +a; exec %s" (.exports | default "" | printf "%s") (join " " .command) -}}
 {{- toJson (list "sh" "-c" $script) -}}
 {{- end }}

@@ -4,8 +4,11 @@ Node roles: selectors, not a labeller. A DaemonSet selects a node when all three
   2. role: nvidia.com/gpu.workload.config is one of the operand's roles (a node without the label, or with a value
      that is no role, has global.sandboxWorkloads.defaultWorkload); with sandbox workloads off every GPU node is
      `container`;
-  3. switch: nvidia.com/gpu.deploy.<operand> absent or `true` (any other value - false, paused-for-driver-upgrade,
-     paused-for-mig-change, pre-installed - keeps it off), and nvidia.com/gpu.deploy.operands is not `false`.
+  3. switch: nvidia.com/gpu.deploy.<operand> absent, `true` or empty (any other value - false,
+     paused-for-driver-upgrade, paused-for-mig-change, pre-installed - keeps it off), and
+     nvidia.com/gpu.deploy.operands is not `false`. Empty counts as absent, as in the GPU Operator: the CC manager
+     pauses a node's sandbox operands by rewriting their switches and writes "" to the ones that were absent, so
+     "" must mean "run" or its pause would remove them for good.
 */}}
 
 {{/* gpu-stack-lib.allRoles: the three node roles, as a YAML list */}}
@@ -56,7 +59,7 @@ the label and nodes whose label is no known role - exactly "falls back to the de
 {{/*
 gpu-stack-lib.nodeAffinity: dict "ctx" . "operand" DEPLOY_LABEL_SUFFIX "roles" (list ...) ["match" (list REQUIREMENT ...)]
 ["matchAny" (list (list REQUIREMENT ...) ...)]
-"Absent or true" is two OR'ed terms (DoesNotExist | In [true]), never a NotIn list a new value would slip through.
+"Absent or true" is two OR'ed terms (DoesNotExist | In [true, ""]), never a NotIn list a new value would slip through.
 matchAny is a disjunction of alternatives (each a requirement list ANDed with the common ones), for conditions a
 single term cannot say, such as "selected by none of these selectors": one term per alternative x switch term.
 */}}
@@ -73,7 +76,7 @@ requiredDuringSchedulingIgnoredDuringExecution:
     - matchExpressions:
         {{- toYaml (append $reqs (dict "key" $switch "operator" "DoesNotExist")) | nindent 8 }}
     - matchExpressions:
-        {{- toYaml (append $reqs (dict "key" $switch "operator" "In" "values" (list "true"))) | nindent 8 }}
+        {{- toYaml (append $reqs (dict "key" $switch "operator" "In" "values" (list "true" ""))) | nindent 8 }}
   {{- end }}
 {{- end }}
 

@@ -1,3 +1,14 @@
+{{/*
+device-plugin.gpuDirectExports: the plugin's GDS_ENABLED, GDRCOPY_ENABLED and MOFED_ENABLED (k8s-device-plugin
+v0.20.0 reads them: /dev/nvidia-fs*, /dev/gdrdrv and /dev/infiniband for every GPU container) from this node's
+driver settings: the driver pod's startup probe writes its driver.gds/gdrcopy/rdma.enabled to .driver-ctr-ready,
+so each driver pool's own settings apply on its nodes. MOFED_ENABLED follows GDS or GPUDirect RDMA (the GPU
+Operator turns it on with GDS). Never on by default: a node without the file (host driver) gets all three off.
+*/}}
+{{- define "device-plugin.gpuDirectExports" -}}
+GDS_ENABLED=false; GDRCOPY_ENABLED=false; GPU_DIRECT_RDMA_ENABLED=false; if [ -f /run/nvidia/validations/.driver-ctr-ready ]; then . /run/nvidia/validations/.driver-ctr-ready; fi; MOFED_ENABLED=false; if [ "$GDS_ENABLED" = true ] || [ "$GPU_DIRECT_RDMA_ENABLED" = true ]; then MOFED_ENABLED=true; fi; {{ "" }}
+{{- end }}
+
 {{/* device-plugin.env: environment of the plugin and the MPS control daemon */}}
 {{- define "device-plugin.env" -}}
 {{- $cdi := .Values.global.cdi.enabled -}}

@@ -55,6 +55,10 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- if $v.usePrecompiled -}}
 {{- if not $v.kernels }}{{ fail (printf "%s.kernels: usePrecompiled needs the kernels of the pool's nodes (their feature.node.kubernetes.io/kernel-version.full), one DaemonSet each" $key) }}{{ end -}}
 {{- if $v.image.digest }}{{ fail (printf "%s.image.digest: a digest pins one image, but precompiled drivers use one image per kernel and OS; set image.tag to the driver branch instead" $key) }}{{ end -}}
+{{- /* the nvidia-fs and gdrdrv sidecars build against the driver sources a precompiled image does not have (they would wait forever); the GPU Operator refuses the same */ -}}
+{{- range $feature := list "gds" "gdrcopy" -}}
+{{- if (get $v $feature).enabled }}{{ fail (printf "%s.%s.enabled=true with %s.usePrecompiled=true: precompiled driver images carry no driver sources to build the %s module against; set %s.usePrecompiled=false, or %s.%s.enabled=false" $key $feature $key (ternary "nvidia-fs (GPUDirect Storage)" "gdrdrv (GDRCopy)" (eq $feature "gds")) $key $key $feature) }}{{ end -}}
+{{- end -}}
 {{- $kernels = $v.kernels -}}
 {{- $v = deepCopy $v -}}
 {{- $_ := set $v "podLabels" (merge (dict "nvidia.com/precompiled" "true") (deepCopy ($v.podLabels | default dict))) -}}
@@ -115,6 +119,11 @@ the driver image, <kernel>-<os tag> for precompiled drivers]
   "kernelModuleConfig" $v.kernelModuleConfig.name
 -}}
 {{- toJson $fields | sha256sum -}}
+{{- end }}
+
+{{/* driver.mofedUsrSrc: the host directory with the MOFED sources (ofa_kernel) nvidia-peermem is built against */}}
+{{- define "driver.mofedUsrSrc" -}}
+{{- if and .Values.rdma.enabled .Values.rdma.useHostMofed }}/usr/src{{ else }}/run/mellanox/drivers/usr/src{{ end -}}
 {{- end }}
 
 {{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations) */}}
@@ -187,9 +196,17 @@ Repository and CA directories depend on the OS family. dict "ctx" . "os" OSINFO
 {{- $mounts = append $mounts (dict "name" "repo-config" "mountPath" $dir "readOnly" true) -}}
 {{- end -}}
 {{- with $v.certConfig.name -}}
+{{- /* one file per key, by subPath: a mount over the whole directory would hide the image's own CA bundle there */ -}}
 {{- $dir := get $certDirs $id | required (printf "driver.certConfig: no known CA directory for OS %q (known: %s)" $.os.tag (keys $certDirs | sortAlpha | join ", ")) -}}
-{{- $volumes = append $volumes (dict "name" "cert-config" "configMap" (dict "name" .)) -}}
-{{- $mounts = append $mounts (dict "name" "cert-config" "mountPath" $dir "readOnly" true) -}}
+{{- $certKeys := $v.certConfig.keys | default list -}}
+{{- if not $certKeys }}{{ fail (printf "driver.certConfig.keys: list the keys of ConfigMap %s (one PEM file each); each is mounted as a file in the OS's CA directory" .) }}{{ end -}}
+{{- $items := list -}}
+{{- range $certKeys -}}
+{{- if or (contains "/" .) (hasPrefix "." .) }}{{ fail (printf "driver.certConfig.keys: %q is not a file name (it becomes %s/<key>)" . $dir) }}{{ end -}}
+{{- $items = append $items (dict "key" . "path" .) -}}
+{{- $mounts = append $mounts (dict "name" "cert-config" "mountPath" (printf "%s/%s" $dir .) "subPath" . "readOnly" true) -}}
+{{- end -}}
+{{- $volumes = append $volumes (dict "name" "cert-config" "configMap" (dict "name" . "items" $items)) -}}
 {{- end -}}
 {{- with $v.kernelModuleConfig.name -}}
 {{- /* optional: a missing key leaves its file out (the driver reads only the files that exist) */ -}}

@@ -2,7 +2,7 @@
 {{- define "mig-manager.configData" -}}
 {{- $parsed := .Values.config.data | fromYaml -}}
 {{- with $parsed.Error }}{{ fail (printf "migManager.config.data is not valid YAML: %s" .) }}{{ end -}}
-{{- if not (hasKey ($parsed | dig "mig-configs" dict) .Values.config.default) -}}
+{{- if and .Values.config.default (not (hasKey ($parsed | dig "mig-configs" dict) .Values.config.default)) -}}
 {{- fail (printf "migManager.config.default %q is not a profile of migManager.config.data (mig-configs)" .Values.config.default) -}}
 {{- end -}}
 {{- toYaml (dict "config.yaml" .Values.config.data) -}}
