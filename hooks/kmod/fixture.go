@@ -52,31 +52,57 @@ func (k *FixtureKernel) DeleteModule(name string) error {
 	if c, _ := strconv.Atoi(strings.TrimSpace(string(b))); c > 0 {
 		return unix.EBUSY
 	}
+	// The modules it used are those that list it as a holder (sys/module/<m>/holders/<name>): each loses that
+	// holder and one use.
+	deps, _ := filepath.Glob(k.path("sys", "module", "*", "holders", name))
+	for _, h := range deps {
+		dep := filepath.Base(filepath.Dir(filepath.Dir(h)))
+		if err := os.Remove(h); err != nil {
+			return err
+		}
+		if err := k.addRefcnt(dep, -1); err != nil {
+			return err
+		}
+	}
+	if err := k.dropFromProcModules(name); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// dropFromProcModules rewrites proc/modules as Linux shows it after name is gone: its own line removed, and name
+// taken out of the "used by" column (the fourth) of every module it used, whose use count (the third) drops by one.
+func (k *FixtureKernel) dropFromProcModules(name string) error {
 	mods, err := os.ReadFile(k.path("proc", "modules"))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	var keep []string
 	for line := range strings.Lines(string(mods)) {
 		f := strings.Fields(line)
-		if len(f) > 3 && f[0] == name {
-			for _, d := range strings.Split(strings.Trim(f[3], ",-"), ",") {
-				if d == "" {
-					continue
-				}
-				_ = os.Remove(k.path("sys", "module", d, "holders", name))
-				if err := k.addRefcnt(d, -1); err != nil {
-					return err
-				}
-			}
+		if len(f) > 0 && f[0] == name {
 			continue
+		}
+		if len(f) > 3 {
+			users := slices.DeleteFunc(strings.Split(strings.Trim(f[3], ",-"), ","), func(u string) bool { return u == "" })
+			if i := slices.Index(users, name); i >= 0 {
+				users = slices.Delete(users, i, i+1)
+				f[3] = "-"
+				if len(users) > 0 {
+					f[3] = strings.Join(users, ",") + ","
+				}
+				if c, err := strconv.Atoi(f[2]); err == nil && c > 0 {
+					f[2] = strconv.Itoa(c - 1)
+				}
+				line = strings.Join(f, " ") + "\n"
+			}
 		}
 		keep = append(keep, line)
 	}
-	if err := os.WriteFile(k.path("proc", "modules"), []byte(strings.Join(keep, "")), 0o644); err != nil {
-		return err
-	}
-	return os.RemoveAll(dir)
+	return os.WriteFile(k.path("proc", "modules"), []byte(strings.Join(keep, "")), 0o644)
 }
 
 func (k *FixtureKernel) addRefcnt(module string, n int) error {

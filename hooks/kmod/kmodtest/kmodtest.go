@@ -76,12 +76,19 @@ func (f *Fixture) LoadModule(name string, deps ...string) {
 		}
 		f.addRefcnt(d, 1)
 	}
+	// proc/modules as Linux writes it: name, size, use count, the modules using it ("used by"), state, address
 	b, _ := os.ReadFile(f.path("proc", "modules"))
-	used := "-"
-	if len(deps) > 0 {
-		used = strings.Join(deps, ",") + ","
+	var lines []string
+	for line := range strings.Lines(string(b)) {
+		if fl := strings.Fields(line); len(fl) > 3 && slices.Contains(deps, fl[0]) {
+			c, _ := strconv.Atoi(fl[2])
+			fl[2] = strconv.Itoa(c + 1)
+			fl[3] = strings.TrimPrefix(fl[3], "-") + name + ","
+			line = strings.Join(fl, " ") + "\n"
+		}
+		lines = append(lines, line)
 	}
-	f.write("proc/modules", string(b)+fmt.Sprintf("%s 1234 0 %s Live 0x0000000000000000\n", name, used))
+	f.write("proc/modules", strings.Join(lines, "")+fmt.Sprintf("%s 1234 0 - Live 0x0000000000000000\n", name))
 }
 
 // LoadDriver loads the modules a containerized driver loads: nvidia, nvidia_modeset, nvidia_uvm and
