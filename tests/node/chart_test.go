@@ -51,7 +51,7 @@ validator:
   cuda: {enabled: false}
   plugin: {enabled: false}
 hooks:
-  validation: {timeoutSeconds: 90}
+  validation: {timeoutSeconds: 90, installTimeoutSeconds: 90}
 `, hostRoot, testNode.KubeletRoot(), testNode.socket, projectTag)
 	path := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(path, []byte(values), 0o644); err != nil {
@@ -76,14 +76,25 @@ func TestChartOnNode(t *testing.T) {
 	}{
 		{"new node", false, []string{"+ dev/char/195:0", "+ dev/char/195:255"}},
 		{"driver change", true, []string{"~ proc/modules", "~ proc/self/mountinfo", "+ dev/char/195:0", "+ dev/char/195:255",
-			"- sys/module/nvidia", "- sys/module/nvidia/refcnt", "- sys/module/nvidia_uvm", "- sys/module/nvidia_uvm/refcnt",
-			"- sys/module/nvidia_modeset", "- sys/module/nvidia_modeset/refcnt"}},
+			"- sys/module/nvidia", "- sys/module/nvidia/refcnt", "- sys/module/nvidia/holders",
+			"- sys/module/nvidia/holders/nvidia_modeset", "- sys/module/nvidia/holders/nvidia_uvm",
+			"- sys/module/nvidia_uvm", "- sys/module/nvidia_uvm/refcnt", "- sys/module/nvidia_uvm/holders",
+			"- sys/module/nvidia_modeset", "- sys/module/nvidia_modeset/refcnt", "- sys/module/nvidia_modeset/holders"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := filepath.Join(testNode.Dir, "host-"+strings.ReplaceAll(tc.name, " ", "-"))
 			if err := HostTree(root, tc.loaded); err != nil {
 				t.Fatal(err)
 			}
+			unmount, err := MountKernelFS(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := unmount(); err != nil {
+					t.Error(err)
+				}
+			})
 			chartOnNode(t, root, tc.loaded, tc.changes)
 		})
 	}

@@ -2,11 +2,15 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // DriverFiles builds what a driver root holds for the checks that run it, into dir: an nvidia-smi that is
@@ -78,12 +82,19 @@ func HostTree(dir string, loaded bool) error {
 	if loaded {
 		// the old driver's root, as the driver manager's fixture kernel reads the mount table (DRIVER_MANAGER_KERNEL)
 		files["proc/self/mountinfo"] = "1000 1 0:50 / /run/nvidia/driver rw,relatime shared:500 - overlay overlay rw\n"
+		// as Linux shows them: nvidia is used by nvidia_modeset and nvidia_uvm (proc/modules' "used by" column, and
+		// their links under its sys/module/nvidia/holders)
 		files["proc/modules"] = "nvidia_modeset 1 0 - Live 0x0\nnvidia_uvm 1 0 - Live 0x0\nnvidia 2 2 nvidia_modeset,nvidia_uvm, Live 0x0\n"
 		for m, refs := range map[string]string{"nvidia": "2\n", "nvidia_uvm": "0\n", "nvidia_modeset": "0\n"} {
-			if err := os.MkdirAll(filepath.Join(dir, "sys/module", m), 0o755); err != nil {
+			if err := os.MkdirAll(filepath.Join(dir, "sys/module", m, "holders"), 0o755); err != nil {
 				return err
 			}
 			files["sys/module/"+m+"/refcnt"] = refs
+		}
+		for _, h := range []string{"nvidia_modeset", "nvidia_uvm"} {
+			if err := os.Symlink("../../"+h, filepath.Join(dir, "sys/module/nvidia/holders", h)); err != nil {
+				return err
+			}
 		}
 	}
 	for p, data := range files {
@@ -92,4 +103,30 @@ func HostTree(dir string, loaded bool) error {
 		}
 	}
 	return nil
+}
+
+// MountKernelFS makes the fixture host's proc and sys their own mounts (bind mounts of themselves), as procfs and
+// sysfs are on a real host. The chart mounts the host root read-only into the driver manager's pod, and only that
+// top mount is read-only: on a real node the kernel changes /proc and /sys underneath, and here the driver
+// manager's fixture kernel (DRIVER_MANAGER_KERNEL=fixture) edits these files, so they must stay writable the same
+// way. The returned func unmounts them.
+func MountKernelFS(dir string) (func() error, error) {
+	var mounted []string
+	undo := func() error {
+		var errs []error
+		for _, m := range slices.Backward(mounted) {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", m, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	for _, d := range []string{"proc", "sys"} {
+		p := filepath.Join(dir, d)
+		if err := unix.Mount(p, p, "", unix.MS_BIND, ""); err != nil {
+			return nil, errors.Join(fmt.Errorf("bind %s: %w", p, err), undo())
+		}
+		mounted = append(mounted, p)
+	}
+	return undo, nil
 }
