@@ -245,6 +245,11 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Every path ends by restoring what the pause record names: a record nobody can read stops the run here,
+	// before the cordon and the eviction, rather than half way with nothing to restore from.
+	if _, err := nodestate.Resume(m.node); err != nil {
+		return "", &untouchedError{err}
+	}
 	if err := m.step("detect"); err != nil {
 		return "", err
 	}

@@ -652,3 +652,55 @@ func TestGPUDirectRDMAWaitsForMOFED(t *testing.T) {
 		t.Fatalf("no Mellanox device: %q, %v", out, err)
 	}
 }
+
+// TestMalformedPauseRecordRefusesBeforeTouchingTheNode: a pause record nobody can read stops the run before the
+// cordon and the eviction, naming the node and the annotation; a null record is no record.
+func TestMalformedPauseRecordRefusesBeforeTouchingTheNode(t *testing.T) {
+	node := gpuNode(nil)
+	node.Annotations = map[string]string{nodestate.PausedLabelsAnnotation: `{"nvidia.com/gpu.deploy.dcgm": 1}`}
+	e := newEnv(t, node)
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "node "+nodeName) || !strings.Contains(err.Error(), nodestate.PausedLabelsAnnotation) {
+		t.Fatalf("err = %v, want one naming the node and the annotation", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("the run wrote %v before refusing", acts)
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Errorf("the run touched the kernel: %v", calls)
+	}
+
+	node = gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"})
+	node.Annotations = map[string]string{nodestate.PausedLabelsAnnotation: "null"}
+	e = newEnv(t, node)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatalf("null pause record: %v", err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if state(n) != nodestate.ValidationRequired || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" {
+		t.Fatalf("state %q, labels %v", state(n), n.Labels)
+	}
+}
+
+// TestUncordonRefusesAnUnreadableSince: without a readable time of the driver change the gate cannot tell a
+// validator of the new driver from one of the old, so it says which annotation is wrong instead of passing.
+func TestUncordonRefusesAnUnreadableSince(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 11, 0, 0, 0, time.UTC)) // Ready before the change: the old driver's
+	n := e.node()
+	n.Annotations[nodestate.UpgradeSinceAnnotation] = "garbage"
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := uncordon(e)
+	if err == nil || !strings.Contains(err.Error(), nodestate.UpgradeSinceAnnotation) {
+		t.Fatalf("err = %v, want the annotation named", err)
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
+		t.Fatalf("state %q unschedulable %v; want both kept", state(n), n.Spec.Unschedulable)
+	}
+}

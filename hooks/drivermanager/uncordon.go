@@ -107,7 +107,10 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	switch state {
 	case nodestate.ValidationRequired:
 		// Only a validator that turned Ready after the driver changed vouches for the new driver.
-		since, _ := time.Parse(time.RFC3339, node.Annotations[nodestate.UpgradeSinceAnnotation])
+		since, err := nodestate.ValidationSince(node)
+		if err != nil {
+			return "", err
+		}
 		log.Info("waiting for the validator with the new driver", "component", o.Component, "since", since, "timeout", o.Timeout)
 		pod, err := o.waitValidator(ctx, since)
 		if err != nil {

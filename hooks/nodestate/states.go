@@ -3,6 +3,9 @@ package nodestate
 import (
 	"fmt"
 	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // UpgradeState is a value of UpgradeStateLabel. The names are the GPU Operator's; the driver manager and the
@@ -89,4 +92,19 @@ func ShortDigest(digest string) string {
 		return "(none)"
 	}
 	return digest[:min(len(digest), 12)]
+}
+
+// ValidationSince is the time from which a validator pod that turned Ready vouches for the node's driver: when
+// the node entered its upgrade state (UpgradeSinceAnnotation). A missing or unreadable time is an error naming
+// the node and the annotation: read as the zero time it would accept a validator that saw the old driver.
+func ValidationSince(node *corev1.Node) (time.Time, error) {
+	raw, ok := node.Annotations[UpgradeSinceAnnotation]
+	if !ok {
+		return time.Time{}, fmt.Errorf("node %s: annotation %s is missing: no time to validate the driver from", node.Name, UpgradeSinceAnnotation)
+	}
+	t, err := time.Parse(time.RFC3339, raw)
+	if err != nil {
+		return time.Time{}, malformed(node, UpgradeSinceAnnotation, raw, "is not an RFC 3339 time")
+	}
+	return t, nil
 }
