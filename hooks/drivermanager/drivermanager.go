@@ -21,8 +21,10 @@
 //	              node's validator Ready with the new driver -> uncordon-required -> upgrade-done
 //
 // Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
-// pod restarts. A failing run resumes what it paused, lifts the cordon it made, and leaves the node
-// upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
+// pod restarts. A run whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node
+// drain) is no failure: it stops where it is and leaves the node as it got it there (cordon, pause record,
+// state), for the next driver pod to resume. A failing run resumes what it paused, lifts the cordon it made,
+// and leaves the node upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
 package drivermanager
 
 import (
@@ -179,7 +181,8 @@ func (o *Options) Validate() error {
 }
 
 // Run does the node's work and writes one summary line to out. On failure it restores the node (see the package
-// comment) and returns an error that says what is in the way.
+// comment) and returns an error that says what is in the way. ctx is the pod's stop context: once it ends, any
+// error is the stop's (context.Cause says why), and the node is left for the next driver pod.
 func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
@@ -195,6 +198,9 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	var untouched *untouchedError
 	if errors.As(err, &untouched) {
 		return untouched.err
+	}
+	if err != nil && ctx.Err() != nil {
+		return m.stopped(ctx, err)
 	}
 	if err != nil {
 		return m.failed(ctx, err)
@@ -217,15 +223,25 @@ type untouchedError struct{ err error }
 
 func (e *untouchedError) Error() string { return e.err.Error() }
 
-// step ends a step; AfterStep may stop the run there.
-func (m *manager) step(name string) error {
-	if m.o.AfterStep == nil {
-		return nil
+// step ends a step; AfterStep may stop the run there, and so does the pod's stop (the next step may not heed
+// ctx: unloading modules does not).
+func (m *manager) step(ctx context.Context, name string) error {
+	if m.o.AfterStep != nil {
+		if err := m.o.AfterStep(name); err != nil {
+			return &untouchedError{err}
+		}
 	}
-	if err := m.o.AfterStep(name); err != nil {
-		return &untouchedError{err}
+	if ctx.Err() != nil {
+		return fmt.Errorf("after step %s: %w", name, context.Cause(ctx))
 	}
 	return nil
+}
+
+// stopped is Run's answer when its pod is stopping: nothing restored, no upgrade-failed written, so the next
+// driver pod resumes from the state this run reached.
+func (m *manager) stopped(ctx context.Context, err error) error {
+	return fmt.Errorf("node %s: stopped (%w) in state %q; nothing undone: the next driver pod resumes from here (%v)",
+		m.o.NodeName, context.Cause(ctx), m.node.Labels[nodestate.UpgradeStateLabel], err)
 }
 
 func (m *manager) run(ctx context.Context) (string, error) {
@@ -250,7 +266,7 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if _, err := nodestate.Resume(m.node); err != nil {
 		return "", &untouchedError{err}
 	}
-	if err := m.step("detect"); err != nil {
+	if err := m.step(ctx, "detect"); err != nil {
 		return "", err
 	}
 	switch {
@@ -450,13 +466,13 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
 	}
-	if err := m.step("cordon"); err != nil {
+	if err := m.step(ctx, "cordon"); err != nil {
 		return "", err
 	}
 	drained := false
 	if m.o.Eviction.Enabled {
 		if err := m.evictGPUPods(ctx); err != nil {
-			if !m.o.Drain.Enabled {
+			if !m.o.Drain.Enabled || ctx.Err() != nil {
 				return "", fmt.Errorf("evict GPU pods: %w", err)
 			}
 			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
@@ -466,7 +482,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 			drained = true
 		}
 	}
-	if err := m.step("evict"); err != nil {
+	if err := m.step(ctx, "evict"); err != nil {
 		return "", err
 	}
 	pause, err := nodestate.Pause(m.node, nodestate.PausableOperands)
@@ -476,18 +492,18 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
 		return "", err
 	}
-	if err := m.step("pause"); err != nil {
+	if err := m.step(ctx, "pause"); err != nil {
 		return "", err
 	}
 	if err := m.waitOperandsGone(ctx); err != nil {
 		return "", err
 	}
-	if err := m.step("operands"); err != nil {
+	if err := m.step(ctx, "operands"); err != nil {
 		return "", err
 	}
 	unloaded, err := m.o.Host.Unload()
 	var busy *kmod.BusyError
-	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained {
+	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained && ctx.Err() == nil {
 		m.log.Info("driver busy; draining the node (auto-drain) and retrying", "err", err)
 		if err := m.drain(ctx, err.Error()); err != nil {
 			return "", err
@@ -499,14 +515,14 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("unload the driver: %w", err)
 	}
 	m.log.Info("driver unloaded", "modules", unloaded)
-	if err := m.step("unload"); err != nil {
+	if err := m.step(ctx, "unload"); err != nil {
 		return "", err
 	}
 	cleared, err := m.clearStale()
 	if err != nil {
 		return "", err
 	}
-	if err := m.step("unmount"); err != nil {
+	if err := m.step(ctx, "unmount"); err != nil {
 		return "", err
 	}
 	prepared, err := m.prepareInstall(ctx)

@@ -704,3 +704,136 @@ func TestUncordonRefusesAnUnreadableSince(t *testing.T) {
 		t.Fatalf("state %q unschedulable %v; want both kept", state(n), n.Spec.Unschedulable)
 	}
 }
+
+// errSIGTERM is the cause signal.NotifyContext gives the pod's stop context.
+var errSIGTERM = errors.New("terminated signal received (test)")
+
+// stopAfter returns the pod's stop context and an AfterStep that cancels it, as SIGTERM does, right after step.
+func stopAfter(step string) (context.Context, func(string) error) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return ctx, func(s string) error {
+		if s == step {
+			cancel(errSIGTERM)
+		}
+		return nil
+	}
+}
+
+// finish plays the rest of a driver change on a node left validation-required: the new driver loads, its pod's
+// manager runs again (fast path), the validator turns Ready, and the gate finishes the node.
+func finish(t *testing.T, e *env) {
+	t.Helper()
+	e.host.LoadDriver()
+	e.host.DriverState(newDigest)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 5, 0, time.UTC))
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatalf("end: state=%q unschedulable=%v ours=%v; want upgrade-done and uncordoned", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+}
+
+// TestStopAfterEachStepIsNoFailure: a driver pod stopped (SIGTERM: a pod deletion, a second rollout) right after
+// any step leaves the node as that step left it — no upgrade-failed, no cordon lifted, no pause undone — and the
+// next driver pod resumes from there to upgrade-done.
+func TestStopAfterEachStepIsNoFailure(t *testing.T) {
+	reached := map[string]nodestate.UpgradeState{
+		"detect": "", "cordon": nodestate.PodDeletionRequired, "evict": nodestate.PodDeletionRequired,
+		"pause": nodestate.PodRestartRequired, "operands": nodestate.PodRestartRequired,
+		"unload": nodestate.PodRestartRequired, "unmount": nodestate.PodRestartRequired,
+	}
+	for _, step := range Steps {
+		t.Run(step, func(t *testing.T) {
+			e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm": "false"}))
+			o := e.options(newDigest)
+			ctx, afterStep := stopAfter(step)
+			o.AfterStep = afterStep
+			err := o.Run(ctx, &bytes.Buffer{})
+			if !errors.Is(err, errSIGTERM) {
+				t.Fatalf("stopped run: err = %v, want the stop's cause", err)
+			}
+			n := e.node()
+			if state(n) != reached[step] {
+				t.Fatalf("state %q after a stop at %s, want %q (what the step reached)", state(n), step, reached[step])
+			}
+			if _, ok := n.Annotations[nodestate.UpgradeReasonAnnotation]; ok {
+				t.Errorf("a reason was written: %q", n.Annotations[nodestate.UpgradeReasonAnnotation])
+			}
+			if step != "detect" && (!n.Spec.Unschedulable || !nodestate.CordonedByUs(n)) {
+				t.Errorf("our cordon was lifted by the stop")
+			}
+			if p := slices.Index(Steps, "pause"); slices.Index(Steps, step) >= p && n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+				t.Errorf("the pause was undone by the stop: %v", n.Labels)
+			}
+			if _, err := e.run(e.options(newDigest)); err != nil {
+				t.Fatalf("next pod: %v", err)
+			}
+			if n := e.node(); state(n) != nodestate.ValidationRequired || !nodestate.CordonedByUs(n) || len(e.host.LoadedModules()) != 0 {
+				t.Fatalf("next pod: state=%q ours=%v modules=%v", state(n), nodestate.CordonedByUs(n), e.host.LoadedModules())
+			}
+			finish(t, e)
+			if n := e.node(); n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" || n.Labels["nvidia.com/gpu.deploy.dcgm"] != "false" {
+				t.Fatalf("switches not as before: %v", n.Labels)
+			}
+		})
+	}
+}
+
+// TestStopWhileWaitingForOperandsIsNoFailure: SIGTERM in the middle of a wait (paused operands' pods still on the
+// node) stops the run there, the node paused and cordoned, not failed.
+func TestStopWhileWaitingForOperandsIsNoFailure(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	plugin := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-device-plugin-x", Namespace: namespace,
+		Labels: map[string]string{ComponentLabel: "device-plugin"}}, Spec: corev1.PodSpec{NodeName: nodeName}}
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), plugin, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(300*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := e.options(newDigest).Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.PodRestartRequired || !nodestate.CordonedByUs(n) || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+		t.Fatalf("state=%q ours=%v labels=%v; want the wait's state kept", state(n), nodestate.CordonedByUs(n), n.Labels)
+	}
+	if err := e.client.CoreV1().Pods(namespace).Delete(context.Background(), plugin.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, e)
+}
+
+// TestGateStoppedWhileWaitingIsNoFailure: the upgrade gate stopped while it waits for the validator leaves the
+// node validation-required and cordoned, so the next driver pod's gate goes on waiting; only its own timeout
+// fails the node.
+func TestGateStoppedWhileWaitingIsNoFailure(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, ReadyFile: ready}
+	o.Complete()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(300*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := o.Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.ValidationRequired || !nodestate.CordonedByUs(n) || n.Annotations[nodestate.UpgradeReasonAnnotation] != "" {
+		t.Fatalf("state=%q ours=%v reason=%q; want validation-required, still cordoned", state(n), nodestate.CordonedByUs(n), n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the stopped gate wrote its ready file")
+	}
+	finish(t, e)
+}

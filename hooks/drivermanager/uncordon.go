@@ -113,6 +113,12 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		}
 		log.Info("waiting for the validator with the new driver", "component", o.Component, "since", since, "timeout", o.Timeout)
 		pod, err := o.waitValidator(ctx, since)
+		if err != nil && ctx.Err() != nil {
+			// The pod is stopping: no failure. The node stays validation-required (and cordoned) for the next
+			// driver pod's gate; only a wait that ran its full timeout fails the node.
+			return "", fmt.Errorf("node %s: stopped (%w) while waiting for the validator; it stays %s for the next driver pod",
+				o.NodeName, context.Cause(ctx), nodestate.ValidationRequired)
+		}
 		if err != nil {
 			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after the driver change (%v); the node stays cordoned: check the driver and validator pods' logs",
 				o.Component, o.Timeout, err)
