@@ -5,8 +5,10 @@
 //
 //	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
 //	              (the driver container never starts; the DaemonSet lets go of the node)
-//	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver
+//	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver; a node
+//	              that is not upgrade-done (failed, retried, interrupted) validates it first
 //	              no modules loaded                                        -> clear stale files, validation-required
+//	              (our cordon kept: a reboot of a failed node validates the driver that installs next)
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
 //	              node upgrade-failed                                     -> refuse until `upgrade retry`
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
@@ -19,6 +21,9 @@
 //	              device, wait (bounded) for MOFED. A node with no driver loaded also goes through this
 //	restore       switches resumed -> validation-required; our cordon stays until UncordonOptions sees the
 //	              node's validator Ready with the new driver -> uncordon-required -> upgrade-done
+//
+// Only the gate ends a driver change: every path that hands a node a driver it has not validated leaves it
+// validation-required, and nodestate.DriverSinceAnnotation says since when a Ready validator vouches for it.
 //
 // Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
 // pod restarts. A run whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node
@@ -412,7 +417,9 @@ func (m *manager) waitMOFED(ctx context.Context) (string, error) {
 }
 
 // keep is the fast path: the loaded driver has the new pod's config. Only leftovers of an interrupted run are
-// undone; a node still waiting for validation keeps its cordon and state for UncordonOptions.
+// undone. A node finishes here only when it is upgrade-done (or never had a driver change): anywhere else its
+// driver may never have validated — the gate gave up on it, an admin retried, a change was interrupted — so the
+// node waits for validation, our cordon kept, and the gate finishes it.
 func (m *manager) keep(ctx context.Context) (string, error) {
 	cleared, resume, err := m.clearAndResume()
 	if err != nil {
@@ -420,8 +427,13 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	}
 	p := []nodestate.Patch{resume}
 	pending := "; validation of the new driver still pending (state and cordon kept)"
-	if !waitingForValidation(m.node) {
+	switch s := nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]); {
+	case waitingForValidation(m.node):
+	case s == "" || s == nodestate.UpgradeDone:
 		p, pending = append(p, nodestate.Uncordon(m.node), m.state(nodestate.UpgradeDone, "")), ""
+	default:
+		p = append(p, m.state(nodestate.ValidationRequired, ""))
+		pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
 	}
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
@@ -429,8 +441,8 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }
 
-// notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; the cordon
-// of an upgrade in progress stays until validation.
+// notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; a cordon of
+// ours stays until it validates (a failed node that rebooted is not uncordoned on the way).
 func (m *manager) notLoaded(ctx context.Context) (string, error) {
 	cleared, resume, err := m.clearAndResume()
 	if err != nil {
@@ -441,12 +453,10 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, "")}
+	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())}
 	kept := ""
-	if inProgress(m.node) && nodestate.CordonedByUs(m.node) {
-		kept = "; the upgrade's cordon stays until validation passes"
-	} else {
-		p = append(p, nodestate.Uncordon(m.node))
+	if nodestate.CordonedByUs(m.node) {
+		kept = "; our cordon stays until validation passes"
 	}
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
@@ -534,7 +544,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, "")); err != nil {
+	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())); err != nil {
 		return "", err
 	}
 	cordon := ""
@@ -682,8 +692,10 @@ func (m *manager) apply(ctx context.Context, ps ...nodestate.Patch) error {
 }
 
 func (m *manager) state(s nodestate.UpgradeState, reason string) nodestate.Patch {
-	return nodestate.SetUpgradeState(m.node, s, reason, m.o.Now().UTC().Format(time.RFC3339))
+	return nodestate.SetUpgradeState(m.node, s, reason, m.now())
 }
+
+func (m *manager) now() string { return m.o.Now().UTC().Format(time.RFC3339) }
 
 // merge combines patches; later ones win on the same key.
 func merge(ps ...nodestate.Patch) nodestate.Patch {
@@ -706,16 +718,6 @@ func merge(ps ...nodestate.Patch) nodestate.Patch {
 		}
 	}
 	return out
-}
-
-// inProgress: the node is between the start of a driver change and its validation.
-func inProgress(node *corev1.Node) bool {
-	switch nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) {
-	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
-		nodestate.ValidationRequired, nodestate.UncordonRequired:
-		return true
-	}
-	return false
 }
 
 func waitingForValidation(node *corev1.Node) bool {

@@ -20,6 +20,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 const (
@@ -35,6 +36,15 @@ type env struct {
 	t      *testing.T
 	host   *kmodtest.Fixture
 	client *fake.Clientset
+	// now is the clock of the manager and the gate (zero: 2026-09-01 12:00 UTC).
+	now time.Time
+}
+
+func (e *env) clock() time.Time {
+	if e.now.IsZero() {
+		return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+	}
+	return e.now
 }
 
 func newEnv(t *testing.T, node *corev1.Node) *env {
@@ -58,7 +68,7 @@ func gpuNode(labels map[string]string) *corev1.Node {
 func (e *env) options(digest string) *Options {
 	o := &Options{
 		Client: e.client, NodeName: nodeName, Namespace: namespace, Host: e.host.Host(), Digest: digest,
-		Eviction: Eviction{Enabled: true}, Now: func() time.Time { return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC) },
+		Eviction: Eviction{Enabled: true}, Now: e.clock,
 		OperandTimeout: 5 * time.Second, HostDriverHold: 10 * time.Millisecond,
 		MOFEDTimeout: 300 * time.Millisecond, MOFEDInterval: 10 * time.Millisecond,
 	}
@@ -219,6 +229,15 @@ func TestFastPathUndoesLeftoversOfAnInterruptedRun(t *testing.T) {
 	}
 	n := e.node()
 	assertNothingPaused(t, n)
+	// The interrupted change left the node cordoned: it returns to workloads once the loaded driver validated.
+	if !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want validation-required with our cordon", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 5, 0, time.UTC))
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n = e.node()
 	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
 		t.Fatalf("unschedulable=%v ours=%v state=%q", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
 	}
@@ -448,7 +467,7 @@ func validatorReady(t *testing.T, e *env, at time.Time) {
 }
 
 func uncordon(e *env) error {
-	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second}
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, Now: e.clock}
 	o.Complete()
 	return o.Run(context.Background(), &bytes.Buffer{})
 }
@@ -691,17 +710,22 @@ func TestUncordonRefusesAnUnreadableSince(t *testing.T) {
 		t.Fatal(err)
 	}
 	validatorReady(t, e, time.Date(2026, 9, 1, 11, 0, 0, 0, time.UTC)) // Ready before the change: the old driver's
-	n := e.node()
-	n.Annotations[nodestate.UpgradeSinceAnnotation] = "garbage"
-	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	err := uncordon(e)
-	if err == nil || !strings.Contains(err.Error(), nodestate.UpgradeSinceAnnotation) {
-		t.Fatalf("err = %v, want the annotation named", err)
-	}
-	if n := e.node(); state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
-		t.Fatalf("state %q unschedulable %v; want both kept", state(n), n.Spec.Unschedulable)
+	for _, key := range []string{nodestate.DriverSinceAnnotation, nodestate.UpgradeSinceAnnotation} {
+		n := e.node()
+		n.Annotations[key] = "garbage"
+		if key == nodestate.UpgradeSinceAnnotation { // read only on a node without the driver's time
+			delete(n.Annotations, nodestate.DriverSinceAnnotation)
+		}
+		if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := uncordon(e)
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Fatalf("err = %v, want %s named", err, key)
+		}
+		if n := e.node(); state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
+			t.Fatalf("state %q unschedulable %v; want both kept", state(n), n.Spec.Unschedulable)
+		}
 	}
 }
 
@@ -836,4 +860,146 @@ func TestGateStoppedWhileWaitingIsNoFailure(t *testing.T) {
 		t.Fatal("the stopped gate wrote its ready file")
 	}
 	finish(t, e)
+}
+
+// failValidation plays a driver change whose new driver never validated: the manager unloads the old driver (at
+// 12:00), the new one loads, and the gate gives up at 12:10: the node is upgrade-failed and stays cordoned.
+func failValidation(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	e.host.LoadDriver()
+	e.host.DriverState(newDigest)
+	e.host.PidFile()
+	e.host.MountDriverRoot()
+	e.now = time.Date(2026, 9, 1, 12, 10, 0, 0, time.UTC)
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 100 * time.Millisecond, Now: e.clock}
+	o.Complete()
+	if err := o.Run(context.Background(), &bytes.Buffer{}); err == nil {
+		t.Fatal("setup: the gate passed without a validator")
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeFailed || !nodestate.CordonedByUs(n) {
+		t.Fatalf("setup: state=%q ours=%v", state(n), nodestate.CordonedByUs(n))
+	}
+	return e
+}
+
+// assertValidationPending: the node waits for validation of its driver, still cordoned by us, and a gate without a
+// validator Ready since the driver installed does not finish it.
+func assertValidationPending(t *testing.T, e *env, when string) {
+	t.Helper()
+	n := e.node()
+	if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+		t.Fatalf("%s: state=%q unschedulable=%v ours=%v; want validation-required with our cordon kept", when, state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 100 * time.Millisecond, Now: e.clock}
+	o.Complete()
+	if err := o.Run(context.Background(), &bytes.Buffer{}); err == nil {
+		t.Fatalf("%s: the gate passed without a validator of the current driver", when)
+	}
+	if n := e.node(); state(n) == nodestate.UpgradeDone || !n.Spec.Unschedulable {
+		t.Fatalf("%s: state=%q unschedulable=%v after a gate without validator", when, state(n), n.Spec.Unschedulable)
+	}
+}
+
+// validateAndFinish: the validator turns Ready at ready; the next driver pod's manager and gate finish the node.
+func validateAndFinish(t *testing.T, e *env, ready time.Time) {
+	t.Helper()
+	validatorReady(t, e, ready)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatalf("end: state=%q unschedulable=%v ours=%v", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+}
+
+// TestFailedValidationThenPodDeletedValidatesFirst: deleting the driver pod of a node whose new driver never
+// validated starts a pod whose manager finds the new driver loaded (fast path); the node must validate before it
+// is uncordoned. A validator that turned Ready late (after the gate gave up) vouches for the driver.
+func TestFailedValidationThenPodDeletedValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	assertValidationPending(t, e, "new driver pod")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
+
+	// the validator turned Ready at 12:15, after the gate gave up and before the pod was deleted at 12:20
+	e = failValidation(t)
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 15, 0, 0, time.UTC))
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := uncordon(e); err != nil {
+		t.Fatalf("a validator Ready with the new driver since 12:15 was not accepted: %v", err)
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable {
+		t.Fatalf("state=%q unschedulable=%v", state(n), n.Spec.Unschedulable)
+	}
+}
+
+// TestRetriedNodeValidatesFirst: `upgrade retry` of a node whose new driver never validated starts it over; the
+// manager finds that driver loaded, and the node validates before it is uncordoned.
+func TestRetriedNodeValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if err := upgradeplan.Retry(context.Background(), e.client, namespace, "", nodeName, e.now, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	assertValidationPending(t, e, "after retry")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
+}
+
+// reboot empties what a reboot empties: the loaded modules, /run (a tmpfs) and the mount table below /.
+func reboot(t *testing.T, f *kmodtest.Fixture) {
+	t.Helper()
+	for _, p := range []string{"run", "sys/module"} {
+		if err := os.RemoveAll(filepath.Join(f.Root, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, content := range map[string]string{"run/nvidia/.keep": "", "proc/modules": "",
+		"proc/self/mountinfo": "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(f.Root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(f.Root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(f.Root, "sys/module"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRebootedFailedNodeValidatesFirst: a node whose new driver never validated reboots (modules gone, /run
+// emptied); its driver pod's manager finds no driver loaded, and the node keeps our cordon until the driver that
+// installs next validates. A validator Ready before the reboot does not count.
+func TestRebootedFailedNodeValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 15, 0, 0, time.UTC)) // saw the driver before the reboot
+	reboot(t, e.host)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 0 {
+		t.Fatalf("modules %v after the reboot", mods)
+	}
+	e.host.LoadDriver() // the driver container installs
+	e.host.DriverState(newDigest)
+	assertValidationPending(t, e, "after the reboot")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
 }

@@ -27,7 +27,7 @@ var readers = map[string]func(*corev1.Node) error{
 // as empty (where that is safe) or returns an error naming the node and the annotation; none panics.
 func TestMalformedAnnotationsNeverPanic(t *testing.T) {
 	annotations := []string{PausedLabelsAnnotation, SeededLabelsAnnotation, PreInstalledAnnotation, UpgradeSinceAnnotation,
-		CordonedAnnotation, UpgradeReasonAnnotation}
+		DriverSinceAnnotation, CordonedAnnotation, UpgradeReasonAnnotation}
 	for _, key := range annotations {
 		for _, raw := range badValues {
 			n := node(map[string]string{DeployLabelPrefix + "dcgm": Paused, DriverDeployLabel: PreInstalled,
@@ -76,6 +76,9 @@ func TestMalformedAnnotationsAnswer(t *testing.T) {
 		{"ValidationSince", UpgradeSinceAnnotation, "2026-09-01T12:00:00Z", true},
 		{"ValidationSince", UpgradeSinceAnnotation, "", false},
 		{"ValidationSince", UpgradeSinceAnnotation, "yesterday", false},
+		{"ValidationSince", DriverSinceAnnotation, "2026-09-01T11:00:00Z", true},
+		{"ValidationSince", DriverSinceAnnotation, "", false},
+		{"ValidationSince", DriverSinceAnnotation, "yesterday", false},
 	} {
 		n := node(map[string]string{DeployLabelPrefix + "dcgm": Paused, DriverDeployLabel: PreInstalled}, false)
 		n.Annotations[UpgradeSinceAnnotation] = "2026-09-01T12:00:00Z"

@@ -47,6 +47,11 @@ const (
 	UpgradeReasonAnnotation = AnnotationPrefix + "upgrade-reason"
 	// UpgradeSinceAnnotation is when the node entered its upgrade state (RFC 3339).
 	UpgradeSinceAnnotation = AnnotationPrefix + "upgrade-since"
+	// DriverSinceAnnotation is when the node's current driver started to install (RFC 3339): the driver manager
+	// writes it when it hands the node, with no NVIDIA driver loaded, to the driver about to install. A validator
+	// pod Ready since then vouches for that driver, also when the node reached validation-required later (a
+	// driver pod deleted or retried after its validation timed out).
+	DriverSinceAnnotation = AnnotationPrefix + "driver-since"
 	// SeededLabelsAnnotation records, as a JSON object, each label the stack set as a default on a node that had
 	// none (Seed) and the value it set, so Cleanup removes a default nobody changed since.
 	SeededLabelsAnnotation = AnnotationPrefix + "seeded-labels"
