@@ -74,7 +74,8 @@ func (o *UncordonOptions) Validate() error {
 }
 
 // Run finishes the node's driver change when it is in validation-required or uncordon-required, and does
-// nothing in any other state. It writes one summary line to out.
+// nothing in any other state. It writes one summary line to out. ctx is the pod's stop context: a wait it ends
+// is no failure, and the node stays validation-required for the next driver pod's gate.
 func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
