@@ -13,9 +13,12 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
@@ -1003,3 +1006,46 @@ func TestRebootedFailedNodeValidatesFirst(t *testing.T) {
 	assertValidationPending(t, e, "after the reboot")
 	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
 }
+
+// TestStopDuringABlockedEvictionDoesNotDrain: SIGTERM while an eviction waits on a disruption budget is a stop,
+// not an eviction failure: with auto-drain on, the node is not drained because of it, nor failed.
+func TestStopDuringABlockedEvictionDoesNotDrain(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	gpuPod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml", OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "train", UID: "u", Controller: ptrTo(true)}}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": *resourceQty(1)}}}}},
+	}
+	if _, err := e.client.CoreV1().Pods("ml").Create(context.Background(), gpuPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.client.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods"}, {Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}},
+		{GroupVersion: "policy/v1", APIResources: []metav1.APIResource{{Name: "poddisruptionbudgets", Kind: "PodDisruptionBudget"}}},
+	}
+	// every eviction is refused, as a budget that allows no disruption refuses it
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	})
+	o := e.options(newDigest)
+	o.Drain.Enabled = true
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(500*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := o.Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.PodDeletionRequired || !nodestate.CordonedByUs(n) {
+		t.Fatalf("state=%q ours=%v; want pod-deletion-required and still cordoned", state(n), nodestate.CordonedByUs(n))
+	}
+	for _, a := range e.client.Actions() {
+		if p, ok := a.(interface{ GetPatch() []byte }); ok && strings.Contains(string(p.GetPatch()), string(nodestate.DrainRequired)) {
+			t.Fatal("the stop was taken for an eviction failure: drain-required written")
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
