@@ -5,8 +5,10 @@
 //
 //	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
 //	              (the driver container never starts; the DaemonSet lets go of the node)
-//	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver
+//	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver; a node
+//	              that is not upgrade-done (failed, retried, interrupted) validates it first
 //	              no modules loaded                                        -> clear stale files, validation-required
+//	              (our cordon kept: a reboot of a failed node validates the driver that installs next)
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
 //	              node upgrade-failed                                     -> refuse until `upgrade retry`
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
@@ -20,9 +22,14 @@
 //	restore       switches resumed -> validation-required; our cordon stays until UncordonOptions sees the
 //	              node's validator Ready with the new driver -> uncordon-required -> upgrade-done
 //
+// Only the gate ends a driver change: every path that hands a node a driver it has not validated leaves it
+// validation-required, and nodestate.DriverSinceAnnotation says since when a Ready validator vouches for it.
+//
 // Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
-// pod restarts. A failing run resumes what it paused, lifts the cordon it made, and leaves the node
-// upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
+// pod restarts. A run whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node
+// drain) is no failure: it stops where it is and leaves the node as it got it there (cordon, pause record,
+// state), for the next driver pod to resume. A failing run resumes what it paused, lifts the cordon it made,
+// and leaves the node upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
 package drivermanager
 
 import (
@@ -179,7 +186,8 @@ func (o *Options) Validate() error {
 }
 
 // Run does the node's work and writes one summary line to out. On failure it restores the node (see the package
-// comment) and returns an error that says what is in the way.
+// comment) and returns an error that says what is in the way. ctx is the pod's stop context: once it ends, any
+// error is the stop's (context.Cause says why), and the node is left for the next driver pod.
 func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
@@ -195,6 +203,9 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	var untouched *untouchedError
 	if errors.As(err, &untouched) {
 		return untouched.err
+	}
+	if err != nil && ctx.Err() != nil {
+		return m.stopped(ctx, err)
 	}
 	if err != nil {
 		return m.failed(ctx, err)
@@ -217,15 +228,25 @@ type untouchedError struct{ err error }
 
 func (e *untouchedError) Error() string { return e.err.Error() }
 
-// step ends a step; AfterStep may stop the run there.
-func (m *manager) step(name string) error {
-	if m.o.AfterStep == nil {
-		return nil
+// step ends a step; AfterStep may stop the run there, and so does the pod's stop (the next step may not heed
+// ctx: unloading modules does not).
+func (m *manager) step(ctx context.Context, name string) error {
+	if m.o.AfterStep != nil {
+		if err := m.o.AfterStep(name); err != nil {
+			return &untouchedError{err}
+		}
 	}
-	if err := m.o.AfterStep(name); err != nil {
-		return &untouchedError{err}
+	if ctx.Err() != nil {
+		return fmt.Errorf("after step %s: %w", name, context.Cause(ctx))
 	}
 	return nil
+}
+
+// stopped is Run's answer when its pod is stopping: nothing restored, no upgrade-failed written, so the next
+// driver pod resumes from the state this run reached.
+func (m *manager) stopped(ctx context.Context, err error) error {
+	return fmt.Errorf("node %s: stopped (%w) in state %q; nothing undone: the next driver pod resumes from here (%v)",
+		m.o.NodeName, context.Cause(ctx), m.node.Labels[nodestate.UpgradeStateLabel], err)
 }
 
 func (m *manager) run(ctx context.Context) (string, error) {
@@ -245,7 +266,12 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := m.step("detect"); err != nil {
+	// Every path ends by restoring what the pause record names: a record nobody can read stops the run here,
+	// before the cordon and the eviction, rather than half way with nothing to restore from.
+	if _, err := nodestate.Resume(m.node); err != nil {
+		return "", &untouchedError{err}
+	}
+	if err := m.step(ctx, "detect"); err != nil {
 		return "", err
 	}
 	switch {
@@ -391,7 +417,9 @@ func (m *manager) waitMOFED(ctx context.Context) (string, error) {
 }
 
 // keep is the fast path: the loaded driver has the new pod's config. Only leftovers of an interrupted run are
-// undone; a node still waiting for validation keeps its cordon and state for UncordonOptions.
+// undone. A node finishes here only when it is upgrade-done (or never had a driver change): anywhere else its
+// driver may never have validated — the gate gave up on it, an admin retried, a change was interrupted — so the
+// node waits for validation, our cordon kept, and the gate finishes it.
 func (m *manager) keep(ctx context.Context) (string, error) {
 	cleared, resume, err := m.clearAndResume()
 	if err != nil {
@@ -399,8 +427,13 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	}
 	p := []nodestate.Patch{resume}
 	pending := "; validation of the new driver still pending (state and cordon kept)"
-	if !waitingForValidation(m.node) {
+	switch s := nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]); {
+	case waitingForValidation(m.node):
+	case s == "" || s == nodestate.UpgradeDone:
 		p, pending = append(p, nodestate.Uncordon(m.node), m.state(nodestate.UpgradeDone, "")), ""
+	default:
+		p = append(p, m.state(nodestate.ValidationRequired, ""))
+		pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
 	}
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
@@ -408,8 +441,8 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }
 
-// notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; the cordon
-// of an upgrade in progress stays until validation.
+// notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; a cordon of
+// ours stays until it validates (a failed node that rebooted is not uncordoned on the way).
 func (m *manager) notLoaded(ctx context.Context) (string, error) {
 	cleared, resume, err := m.clearAndResume()
 	if err != nil {
@@ -420,12 +453,10 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, "")}
+	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())}
 	kept := ""
-	if inProgress(m.node) && nodestate.CordonedByUs(m.node) {
-		kept = "; the upgrade's cordon stays until validation passes"
-	} else {
-		p = append(p, nodestate.Uncordon(m.node))
+	if nodestate.CordonedByUs(m.node) {
+		kept = "; our cordon stays until validation passes"
 	}
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
@@ -445,13 +476,13 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, p...); err != nil {
 		return "", err
 	}
-	if err := m.step("cordon"); err != nil {
+	if err := m.step(ctx, "cordon"); err != nil {
 		return "", err
 	}
 	drained := false
 	if m.o.Eviction.Enabled {
 		if err := m.evictGPUPods(ctx); err != nil {
-			if !m.o.Drain.Enabled {
+			if !m.o.Drain.Enabled || ctx.Err() != nil {
 				return "", fmt.Errorf("evict GPU pods: %w", err)
 			}
 			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
@@ -461,7 +492,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 			drained = true
 		}
 	}
-	if err := m.step("evict"); err != nil {
+	if err := m.step(ctx, "evict"); err != nil {
 		return "", err
 	}
 	pause, err := nodestate.Pause(m.node, nodestate.PausableOperands)
@@ -471,18 +502,18 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
 		return "", err
 	}
-	if err := m.step("pause"); err != nil {
+	if err := m.step(ctx, "pause"); err != nil {
 		return "", err
 	}
 	if err := m.waitOperandsGone(ctx); err != nil {
 		return "", err
 	}
-	if err := m.step("operands"); err != nil {
+	if err := m.step(ctx, "operands"); err != nil {
 		return "", err
 	}
 	unloaded, err := m.o.Host.Unload()
 	var busy *kmod.BusyError
-	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained {
+	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained && ctx.Err() == nil {
 		m.log.Info("driver busy; draining the node (auto-drain) and retrying", "err", err)
 		if err := m.drain(ctx, err.Error()); err != nil {
 			return "", err
@@ -494,14 +525,14 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("unload the driver: %w", err)
 	}
 	m.log.Info("driver unloaded", "modules", unloaded)
-	if err := m.step("unload"); err != nil {
+	if err := m.step(ctx, "unload"); err != nil {
 		return "", err
 	}
 	cleared, err := m.clearStale()
 	if err != nil {
 		return "", err
 	}
-	if err := m.step("unmount"); err != nil {
+	if err := m.step(ctx, "unmount"); err != nil {
 		return "", err
 	}
 	prepared, err := m.prepareInstall(ctx)
@@ -513,7 +544,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, "")); err != nil {
+	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())); err != nil {
 		return "", err
 	}
 	cordon := ""
@@ -661,8 +692,10 @@ func (m *manager) apply(ctx context.Context, ps ...nodestate.Patch) error {
 }
 
 func (m *manager) state(s nodestate.UpgradeState, reason string) nodestate.Patch {
-	return nodestate.SetUpgradeState(m.node, s, reason, m.o.Now().UTC().Format(time.RFC3339))
+	return nodestate.SetUpgradeState(m.node, s, reason, m.now())
 }
+
+func (m *manager) now() string { return m.o.Now().UTC().Format(time.RFC3339) }
 
 // merge combines patches; later ones win on the same key.
 func merge(ps ...nodestate.Patch) nodestate.Patch {
@@ -685,16 +718,6 @@ func merge(ps ...nodestate.Patch) nodestate.Patch {
 		}
 	}
 	return out
-}
-
-// inProgress: the node is between the start of a driver change and its validation.
-func inProgress(node *corev1.Node) bool {
-	switch nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) {
-	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
-		nodestate.ValidationRequired, nodestate.UncordonRequired:
-		return true
-	}
-	return false
 }
 
 func waitingForValidation(node *corev1.Node) bool {

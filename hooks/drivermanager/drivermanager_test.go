@@ -13,13 +13,17 @@ import (
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 const (
@@ -35,6 +39,15 @@ type env struct {
 	t      *testing.T
 	host   *kmodtest.Fixture
 	client *fake.Clientset
+	// now is the clock of the manager and the gate (zero: 2026-09-01 12:00 UTC).
+	now time.Time
+}
+
+func (e *env) clock() time.Time {
+	if e.now.IsZero() {
+		return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+	}
+	return e.now
 }
 
 func newEnv(t *testing.T, node *corev1.Node) *env {
@@ -58,7 +71,7 @@ func gpuNode(labels map[string]string) *corev1.Node {
 func (e *env) options(digest string) *Options {
 	o := &Options{
 		Client: e.client, NodeName: nodeName, Namespace: namespace, Host: e.host.Host(), Digest: digest,
-		Eviction: Eviction{Enabled: true}, Now: func() time.Time { return time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC) },
+		Eviction: Eviction{Enabled: true}, Now: e.clock,
 		OperandTimeout: 5 * time.Second, HostDriverHold: 10 * time.Millisecond,
 		MOFEDTimeout: 300 * time.Millisecond, MOFEDInterval: 10 * time.Millisecond,
 	}
@@ -219,6 +232,15 @@ func TestFastPathUndoesLeftoversOfAnInterruptedRun(t *testing.T) {
 	}
 	n := e.node()
 	assertNothingPaused(t, n)
+	// The interrupted change left the node cordoned: it returns to workloads once the loaded driver validated.
+	if !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want validation-required with our cordon", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 5, 0, time.UTC))
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n = e.node()
 	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
 		t.Fatalf("unschedulable=%v ours=%v state=%q", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
 	}
@@ -448,7 +470,7 @@ func validatorReady(t *testing.T, e *env, at time.Time) {
 }
 
 func uncordon(e *env) error {
-	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second}
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, Now: e.clock}
 	o.Complete()
 	return o.Run(context.Background(), &bytes.Buffer{})
 }
@@ -652,3 +674,378 @@ func TestGPUDirectRDMAWaitsForMOFED(t *testing.T) {
 		t.Fatalf("no Mellanox device: %q, %v", out, err)
 	}
 }
+
+// TestMalformedPauseRecordRefusesBeforeTouchingTheNode: a pause record nobody can read stops the run before the
+// cordon and the eviction, naming the node and the annotation; a null record is no record.
+func TestMalformedPauseRecordRefusesBeforeTouchingTheNode(t *testing.T) {
+	node := gpuNode(nil)
+	node.Annotations = map[string]string{nodestate.PausedLabelsAnnotation: `{"nvidia.com/gpu.deploy.dcgm": 1}`}
+	e := newEnv(t, node)
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "node "+nodeName) || !strings.Contains(err.Error(), nodestate.PausedLabelsAnnotation) {
+		t.Fatalf("err = %v, want one naming the node and the annotation", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("the run wrote %v before refusing", acts)
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Errorf("the run touched the kernel: %v", calls)
+	}
+
+	node = gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"})
+	node.Annotations = map[string]string{nodestate.PausedLabelsAnnotation: "null"}
+	e = newEnv(t, node)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatalf("null pause record: %v", err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if state(n) != nodestate.ValidationRequired || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" {
+		t.Fatalf("state %q, labels %v", state(n), n.Labels)
+	}
+}
+
+// TestUncordonRefusesAnUnreadableSince: without a readable time of the driver change the gate cannot tell a
+// validator of the new driver from one of the old, so it says which annotation is wrong instead of passing.
+func TestUncordonRefusesAnUnreadableSince(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 11, 0, 0, 0, time.UTC)) // Ready before the change: the old driver's
+	for _, key := range []string{nodestate.DriverSinceAnnotation, nodestate.UpgradeSinceAnnotation} {
+		n := e.node()
+		n.Annotations[key] = "garbage"
+		if key == nodestate.UpgradeSinceAnnotation { // read only on a node without the driver's time
+			delete(n.Annotations, nodestate.DriverSinceAnnotation)
+		}
+		if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := uncordon(e)
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Fatalf("err = %v, want %s named", err, key)
+		}
+		if n := e.node(); state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
+			t.Fatalf("state %q unschedulable %v; want both kept", state(n), n.Spec.Unschedulable)
+		}
+	}
+}
+
+// errSIGTERM is the cause signal.NotifyContext gives the pod's stop context.
+var errSIGTERM = errors.New("terminated signal received (test)")
+
+// stopAfter returns the pod's stop context and an AfterStep that cancels it, as SIGTERM does, right after step.
+func stopAfter(step string) (context.Context, func(string) error) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return ctx, func(s string) error {
+		if s == step {
+			cancel(errSIGTERM)
+		}
+		return nil
+	}
+}
+
+// finish plays the rest of a driver change on a node left validation-required: the new driver loads, its pod's
+// manager runs again (fast path), the validator turns Ready, and the gate finishes the node.
+func finish(t *testing.T, e *env) {
+	t.Helper()
+	e.host.LoadDriver()
+	e.host.DriverState(newDigest)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 0, 5, 0, time.UTC))
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatalf("end: state=%q unschedulable=%v ours=%v; want upgrade-done and uncordoned", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+}
+
+// TestStopAfterEachStepIsNoFailure: a driver pod stopped (SIGTERM: a pod deletion, a second rollout) right after
+// any step leaves the node as that step left it — no upgrade-failed, no cordon lifted, no pause undone — and the
+// next driver pod resumes from there to upgrade-done.
+func TestStopAfterEachStepIsNoFailure(t *testing.T) {
+	reached := map[string]nodestate.UpgradeState{
+		"detect": "", "cordon": nodestate.PodDeletionRequired, "evict": nodestate.PodDeletionRequired,
+		"pause": nodestate.PodRestartRequired, "operands": nodestate.PodRestartRequired,
+		"unload": nodestate.PodRestartRequired, "unmount": nodestate.PodRestartRequired,
+	}
+	for _, step := range Steps {
+		t.Run(step, func(t *testing.T) {
+			e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.dcgm": "false"}))
+			o := e.options(newDigest)
+			ctx, afterStep := stopAfter(step)
+			o.AfterStep = afterStep
+			err := o.Run(ctx, &bytes.Buffer{})
+			if !errors.Is(err, errSIGTERM) {
+				t.Fatalf("stopped run: err = %v, want the stop's cause", err)
+			}
+			n := e.node()
+			if state(n) != reached[step] {
+				t.Fatalf("state %q after a stop at %s, want %q (what the step reached)", state(n), step, reached[step])
+			}
+			if _, ok := n.Annotations[nodestate.UpgradeReasonAnnotation]; ok {
+				t.Errorf("a reason was written: %q", n.Annotations[nodestate.UpgradeReasonAnnotation])
+			}
+			if step != "detect" && (!n.Spec.Unschedulable || !nodestate.CordonedByUs(n)) {
+				t.Errorf("our cordon was lifted by the stop")
+			}
+			if p := slices.Index(Steps, "pause"); slices.Index(Steps, step) >= p && n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+				t.Errorf("the pause was undone by the stop: %v", n.Labels)
+			}
+			if _, err := e.run(e.options(newDigest)); err != nil {
+				t.Fatalf("next pod: %v", err)
+			}
+			if n := e.node(); state(n) != nodestate.ValidationRequired || !nodestate.CordonedByUs(n) || len(e.host.LoadedModules()) != 0 {
+				t.Fatalf("next pod: state=%q ours=%v modules=%v", state(n), nodestate.CordonedByUs(n), e.host.LoadedModules())
+			}
+			finish(t, e)
+			if n := e.node(); n.Labels["nvidia.com/gpu.deploy.device-plugin"] != "true" || n.Labels["nvidia.com/gpu.deploy.dcgm"] != "false" {
+				t.Fatalf("switches not as before: %v", n.Labels)
+			}
+		})
+	}
+}
+
+// TestStopWhileWaitingForOperandsIsNoFailure: SIGTERM in the middle of a wait (paused operands' pods still on the
+// node) stops the run there, the node paused and cordoned, not failed.
+func TestStopWhileWaitingForOperandsIsNoFailure(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	plugin := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-device-plugin-x", Namespace: namespace,
+		Labels: map[string]string{ComponentLabel: "device-plugin"}}, Spec: corev1.PodSpec{NodeName: nodeName}}
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), plugin, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(300*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := e.options(newDigest).Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.PodRestartRequired || !nodestate.CordonedByUs(n) || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+		t.Fatalf("state=%q ours=%v labels=%v; want the wait's state kept", state(n), nodestate.CordonedByUs(n), n.Labels)
+	}
+	if err := e.client.CoreV1().Pods(namespace).Delete(context.Background(), plugin.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, e)
+}
+
+// TestGateStoppedWhileWaitingIsNoFailure: the upgrade gate stopped while it waits for the validator leaves the
+// node validation-required and cordoned, so the next driver pod's gate goes on waiting; only its own timeout
+// fails the node.
+func TestGateStoppedWhileWaitingIsNoFailure(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, ReadyFile: ready}
+	o.Complete()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(300*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := o.Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.ValidationRequired || !nodestate.CordonedByUs(n) || n.Annotations[nodestate.UpgradeReasonAnnotation] != "" {
+		t.Fatalf("state=%q ours=%v reason=%q; want validation-required, still cordoned", state(n), nodestate.CordonedByUs(n), n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the stopped gate wrote its ready file")
+	}
+	finish(t, e)
+}
+
+// failValidation plays a driver change whose new driver never validated: the manager unloads the old driver (at
+// 12:00), the new one loads, and the gate gives up at 12:10: the node is upgrade-failed and stays cordoned.
+func failValidation(t *testing.T) *env {
+	t.Helper()
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	e.host.LoadDriver()
+	e.host.DriverState(newDigest)
+	e.host.PidFile()
+	e.host.MountDriverRoot()
+	e.now = time.Date(2026, 9, 1, 12, 10, 0, 0, time.UTC)
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 100 * time.Millisecond, Now: e.clock}
+	o.Complete()
+	if err := o.Run(context.Background(), &bytes.Buffer{}); err == nil {
+		t.Fatal("setup: the gate passed without a validator")
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeFailed || !nodestate.CordonedByUs(n) {
+		t.Fatalf("setup: state=%q ours=%v", state(n), nodestate.CordonedByUs(n))
+	}
+	return e
+}
+
+// assertValidationPending: the node waits for validation of its driver, still cordoned by us, and a gate without a
+// validator Ready since the driver installed does not finish it.
+func assertValidationPending(t *testing.T, e *env, when string) {
+	t.Helper()
+	n := e.node()
+	if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+		t.Fatalf("%s: state=%q unschedulable=%v ours=%v; want validation-required with our cordon kept", when, state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 100 * time.Millisecond, Now: e.clock}
+	o.Complete()
+	if err := o.Run(context.Background(), &bytes.Buffer{}); err == nil {
+		t.Fatalf("%s: the gate passed without a validator of the current driver", when)
+	}
+	if n := e.node(); state(n) == nodestate.UpgradeDone || !n.Spec.Unschedulable {
+		t.Fatalf("%s: state=%q unschedulable=%v after a gate without validator", when, state(n), n.Spec.Unschedulable)
+	}
+}
+
+// validateAndFinish: the validator turns Ready at ready; the next driver pod's manager and gate finish the node.
+func validateAndFinish(t *testing.T, e *env, ready time.Time) {
+	t.Helper()
+	validatorReady(t, e, ready)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := uncordon(e); err != nil {
+		t.Fatal(err)
+	}
+	n := e.node()
+	if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatalf("end: state=%q unschedulable=%v ours=%v", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+}
+
+// TestFailedValidationThenPodDeletedValidatesFirst: deleting the driver pod of a node whose new driver never
+// validated starts a pod whose manager finds the new driver loaded (fast path); the node must validate before it
+// is uncordoned. A validator that turned Ready late (after the gate gave up) vouches for the driver.
+func TestFailedValidationThenPodDeletedValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	assertValidationPending(t, e, "new driver pod")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
+
+	// the validator turned Ready at 12:15, after the gate gave up and before the pod was deleted at 12:20
+	e = failValidation(t)
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 15, 0, 0, time.UTC))
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if err := uncordon(e); err != nil {
+		t.Fatalf("a validator Ready with the new driver since 12:15 was not accepted: %v", err)
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable {
+		t.Fatalf("state=%q unschedulable=%v", state(n), n.Spec.Unschedulable)
+	}
+}
+
+// TestRetriedNodeValidatesFirst: `upgrade retry` of a node whose new driver never validated starts it over; the
+// manager finds that driver loaded, and the node validates before it is uncordoned.
+func TestRetriedNodeValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if err := upgradeplan.Retry(context.Background(), e.client, namespace, "", nodeName, e.now, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	assertValidationPending(t, e, "after retry")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
+}
+
+// reboot empties what a reboot empties: the loaded modules, /run (a tmpfs) and the mount table below /.
+func reboot(t *testing.T, f *kmodtest.Fixture) {
+	t.Helper()
+	for _, p := range []string{"run", "sys/module"} {
+		if err := os.RemoveAll(filepath.Join(f.Root, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p, content := range map[string]string{"run/nvidia/.keep": "", "proc/modules": "",
+		"proc/self/mountinfo": "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(f.Root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(f.Root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(f.Root, "sys/module"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRebootedFailedNodeValidatesFirst: a node whose new driver never validated reboots (modules gone, /run
+// emptied); its driver pod's manager finds no driver loaded, and the node keeps our cordon until the driver that
+// installs next validates. A validator Ready before the reboot does not count.
+func TestRebootedFailedNodeValidatesFirst(t *testing.T) {
+	e := failValidation(t)
+	validatorReady(t, e, time.Date(2026, 9, 1, 12, 15, 0, 0, time.UTC)) // saw the driver before the reboot
+	reboot(t, e.host)
+	e.now = time.Date(2026, 9, 1, 12, 20, 0, 0, time.UTC)
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 0 {
+		t.Fatalf("modules %v after the reboot", mods)
+	}
+	e.host.LoadDriver() // the driver container installs
+	e.host.DriverState(newDigest)
+	assertValidationPending(t, e, "after the reboot")
+	validateAndFinish(t, e, time.Date(2026, 9, 1, 12, 25, 0, 0, time.UTC))
+}
+
+// TestStopDuringABlockedEvictionDoesNotDrain: SIGTERM while an eviction waits on a disruption budget is a stop,
+// not an eviction failure: with auto-drain on, the node is not drained because of it, nor failed.
+func TestStopDuringABlockedEvictionDoesNotDrain(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	gpuPod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml", OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "train", UID: "u", Controller: ptrTo(true)}}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": *resourceQty(1)}}}}},
+	}
+	if _, err := e.client.CoreV1().Pods("ml").Create(context.Background(), gpuPod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.client.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods"}, {Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}},
+		{GroupVersion: "policy/v1", APIResources: []metav1.APIResource{{Name: "poddisruptionbudgets", Kind: "PodDisruptionBudget"}}},
+	}
+	// every eviction is refused, as a budget that allows no disruption refuses it
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	})
+	o := e.options(newDigest)
+	o.Drain.Enabled = true
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(500*time.Millisecond, func() { cancel(errSIGTERM) })
+	if err := o.Run(ctx, &bytes.Buffer{}); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	n := e.node()
+	if state(n) != nodestate.PodDeletionRequired || !nodestate.CordonedByUs(n) {
+		t.Fatalf("state=%q ours=%v; want pod-deletion-required and still cordoned", state(n), nodestate.CordonedByUs(n))
+	}
+	for _, a := range e.client.Actions() {
+		if p, ok := a.(interface{ GetPatch() []byte }); ok && strings.Contains(string(p.GetPatch()), string(nodestate.DrainRequired)) {
+			t.Fatal("the stop was taken for an eviction failure: drain-required written")
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -74,7 +74,8 @@ func (o *UncordonOptions) Validate() error {
 }
 
 // Run finishes the node's driver change when it is in validation-required or uncordon-required, and does
-// nothing in any other state. It writes one summary line to out.
+// nothing in any other state. It writes one summary line to out. ctx is the pod's stop context: a wait it ends
+// is no failure, and the node stays validation-required for the next driver pod's gate.
 func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
@@ -107,9 +108,18 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	switch state {
 	case nodestate.ValidationRequired:
 		// Only a validator that turned Ready after the driver changed vouches for the new driver.
-		since, _ := time.Parse(time.RFC3339, node.Annotations[nodestate.UpgradeSinceAnnotation])
+		since, err := nodestate.ValidationSince(node)
+		if err != nil {
+			return "", err
+		}
 		log.Info("waiting for the validator with the new driver", "component", o.Component, "since", since, "timeout", o.Timeout)
 		pod, err := o.waitValidator(ctx, since)
+		if err != nil && ctx.Err() != nil {
+			// The pod is stopping: no failure. The node stays validation-required (and cordoned) for the next
+			// driver pod's gate; only a wait that ran its full timeout fails the node.
+			return "", fmt.Errorf("node %s: stopped (%w) while waiting for the validator; it stays %s for the next driver pod",
+				o.NodeName, context.Cause(ctx), nodestate.ValidationRequired)
+		}
 		if err != nil {
 			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after the driver change (%v); the node stays cordoned: check the driver and validator pods' logs",
 				o.Component, o.Timeout, err)

@@ -46,6 +46,7 @@ the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, 
 Before the new driver installs: unload nouveau, release NVIDIA functions left on vfio-pci, and with
 GPU_DIRECT_RDMA_ENABLED=true on a node with a Mellanox device wait for MOFED (USE_HOST_MOFED=true: mlx5_core on
 the host). A host-installed driver marks the node pre-installed and fails, so the driver container never starts.
+Stopped (SIGTERM), it leaves the node as it got it (cordon, paused operands, state) for the next driver pod.
 Timeouts are Go durations ("300s"; a bare number is seconds; "0s" means the 5m default bound).
 DRIVER_MANAGER_KERNEL=fixture is for tests only: every change goes to the fixture host tree at HOST_ROOT.`,
 		Args: cobra.NoArgs,
@@ -108,7 +109,8 @@ func uncordonCommand(out io.Writer) *cobra.Command {
 		Short: "After a driver change, uncordon the node once its validator is Ready with the new driver",
 		Long: `Run next to the driver container (a sidecar with --hold): when the node is validation-required, wait
 (watching, bounded by --timeout) until the node's validator pod is Ready with the new driver, then lift the
-cordon the driver manager made and mark the node upgrade-done. In any other state it does nothing.`,
+cordon the driver manager made and mark the node upgrade-done. In any other state it does nothing. Only the
+timeout marks the node upgrade-failed; stopped (SIGTERM), it leaves the node validation-required.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error

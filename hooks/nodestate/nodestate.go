@@ -47,6 +47,11 @@ const (
 	UpgradeReasonAnnotation = AnnotationPrefix + "upgrade-reason"
 	// UpgradeSinceAnnotation is when the node entered its upgrade state (RFC 3339).
 	UpgradeSinceAnnotation = AnnotationPrefix + "upgrade-since"
+	// DriverSinceAnnotation is when the node's current driver started to install (RFC 3339): the driver manager
+	// writes it when it hands the node, with no NVIDIA driver loaded, to the driver about to install. A validator
+	// pod Ready since then vouches for that driver, also when the node reached validation-required later (a
+	// driver pod deleted or retried after its validation timed out).
+	DriverSinceAnnotation = AnnotationPrefix + "driver-since"
 	// SeededLabelsAnnotation records, as a JSON object, each label the stack set as a default on a node that had
 	// none (Seed) and the value it set, so Cleanup removes a default nobody changed since.
 	SeededLabelsAnnotation = AnnotationPrefix + "seeded-labels"
@@ -164,14 +169,47 @@ func Resume(node *corev1.Node) (Patch, error) {
 	return p, nil
 }
 
+// pausedRecord reads PausedLabelsAnnotation. An empty value or JSON null records nothing (a record that names
+// nothing restores nothing); any other value that is not an object of operand switches to strings or null is an
+// error naming the node and the annotation, since restoring from it would write labels nobody recorded.
 func pausedRecord(node *corev1.Node) (map[string]*string, error) {
 	record := map[string]*string{}
-	if raw, ok := node.Annotations[PausedLabelsAnnotation]; ok && raw != "" {
-		if err := json.Unmarshal([]byte(raw), &record); err != nil {
-			return nil, fmt.Errorf("node %s: annotation %s is not a JSON object of label values: %w", node.Name, PausedLabelsAnnotation, err)
+	raw, ok := node.Annotations[PausedLabelsAnnotation]
+	if !ok {
+		return record, nil
+	}
+	if err := readJSON(node, PausedLabelsAnnotation, raw, &record, "a JSON object of label values (string or null)"); err != nil {
+		return nil, err
+	}
+	if record == nil { // null
+		record = map[string]*string{}
+	}
+	for key := range record {
+		if !strings.HasPrefix(key, DeployLabelPrefix) {
+			return nil, malformed(node, PausedLabelsAnnotation, raw, "records label "+key+", which is not a "+DeployLabelPrefix+"* switch")
 		}
 	}
 	return record, nil
+}
+
+// readJSON decodes an annotation's JSON value into v; blank decodes as null (v unchanged).
+func readJSON(node *corev1.Node, key, raw string, v any, want string) error {
+	if strings.TrimSpace(raw) == "" {
+		return nil
+	}
+	if err := json.Unmarshal([]byte(raw), v); err != nil {
+		return malformed(node, key, raw, "is not "+want+": "+err.Error())
+	}
+	return nil
+}
+
+// malformed is the error for an annotation the stack cannot read: it names the node, the annotation and (cut
+// short) what it holds, so the admin can fix or remove it.
+func malformed(node *corev1.Node, key, raw, why string) error {
+	if len(raw) > 80 {
+		raw = raw[:77] + "..."
+	}
+	return fmt.Errorf("node %s: annotation %s=%q %s; fix or remove it (kubectl annotate node %s %s-)", node.Name, key, raw, why, node.Name, key)
 }
 
 // Cordon returns the patch that cordons node and records the cordon as the stack's (reason says why). A node
@@ -263,12 +301,16 @@ func Seed(node *corev1.Node, key, value string) (Patch, error) {
 	return p, nil
 }
 
+// seededRecord reads SeededLabelsAnnotation; empty or null records nothing.
 func seededRecord(node *corev1.Node) (map[string]string, error) {
 	record := map[string]string{}
 	if raw, ok := node.Annotations[SeededLabelsAnnotation]; ok {
-		if err := json.Unmarshal([]byte(raw), &record); err != nil {
-			return nil, fmt.Errorf("node %s: annotation %s is not a JSON object of strings: %w", node.Name, SeededLabelsAnnotation, err)
+		if err := readJSON(node, SeededLabelsAnnotation, raw, &record, "a JSON object of strings"); err != nil {
+			return nil, err
 		}
+	}
+	if record == nil { // null
+		record = map[string]string{}
 	}
 	return record, nil
 }
@@ -282,9 +324,14 @@ func Cleanup(node *corev1.Node) (Patch, error) {
 		return Patch{}, err
 	}
 	if raw, ok := node.Annotations[PreInstalledAnnotation]; ok && node.Labels[DriverDeployLabel] == PreInstalled {
+		// Blank is no record of the value before, so unlike null (absent before) it is an error: guessing would
+		// remove or keep an admin's label.
 		var before *string
-		if err := json.Unmarshal([]byte(raw), &before); err != nil {
-			return Patch{}, fmt.Errorf("node %s: annotation %s is not a JSON string or null: %w", node.Name, PreInstalledAnnotation, err)
+		if strings.TrimSpace(raw) == "" {
+			return Patch{}, malformed(node, PreInstalledAnnotation, raw, "is empty, not the label's value before as a JSON string or null")
+		}
+		if err := readJSON(node, PreInstalledAnnotation, raw, &before, "a JSON string or null"); err != nil {
+			return Patch{}, err
 		}
 		p.label(DriverDeployLabel, before)
 	}

@@ -3,6 +3,9 @@ package nodestate
 import (
 	"fmt"
 	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // UpgradeState is a value of UpgradeStateLabel. The names are the GPU Operator's; the driver manager and the
@@ -18,7 +21,11 @@ import (
 //	validation-required  --validator passed with the new driver-->              uncordon-required
 //	uncordon-required    --our cordon lifted, switches restored-->             upgrade-done
 //	any                  --a step failed (reason annotation says which)-->     upgrade-failed
-//	upgrade-failed       --`upgrade retry NODE` or the next driver pod start-->  upgrade-required
+//	upgrade-failed       --`upgrade retry NODE`-->                              upgrade-required
+//	any but upgrade-done --the pod's driver is already loaded (fast path)-->    validation-required
+//	any                  --no driver loaded (fresh node, reboot)-->             validation-required
+//
+// A pod stopped (SIGTERM) moves nothing: the next driver pod resumes from the state it left.
 type UpgradeState string
 
 const (
@@ -75,6 +82,14 @@ func ParseValidation(s string) (Validation, error) {
 	return Validation{}, fmt.Errorf("validation %q: state must be ready, skipped, waiting or failed", s)
 }
 
+// DriverInstalls returns the patch recording that the node's next driver starts to install now
+// (DriverSinceAnnotation).
+func DriverInstalls(now string) Patch {
+	var p Patch
+	p.annotation(DriverSinceAnnotation, ptr(now))
+	return p
+}
+
 // SetValidation returns the patch recording check's outcome on a node.
 func SetValidation(check string, v Validation) Patch {
 	var p Patch
@@ -89,4 +104,27 @@ func ShortDigest(digest string) string {
 		return "(none)"
 	}
 	return digest[:min(len(digest), 12)]
+}
+
+// ValidationSince is the time from which a validator pod that turned Ready vouches for the node's driver: when
+// that driver started to install (DriverSinceAnnotation), or, on a node without that record, when the node
+// entered its upgrade state (UpgradeSinceAnnotation). A missing or unreadable time is an error naming the node
+// and the annotation: read as the zero time it would accept a validator that saw the old driver.
+func ValidationSince(node *corev1.Node) (time.Time, error) {
+	if raw, ok := node.Annotations[DriverSinceAnnotation]; ok {
+		t, err := time.Parse(time.RFC3339, raw)
+		if err != nil {
+			return time.Time{}, malformed(node, DriverSinceAnnotation, raw, "is not an RFC 3339 time")
+		}
+		return t, nil
+	}
+	raw, ok := node.Annotations[UpgradeSinceAnnotation]
+	if !ok {
+		return time.Time{}, fmt.Errorf("node %s: annotation %s is missing: no time to validate the driver from", node.Name, UpgradeSinceAnnotation)
+	}
+	t, err := time.Parse(time.RFC3339, raw)
+	if err != nil {
+		return time.Time{}, malformed(node, UpgradeSinceAnnotation, raw, "is not an RFC 3339 time")
+	}
+	return t, nil
 }
