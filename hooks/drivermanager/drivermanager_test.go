@@ -428,7 +428,11 @@ func TestUncordonWaitsForAValidatorReadyAfterTheChange(t *testing.T) {
 	if state(n) != nodestate.UpgradeFailed || !n.Spec.Unschedulable {
 		t.Fatalf("state=%q unschedulable=%v; want upgrade-failed and still cordoned", state(n), n.Spec.Unschedulable)
 	}
-	// Nothing to do in a state other than validation-required / uncordon-required; the pod is then ready.
+	// Nothing to do once the node is done (an admin finished it by hand here); the pod is then ready. (On an
+	// upgrade-failed node the gate holds the pod un-Ready: TestRestartedGateOnAFailedNodeStaysUnready.)
+	if _, err := nodestate.Apply(context.Background(), e.client, nodeName, nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", "2026-09-01T13:00:00Z")); err != nil {
+		t.Fatal(err)
+	}
 	var out bytes.Buffer
 	o.ReadyFile = filepath.Join(t.TempDir(), "driver-validated")
 	if err := o.Run(context.Background(), &out); err != nil || !strings.Contains(out.String(), "nothing to do") {
@@ -1049,3 +1053,52 @@ func TestStopDuringABlockedEvictionDoesNotDrain(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// A gate that timed out marks the node upgrade-failed and exits; the kubelet restarts only that container. The
+// restarted gate must not turn the driver pod Ready: a Ready pod would count the node as done, and the DaemonSet's
+// rolling update would carry a driver that never validates across the whole pool. It holds the pod un-Ready (the
+// node keeps its maxUnavailable slot) until the node leaves upgrade-failed, and then finishes the change as usual.
+func TestRestartedGateOnAFailedNodeStaysUnready(t *testing.T) {
+	e := failValidation(t)
+	if state(e.node()) != nodestate.UpgradeFailed {
+		t.Fatalf("state = %q, want upgrade-failed", state(e.node()))
+	}
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, ReadyFile: ready, Now: e.clock}
+	o.Complete()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	select {
+	case err := <-done:
+		t.Fatalf("the restarted gate returned (%v) on an upgrade-failed node", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the restarted gate wrote its ready file on an upgrade-failed node: the rollout would move on")
+	}
+	if n := e.node(); !nodestate.CordonedByUs(n) {
+		t.Fatal("the failed node was uncordoned")
+	}
+	// the admin fixes the driver and retries: the node is validation-required again and its validator turns Ready
+	n := e.node()
+	if _, err := nodestate.Apply(context.Background(), e.client, nodeName, nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", e.clock().UTC().Format(time.RFC3339))); err != nil {
+		t.Fatal(err)
+	}
+	validatorReady(t, e, e.clock().Add(time.Minute))
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate did not finish after the node left upgrade-failed")
+	}
+	if state(e.node()) != nodestate.UpgradeDone || nodestate.CordonedByUs(e.node()) {
+		t.Fatalf("state = %q, cordoned by us = %v; want upgrade-done, uncordoned", state(e.node()), nodestate.CordonedByUs(e.node()))
+	}
+	if _, err := os.Stat(ready); err != nil {
+		t.Fatal("the ready file was not written once the node validated")
+	}
+}

@@ -105,6 +105,18 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	}
 	now := func() string { return o.Now().UTC().Format(time.RFC3339) }
 	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+	if state == nodestate.UpgradeFailed {
+		// A failed node keeps this pod un-Ready, and so its slot in the pool's maxUnavailable: a Ready pod would let
+		// the rolling update carry a driver that never validates to the next nodes (the kubelet restarts only this
+		// container after its timeout). It waits for the node to leave upgrade-failed (`upgrade retry`, or the
+		// admin), then finishes the change from the state it is given.
+		log.Info("node is upgrade-failed: holding this driver pod un-Ready until the node is retried",
+			"reason", node.Annotations[nodestate.UpgradeReasonAnnotation])
+		if node, err = o.waitNotFailed(ctx); err != nil {
+			return "", err
+		}
+		state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+	}
 	switch state {
 	case nodestate.ValidationRequired:
 		// Only a validator that turned Ready after the driver changed vouches for the new driver.
@@ -145,6 +157,29 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
 	return fmt.Sprintf("node %s validated with the new driver: upgrade-done (no cordon of ours to lift)", o.NodeName), nil
+}
+
+// waitNotFailed watches the node until it is no longer upgrade-failed and returns it; a stop of the pod ends the
+// wait without failing anything.
+func (o *UncordonOptions) waitNotFailed(ctx context.Context) (*corev1.Node, error) {
+	nodes, err := kwatch.Start(ctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
+	if err != nil {
+		return nil, err
+	}
+	var node *corev1.Node
+	err = kwatch.Until(ctx, nodes, func(ns []*corev1.Node) (bool, error) {
+		for _, n := range ns {
+			if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
+				node = n
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: stopped (%w) while it was %s; the next driver pod's gate holds it", o.NodeName, context.Cause(ctx), nodestate.UpgradeFailed)
+	}
+	return node.DeepCopy(), nil
 }
 
 // waitValidator watches the node's validator pods until one has been Ready since `since` and returns its name.
