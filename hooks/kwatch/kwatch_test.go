@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -118,5 +119,28 @@ func TestStartNamesTheLastErrorAtTheDeadline(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
+	}
+}
+
+// TestUntilEndsOnAForbiddenWatch: for a ServiceAccount that may list but not watch, the list succeeds, but the
+// refused watch must end the wait at once (from Start, or from Until when the sync came first) instead of a wait
+// for a change that never comes.
+func TestUntilEndsOnAForbiddenWatch(t *testing.T) {
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}, Spec: corev1.PodSpec{NodeName: "n1"}})
+	client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("watch not allowed"))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := Start(ctx, NodePods(client, "ns", "n1", ""), &corev1.Pod{})
+	if err == nil {
+		err = Until(ctx, s, func(ps []*corev1.Pod) (bool, error) { return len(ps) == 0, nil })
+	}
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `pods in namespace "ns"`) {
+		t.Fatalf("Until = %v, want the Forbidden watch naming the pods", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Until took %s", took)
 	}
 }
