@@ -324,8 +324,8 @@ func TestHookJobsAreSafeAndBounded(t *testing.T) {
 // plan's never hook-succeeded, so a failed Job keeps its RBAC and log); the test's are ordinary release objects.
 // Every hook pod's ServiceAccount exists. The check may only read (nodes cluster-wide; pods, DaemonSets, revisions
 // and events in the namespace), plus write its one report ConfigMap (the gate). The plan gets least privilege: read
-// and patch nodes (upgrade-required), list pods and PodDisruptionBudgets cluster-wide (GPU pods a budget never lets
-// go), list the driver pods in the namespace; nothing else.
+// and patch nodes (upgrade-required), list pods, PodDisruptionBudgets and resource claims cluster-wide (GPU pods,
+// DRA ones included, a budget never lets go), list the driver pods in the namespace; nothing else.
 func TestHookRBAC(t *testing.T) {
 	stream := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")})
 	hooks := map[string]hookObject{}
@@ -397,6 +397,7 @@ func TestHookRBAC(t *testing.T) {
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "patch"}},
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
 			{APIGroups: []string{"policy"}, Resources: []string{"poddisruptionbudgets"}, Verbs: []string{"list"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"list"}},
 		},
 	} {
 		if got := rulesOf(key); !equalJSON(got, want) {

@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 )
 
 const node = "gpu-1"
@@ -73,25 +75,6 @@ func allocated(name, driver string) *resourcev1.ResourceClaim {
 	}
 }
 
-func TestRequestsGPU(t *testing.T) {
-	for _, tc := range []struct {
-		pod  *corev1.Pod
-		want bool
-	}{
-		{pod("gpu", limits("nvidia.com/gpu")), true},
-		{pod("shared", limits("nvidia.com/gpu.shared")), true},
-		{pod("mig", limits("nvidia.com/mig-1g.10gb")), true},
-		{pod("init", initRequests("nvidia.com/gpu")), true},
-		{pod("cpu", limits("cpu")), false},
-		{pod("other-vendor", limits("amd.com/gpu")), false},
-		{pod("nvidia-other", limits("nvidia.com/vgpu-profile")), false},
-	} {
-		if got := RequestsGPU(tc.pod); got != tc.want {
-			t.Errorf("%s: RequestsGPU = %v, want %v", tc.pod.Name, got, tc.want)
-		}
-	}
-}
-
 func names(ps []corev1.Pod) []string {
 	var out []string
 	for _, p := range ps {
@@ -113,7 +96,7 @@ func TestGPUModeSelectsGPUUsersOnly(t *testing.T) {
 		pod("bare-cpu", unmanaged),                   // unmanaged, but not ours to touch: must not block
 		pod("cache-cpu", emptyDir),                   // emptyDir, not a GPU user: must not block
 		pod("plugin", ownedByDaemonSet("plugin-ds")), // a live DaemonSet's pod: left in place
-		allocated("dra-gpu-claim", DRADriver),
+		allocated("dra-gpu-claim", gpupods.DRADriver),
 		allocated("dra-nic-claim", "nic.example.com"),
 		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "plugin-ds", Namespace: "ml"}},
 	}

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/drain"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 )
 
@@ -122,7 +123,7 @@ func (o *Options) Helper(ctx context.Context, out io.Writer) *drain.Helper {
 		ErrOut:               out,
 	}
 	if o.GPUOnly {
-		users := &gpuUsers{ctx: ctx, client: o.Client}
+		users := &gpuUsers{ctx: ctx, checker: &gpupods.Checker{Client: o.Client}}
 		h.Force, h.DeleteEmptyDirData = true, true
 		h.AdditionalFilters = []drain.PodFilter{users.filter, policy(o.Force, o.DeleteEmptyDirData)}
 	}

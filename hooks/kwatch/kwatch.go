@@ -5,26 +5,44 @@ package kwatch
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/watchlist"
 )
 
 // Store is a watched set of objects of type T.
 type Store[T runtime.Object] struct {
 	informer cache.SharedIndexInformer
 	changed  chan struct{}
+	src      *Source
+	stop     context.CancelFunc
+
+	mu     sync.Mutex
+	last   error         // the latest list or watch error, for the message when the deadline passes
+	failed chan struct{} // closed on the first error that retrying cannot fix (then err is set)
+	err    error
 }
 
-// Start lists and watches lw until ctx ends, and returns once the first list is in the store.
-func Start[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, example T) (*Store[T], error) {
+// Start lists and watches src until ctx ends, and returns once the first list is in the store. An error that
+// retrying cannot fix (forbidden, unauthorized, the resource not served, a bad request) ends it at once, naming
+// src; other errors (server errors, throttling, a connection reset) are retried until ctx ends, and the last one
+// is then named with the deadline.
+func Start[T runtime.Object](ctx context.Context, src *Source, example T) (*Store[T], error) {
+	ictx, stop := context.WithCancel(ctx)
 	s := &Store[T]{
-		informer: cache.NewSharedIndexInformer(lw, example, 0, cache.Indexers{}),
+		informer: cache.NewSharedIndexInformer(src, example, 0, cache.Indexers{}),
 		changed:  make(chan struct{}, 1),
+		src:      src,
+		stop:     stop,
+		failed:   make(chan struct{}),
 	}
 	notify := func() {
 		select { // coalesce: a reader re-reads the whole store anyway
@@ -37,13 +55,71 @@ func Start[T runtime.Object](ctx context.Context, lw cache.ListerWatcher, exampl
 		UpdateFunc: func(any, any) { notify() },
 		DeleteFunc: func(any) { notify() },
 	}); err != nil {
+		stop()
 		return nil, err
 	}
-	go s.informer.RunWithContext(ctx)
-	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
-		return nil, fmt.Errorf("watch %T: %w", example, context.Cause(ctx))
+	if err := s.informer.SetWatchErrorHandlerWithContext(s.watchError); err != nil {
+		stop()
+		return nil, err
 	}
-	return s, nil
+	go s.informer.RunWithContext(ictx)
+	synced := make(chan struct{})
+	go func() {
+		defer close(synced)
+		cache.WaitForCacheSync(ictx.Done(), s.informer.HasSynced)
+	}()
+	select {
+	case <-synced:
+		if s.informer.HasSynced() {
+			return s, nil
+		}
+	case <-s.failed:
+	}
+	stop()
+	if err := s.Err(); err != nil {
+		return nil, err
+	}
+	if last := s.lastErr(); last != nil {
+		return nil, fmt.Errorf("watch %s: not synced: %w (last error: %w)", src, context.Cause(ctx), last)
+	}
+	return nil, fmt.Errorf("watch %s: not synced: %w", src, context.Cause(ctx))
+}
+
+// watchError is the informer's watch error handler: it keeps the error for the caller, and stops the informer on
+// one that retrying cannot fix.
+func (s *Store[T]) watchError(ctx context.Context, r *cache.Reflector, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = err
+	if !Permanent(err) {
+		cache.DefaultWatchErrorHandler(ctx, r, err) // logged; the reflector retries with backoff
+		return
+	}
+	if s.err == nil {
+		s.err = fmt.Errorf("watch %s: %w", s.src, err)
+		close(s.failed)
+		s.stop()
+	}
+}
+
+// Permanent reports whether a list or watch error will come back however often it is retried: the request is
+// forbidden or unauthenticated, the resource is not served, or the request is malformed.
+func Permanent(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsNotFound(err) ||
+		apierrors.IsMethodNotSupported(err) || apierrors.IsBadRequest(err) || apierrors.IsInvalid(err)
+}
+
+// Err returns the error that stopped the store, or nil while it is watching.
+func (s *Store[T]) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *Store[T]) lastErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
 }
 
 // Changed receives a value after one or more changes to the store.
@@ -74,7 +150,7 @@ func (s *Store[T]) Get(namespace, name string) (T, bool) {
 }
 
 // Until returns once cond holds for the store's objects (checked at once and after each change), cond fails,
-// or ctx ends.
+// the watch fails for good (forbidden, say), or ctx ends.
 func Until[T runtime.Object](ctx context.Context, s *Store[T], cond func([]T) (bool, error)) error {
 	for {
 		done, err := cond(s.List())
@@ -84,56 +160,93 @@ func Until[T runtime.Object](ctx context.Context, s *Store[T], cond func([]T) (b
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
+		case <-s.failed:
+			return s.Err()
 		case <-s.changed:
 		}
 	}
 }
 
+// Source is a set of objects to list and watch, and what it is in words (resource, namespace, selectors) for
+// error messages. It is a cache.ListerWatcher.
+type Source struct {
+	*cache.ListWatch
+	what string
+	// noWatchList: the client cannot stream the initial list in the watch (WatchList: one request instead of
+	// LIST + WATCH); fake clientsets cannot, and the reflector asks.
+	noWatchList bool
+}
+
+// IsWatchListSemanticsUnSupported tells the reflector whether the client can serve WatchList.
+func (s *Source) IsWatchListSemanticsUnSupported() bool { return s.noWatchList }
+
+// String names the resource, namespace and selectors.
+func (s *Source) String() string { return s.what }
+
+// source describes resource in namespace ("" for all; cluster is true for cluster-scoped resources) with the
+// selectors, and lists and watches it through list and watch with those selectors set.
+func source(client kubernetes.Interface, resource, namespace string, cluster bool, fieldSelector, labelSelector string,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) *Source {
+	what := resource
+	switch {
+	case cluster:
+	case namespace == "":
+		what += " in all namespaces"
+	default:
+		what += fmt.Sprintf(" in namespace %q", namespace)
+	}
+	var sel []string
+	for _, x := range []string{fieldSelector, labelSelector} {
+		if x != "" {
+			sel = append(sel, x)
+		}
+	}
+	if len(sel) > 0 {
+		what += " (" + strings.Join(sel, ", ") + ")"
+	}
+	return &Source{
+		ListWatch: &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
+				return list(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
+				return watchFn(ctx, o)
+			},
+		},
+		what:        what,
+		noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(client),
+	}
+}
+
 // NodePods lists and watches the pods bound to node, in namespace ("" for all), matching labelSelector.
-func NodePods(client kubernetes.Interface, namespace, node, labelSelector string) cache.ListerWatcher {
+func NodePods(client kubernetes.Interface, namespace, node, labelSelector string) *Source {
 	return Pods(client, namespace, fields.OneTermEqualSelector("spec.nodeName", node).String(), labelSelector)
 }
 
 // Pods lists and watches the pods in namespace ("" for all) matching the field and label selectors (either may be
 // empty).
-func Pods(client kubernetes.Interface, namespace, fieldSelector, labelSelector string) cache.ListerWatcher {
-	// The wrapper tells the reflector whether the client can stream the initial list in the watch (WatchList: one
-	// request instead of LIST + WATCH); fake clientsets cannot.
-	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
-			return client.CoreV1().Pods(namespace).List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
-			return client.CoreV1().Pods(namespace).Watch(ctx, o)
-		},
-	}, client)
+func Pods(client kubernetes.Interface, namespace, fieldSelector, labelSelector string) *Source {
+	pods := client.CoreV1().Pods(namespace)
+	return source(client, "pods", namespace, false, fieldSelector, labelSelector, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return pods.List(ctx, o)
+	}, pods.Watch)
 }
 
 // Node lists and watches the one node named name.
-func Node(client kubernetes.Interface, name string) cache.ListerWatcher {
-	field := fields.OneTermEqualSelector("metadata.name", name).String()
-	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = field
-			return client.CoreV1().Nodes().List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = field
-			return client.CoreV1().Nodes().Watch(ctx, o)
-		},
-	}, client)
+func Node(client kubernetes.Interface, name string) *Source {
+	nodes := client.CoreV1().Nodes()
+	return source(client, "nodes", "", true, fields.OneTermEqualSelector("metadata.name", name).String(), "", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return nodes.List(ctx, o)
+	}, nodes.Watch)
 }
 
 // PDBs lists and watches the PodDisruptionBudgets of every namespace.
-func PDBs(client kubernetes.Interface) cache.ListerWatcher {
-	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return client.PolicyV1().PodDisruptionBudgets("").List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return client.PolicyV1().PodDisruptionBudgets("").Watch(ctx, o)
-		},
-	}, client)
+func PDBs(client kubernetes.Interface) *Source {
+	pdbs := client.PolicyV1().PodDisruptionBudgets("")
+	return source(client, "poddisruptionbudgets.policy", "", false, "", "", func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return pdbs.List(ctx, o)
+	}, pdbs.Watch)
 }

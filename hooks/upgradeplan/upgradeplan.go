@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -228,21 +229,8 @@ func unavailable(n *corev1.Node) bool {
 	return true
 }
 
-// usesGPU: a container requests or limits an nvidia.com/gpu* or nvidia.com/mig-* resource.
-func usesGPU(pod *corev1.Pod) bool {
-	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
-		for _, rl := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
-			for name := range rl {
-				if strings.HasPrefix(string(name), "nvidia.com/gpu") || strings.HasPrefix(string(name), "nvidia.com/mig-") {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
-
-// blockingPDBs names each GPU pod on a node to upgrade that a PDB will never let go: the budget allows no
+// blockingPDBs names each GPU pod (gpupods: device plugin resources or a gpu.nvidia.com claim, as the driver
+// manager's eviction counts them) on a node to upgrade that a PDB will never let go: the budget allows no
 // disruption even with every pod it covers healthy. A budget that is only exhausted for now (a pod restarting) is not
 // a refusal: the driver manager waits for it.
 func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodePlan) ([]string, error) {
@@ -259,16 +247,30 @@ func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodeP
 		return nil, fmt.Errorf("list PodDisruptionBudgets: %w", err)
 	}
 	var out []string
+	gpu := &gpupods.Checker{Client: client}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		if !onPlan[pod.Spec.NodeName] || !usesGPU(pod) || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if !onPlan[pod.Spec.NodeName] || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}
+		var blocking []*policyv1.PodDisruptionBudget
 		for j := range pdbs.Items {
-			pdb := &pdbs.Items[j]
-			if pdb.Namespace != pod.Namespace || !selects(pdb, pod) || !neverAllows(pdb) {
-				continue
+			if pdb := &pdbs.Items[j]; pdb.Namespace == pod.Namespace && selects(pdb, pod) && neverAllows(pdb) {
+				blocking = append(blocking, pdb)
 			}
+		}
+		if len(blocking) == 0 {
+			continue
+		}
+		// asked only for pods a budget holds: the claims of a namespace are listed only when one might matter
+		uses, err := gpu.Uses(ctx, pod)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		if !uses {
+			continue
+		}
+		for _, pdb := range blocking {
 			out = append(out, fmt.Sprintf("GPU pod %s/%s on node %s: PodDisruptionBudget %s never allows an eviction "+
 				"(%d healthy of %d, %d required): relax it, or set hooks.preUpgrade.force (that node then fails its upgrade alone)", pod.Namespace, pod.Name,
 				pod.Spec.NodeName, pdb.Name, pdb.Status.CurrentHealthy, pdb.Status.ExpectedPods, pdb.Status.DesiredHealthy))

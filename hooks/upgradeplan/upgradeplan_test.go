@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -161,5 +162,36 @@ func TestStatusTable(t *testing.T) {
 	}
 	if strings.Contains(lines[2], "not ready") {
 		t.Errorf("a Ready driver pod is shown as not ready: %q", lines[2])
+	}
+}
+
+// TestRefusesDRAGPUPodsABudgetNeverLetsGo: a pod that holds its GPU through a resource claim allocated by
+// gpu.nvidia.com is a GPU pod too (the driver manager evicts it), so a budget that never lets it go refuses the
+// upgrade; a pod whose claim another driver allocated is not.
+func TestRefusesDRAGPUPodsABudgetNeverLetsGo(t *testing.T) {
+	claimed := func(name, claim string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml", Labels: map[string]string{"app": "train"}},
+			Spec: corev1.PodSpec{NodeName: "a", Containers: []corev1.Container{{Name: "c"}},
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning},
+		}
+	}
+	allocated := func(name, driver string) *resourcev1.ResourceClaim {
+		return &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"},
+			Status: resourcev1.ResourceClaimStatus{Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
+				Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: driver, Pool: "a", Device: "gpu-0"}}}}}}
+	}
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "keep-all", Namespace: "ml"},
+		Spec:   policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}},
+		Status: policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0, CurrentHealthy: 2, DesiredHealthy: 2, ExpectedPods: 2}}
+	_, out, err, _ := run(t, pool("new", intstr.FromInt32(1)), readyNode("a", nil), driverPod("a", "old"),
+		claimed("dra-train", "gpu-claim"), allocated("gpu-claim", "gpu.nvidia.com"),
+		claimed("nic-job", "nic-claim"), allocated("nic-claim", "nic.example.com"), pdb)
+	if !errors.Is(err, ErrUnsafe) || !strings.Contains(out, "GPU pod ml/dra-train on node a: PodDisruptionBudget keep-all never allows an eviction") {
+		t.Fatalf("want a refusal naming the DRA GPU pod, got %v\n%s", err, out)
+	}
+	if strings.Contains(out, "nic-job") {
+		t.Errorf("a pod whose claim another driver allocated was counted as a GPU pod:\n%s", out)
 	}
 }

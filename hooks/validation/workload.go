@@ -18,6 +18,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 )
 
@@ -25,10 +26,10 @@ import (
 const (
 	CUDAWorkloadApp   = "nvidia-cuda-validator"
 	PluginWorkloadApp = "nvidia-device-plugin-validator"
-	// GPUResource is the device plugin's resource with MIG strategy single or none.
-	GPUResource corev1.ResourceName = "nvidia.com/gpu"
+	// GPUResource is the device plugin's resource with MIG strategy single or none (gpupods' name for it).
+	GPUResource = gpupods.GPUResource
 	// MIGResourcePrefix prefixes the device plugin's resources with MIG strategy mixed (nvidia.com/mig-1g.10gb).
-	MIGResourcePrefix = "nvidia.com/mig-"
+	MIGResourcePrefix = gpupods.MIGResourcePrefix
 )
 
 // cudaCheck runs the CUDA sample in a pod on this node. The pod asks for no GPU: the nvidia runtime gives it all
