@@ -109,7 +109,8 @@ func uncordonCommand(out io.Writer) *cobra.Command {
 		Short: "After a driver change, uncordon the node once its validator is Ready with the new driver",
 		Long: `Run next to the driver container (a sidecar with --hold): when the node is validation-required, wait
 (watching, bounded by --timeout) until the node's validator pod is Ready with the new driver, then lift the
-cordon the driver manager made and mark the node upgrade-done. In any other state it does nothing. Only the
+cordon the driver manager made and mark the node upgrade-done. On an upgrade-failed node it waits, never Ready,
+until the node is retried (the node keeps its rollout slot). In any other state it does nothing. Only the
 timeout marks the node upgrade-failed; stopped (SIGTERM), it leaves the node validation-required.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
