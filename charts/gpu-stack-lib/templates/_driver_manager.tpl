@@ -68,8 +68,8 @@ gpu-stack-lib.uncordonSidecar: the `driver-upgrade-gate` sidecar of a driver-cla
 {"container": CONTAINER, "volume": VOLUME} for the pod's containers and volumes. It runs `driver-manager
 uncordon-when-valid --hold`: after a driver change (the node is validation-required) it waits for the node's
 validator pod to turn Ready with the new driver, then lifts the driver manager's cordon and marks the node
-upgrade-done; in any other state it has nothing to wait for. Either way it then writes its ready file, which its
-readiness probe waits on: the pod, and with it the DaemonSet's rolling update, counts a node as available only once
+upgrade-done; on an upgrade-failed node it waits, never Ready, until the node is retried; in any other state it has
+nothing to wait for. Then it writes its ready file, which its readiness probe waits on: the pod, and with it the DaemonSet's rolling update, counts a node as available only once
 it validated with the new driver, so no more than maxUnavailable nodes are ever in flight. It runs the driver
 manager's image (gpu-stack-lib.driverManagerImage: pinned, so a chart-only release changes no pod template), with
 the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, pods list/watch). dict:
