@@ -14,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/watch"
-	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
@@ -40,6 +38,9 @@ func (o *Options) cudaCheck() check {
 		owns: []string{"cuda-ready"},
 		attempt: func(ctx context.Context, p progress) result {
 			pr := o.runWorkload(ctx, p, workload{app: CUDAWorkloadApp, container: "cuda-validation"})
+			if pr.permanent {
+				return failed("%s", pr.reason)
+			}
 			if !pr.succeeded {
 				return waiting("%s", pr.reason)
 			}
@@ -79,6 +80,8 @@ func (o *Options) pluginCheck() check {
 			}
 			pr := o.runWorkload(ctx, p, workload{app: PluginWorkloadApp, container: "plugin-validation", resource: res})
 			switch {
+			case pr.permanent:
+				return failed("%s", pr.reason)
 			case pr.outOfResource:
 				return skipped(fmt.Sprintf("no free %s (%s); workload check skipped", res, pr.reason), done)
 			case !pr.succeeded:
@@ -94,20 +97,18 @@ func (o *Options) pluginCheck() check {
 func (o *Options) gpuCapacity(ctx context.Context, p progress) (corev1.ResourceName, int64, result) {
 	var res corev1.ResourceName
 	var n int64
-	var seen *corev1.Node
-	lw := kwatch.Node(o.Client, o.NodeName)
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
+	nodes, err := kwatch.Start(wctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
+	if err != nil {
+		return "", 0, watchFailed(err)
+	}
 	reported := false
-	_, err := watchtools.UntilWithSync(wctx, lw, &corev1.Node{}, nil, func(ev watch.Event) (bool, error) {
-		node, ok := ev.Object.(*corev1.Node)
-		if !ok || node.Name != o.NodeName {
-			return false, nil
+	err = kwatch.Until(wctx, nodes, func([]*corev1.Node) (bool, error) {
+		node, ok := nodes.Get("", o.NodeName)
+		if !ok {
+			return false, fmt.Errorf("node %s is gone", o.NodeName)
 		}
-		if ev.Type == watch.Deleted {
-			return false, fmt.Errorf("node %s was deleted", o.NodeName)
-		}
-		seen = node
 		res, n = gpuResource(node, o.MIGStrategy)
 		if n == 0 && !reported {
 			p.Report(fmt.Sprintf("node advertises no %s or %s* yet (the device plugin registers them)", GPUResource, MIGResourcePrefix))
@@ -118,11 +119,8 @@ func (o *Options) gpuCapacity(ctx context.Context, p progress) (corev1.ResourceN
 	if n > 0 {
 		return res, n, result{}
 	}
-	switch {
-	case seen == nil && err != nil:
-		return "", 0, waiting("read node %s: %v", o.NodeName, err)
-	case err != nil && !errors.Is(wctx.Err(), context.DeadlineExceeded):
-		return "", 0, waiting("watch node %s: %v", o.NodeName, err)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return "", 0, watchFailed(err)
 	}
 	return "", 0, waiting("node %s advertises no allocatable %s or %s* after %s: is the device plugin running on it?",
 		o.NodeName, GPUResource, MIGResourcePrefix, o.Timeout)
@@ -196,7 +194,18 @@ type podResult struct {
 	succeeded bool
 	// outOfResource: the kubelet refused the pod because the requested GPU was not free.
 	outOfResource bool
-	reason        string
+	// permanent: the pod cannot be watched however often it is retried (forbidden, say).
+	permanent bool
+	reason    string
+}
+
+// watchFailed is the outcome of a watch that ended with err before the deadline: a failure when retrying cannot
+// fix it (forbidden, say), so the check says why at once instead of after its timeout.
+func watchFailed(err error) result {
+	if kwatch.Permanent(err) {
+		return failed("%v", err)
+	}
+	return waiting("%v", err)
 }
 
 // runWorkload replaces any earlier pod of w on this node with a new one, watches it until it ends or Timeout, and
@@ -219,23 +228,24 @@ func (o *Options) runWorkload(ctx context.Context, p progress, w workload) podRe
 		}
 	}()
 
-	lw := kwatch.Pods(o.Client, pod.Namespace, fields.OneTermEqualSelector("metadata.name", pod.Name).String(), "")
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	last, lastReason := pod, ""
-	_, err = watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
-		cur, ok := ev.Object.(*corev1.Pod)
-		if !ok || cur.Name != pod.Name {
-			return false, nil
-		}
-		if ev.Type == watch.Deleted {
+	watched, err := kwatch.Start(wctx, kwatch.Pods(o.Client, pod.Namespace, fields.OneTermEqualSelector("metadata.name", pod.Name).String(), ""), &corev1.Pod{})
+	if err != nil {
+		return podResult{reason: err.Error(), permanent: kwatch.Permanent(err)}
+	}
+	last, lastReason := pod, describePending(pod)
+	p.Report(lastReason)
+	err = kwatch.Until(wctx, watched, func([]*corev1.Pod) (bool, error) {
+		cur, ok := watched.Get(pod.Namespace, pod.Name)
+		if !ok {
 			return false, fmt.Errorf("pod %s was deleted before it finished", pod.Name)
 		}
 		last = cur
-		if cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed {
+		if last.Status.Phase == corev1.PodSucceeded || last.Status.Phase == corev1.PodFailed {
 			return true, nil
 		}
-		if r := describePending(cur); r != lastReason {
+		if r := describePending(last); r != lastReason {
 			lastReason = r
 			p.Report(r)
 		}

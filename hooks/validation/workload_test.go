@@ -2,6 +2,7 @@ package validation
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
@@ -324,5 +327,53 @@ func TestPodRequestCountsLikeTheScheduler(t *testing.T) {
 	pod.Spec.InitContainers = nil
 	if got := podRequest(pod, GPUResource); got != 2 {
 		t.Fatalf("podRequest = %d, want 2", got)
+	}
+}
+
+// A watch the API server refuses (forbidden) fails the check at once, naming the resource and the refusal,
+// instead of waiting out the timeout and saying only that the deadline passed.
+func TestWorkloadChecksNameARefusedWatchAtOnce(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "x"}, "", errors.New("RBAC says no"))
+	for _, tc := range []struct {
+		name, check, want string
+		refuse            func(k8stesting.ListAction) bool
+	}{{
+		name:  "node watch",
+		check: "plugin",
+		refuse: func(a k8stesting.ListAction) bool {
+			return a.GetResource().Resource == "nodes"
+		},
+		want: `watch nodes (metadata.name=` + testNode + `): `,
+	}, {
+		name:  "workload pod watch",
+		check: "cuda",
+		refuse: func(a k8stesting.ListAction) bool {
+			return a.GetResource().Resource == "pods" && strings.Contains(a.GetListRestrictions().Fields.String(), "metadata.name")
+		},
+		want: `watch pods in namespace "gpu-stack" (metadata.name=`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nodeWith(nil, nil))
+			e.client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if tc.refuse(a.(k8stesting.ListAction)) {
+					return true, nil, forbidden
+				}
+				return false, nil, nil
+			})
+			o := e.options(tc.check)
+			o.WithWait, o.Timeout = true, time.Minute
+			start := time.Now()
+			err := e.run(o)
+			if err == nil {
+				t.Fatal("the check passed although its watch was refused")
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("the refusal was reported after %s, want at once", took)
+			}
+			got := e.annotation(tc.check)
+			if !strings.HasPrefix(got, "failed: "+tc.want) || !strings.Contains(got, "x is forbidden: RBAC says no") {
+				t.Fatalf("annotation %q, want it to start with %q and name the refusal", got, "failed: "+tc.want)
+			}
+		})
 	}
 }
