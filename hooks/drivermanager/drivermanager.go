@@ -27,11 +27,12 @@
 //
 // Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
 // pod restarts. Every node write is computed from a fresh read and carries its resourceVersion (nodestate.Update),
-// so a change an admin makes meanwhile (a gpu.deploy switch set to false during the eviction) is seen and kept, and
-// an API error that may pass (etcd timing out, the API server restarting) is retried within APITimeout. A run whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node
-// drain) is no failure: it stops where it is and leaves the node as it got it there (cordon, pause record,
-// state), for the next driver pod to resume. A failing run resumes what it paused, lifts the cordon it made,
-// and leaves the node upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
+// so a change an admin makes meanwhile (a gpu.deploy switch set to false during the eviction) is seen and kept;
+// an API error that may pass (etcd timing out, the API server restarting) is retried within APITimeout. A run
+// whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node drain) is no failure: it
+// stops where it is and leaves the node as it got it there (cordon, pause record, state), for the next driver pod
+// to resume. A failing run resumes what it paused, lifts the cordon it made, and leaves the node upgrade-failed
+// with the reason in nodestate.UpgradeReasonAnnotation.
 package drivermanager
 
 import (

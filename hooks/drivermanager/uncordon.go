@@ -146,7 +146,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 			return "", errors.New(reason)
 		}
 		log.Info("validator ready", "pod", pod)
-		if node, err = nodestate.Update(ctx, o.Client, o.NodeName, setState(nodestate.UncordonRequired, "")); err != nil {
+		if _, err := nodestate.Update(ctx, o.Client, o.NodeName, setState(nodestate.UncordonRequired, "")); err != nil {
 			return "", err
 		}
 	case nodestate.UncordonRequired:
