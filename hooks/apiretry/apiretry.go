@@ -30,10 +30,12 @@ const (
 // Transient reports whether err may pass if the request is sent again: a server error (5xx, which is how etcd's
 // "request timed out" and "leader changed" reach the client), throttling (429), a server or client timeout, or a
 // connection refused, reset or cut short. API errors of any other status (Forbidden, NotFound, Invalid, Conflict)
-// are not: sending the same request again gets the same answer.
+// are not: sending the same request again gets the same answer. Neither is a cancellation, nor a call Do already
+// gave up on. (A deadline reads as a timeout: whether it was the caller's own is for Do to tell, by its context.)
 func Transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false // the caller's own context ended: retrying cannot help
+	var gaveUp *GaveUpError
+	if err == nil || errors.Is(err, context.Canceled) || errors.As(err, &gaveUp) {
+		return false
 	}
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
@@ -48,7 +50,7 @@ func Transient(err error) bool {
 		return code >= http.StatusInternalServerError
 	}
 	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
-		utilnet.IsHTTP2ConnectionLost(err) || utilnet.IsTimeout(err)
+		utilnet.IsHTTP2ConnectionLost(err) || utilnet.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // Delay is the wait before retry number attempt (0 for the first retry): InitialDelay doubled per attempt, capped

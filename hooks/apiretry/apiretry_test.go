@@ -35,6 +35,8 @@ func transientErrors() map[string]error {
 			Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
 		"EOF":         &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: io.EOF},
 		"net timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: timeoutErr{}},
+		// net/http's own client timeout also matches context.DeadlineExceeded
+		"client timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: fmt.Errorf("awaiting headers: %w", context.DeadlineExceeded)},
 	}
 }
 
@@ -61,7 +63,6 @@ func TestTransient(t *testing.T) {
 		"bad request":      apierrors.NewBadRequest("no"),
 		"unauthorized":     apierrors.NewUnauthorized("who"),
 		"501":              apierrors.NewGenericServerResponse(501, "patch", nodes, "gpu-1", "", 0, false),
-		"own deadline":     fmt.Errorf("get: %w", context.DeadlineExceeded),
 		"own cancel":       &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: context.Canceled},
 		"plain":            errors.New("something else"),
 		"gave up, wrapped": &GaveUpError{Last: apierrors.NewServiceUnavailable("x"), Cause: context.DeadlineExceeded},
@@ -95,6 +96,7 @@ func TestDelayGrowsCappedWithJitter(t *testing.T) {
 func TestDoRetriesEachTransientKindThenSucceeds(t *testing.T) {
 	for name, terr := range transientErrors() {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			calls := 0
 			err := Do(context.Background(), func(context.Context) error {
 				if calls++; calls <= 2 {
@@ -115,6 +117,20 @@ func TestDoStopsAtOnceOnALastingError(t *testing.T) {
 	err := Do(context.Background(), func(context.Context) error { calls++; return forbidden })
 	if calls != 1 || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "cannot patch") {
 		t.Fatalf("err=%v after %d calls; want the Forbidden at once", err, calls)
+	}
+}
+
+// A call that fails because Do's own context ended is not retried, however its error reads.
+func TestDoStopsWhenItsContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	err := Do(ctx, func(ctx context.Context) error {
+		calls++
+		cancel()
+		return apierrors.NewServiceUnavailable("restarting")
+	})
+	if calls != 1 || !errors.Is(err, context.Canceled) || !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("err = %v after %d calls; want the last error and the cancellation at once", err, calls)
 	}
 }
 
