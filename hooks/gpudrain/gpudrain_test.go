@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 )
 
@@ -307,8 +308,15 @@ func TestTransientErrorsAreRetried(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if evs := c.evictionsOf("ml/train"); !slices.Equal(res.Pods, []string{"ml/train"}) || len(evs) != 4 || !evs[3].granted {
+			evs := c.evictionsOf("ml/train")
+			if !slices.Equal(res.Pods, []string{"ml/train"}) || len(evs) != 4 || !evs[3].granted {
 				t.Fatalf("evicted %v with %+v; want three failures, then the grant", res.Pods, evs)
+			}
+			// backoff, not a tight loop: InitialDelay, doubled each time
+			for i, want := 1, apiretry.InitialDelay; i < len(evs); i, want = i+1, want*2 {
+				if gap := evs[i].at.Sub(evs[i-1].at); gap < want {
+					t.Fatalf("retry %d after %s; want at least %s", i, gap, want)
+				}
 			}
 		})
 	}
