@@ -26,10 +26,13 @@
 // validation-required, and nodestate.DriverSinceAnnotation says since when a Ready validator vouches for it.
 //
 // Every step is idempotent and reads the node and the host afresh, so a run killed anywhere converges when the
-// pod restarts. A run whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node
-// drain) is no failure: it stops where it is and leaves the node as it got it there (cordon, pause record,
-// state), for the next driver pod to resume. A failing run resumes what it paused, lifts the cordon it made,
-// and leaves the node upgrade-failed with the reason in nodestate.UpgradeReasonAnnotation.
+// pod restarts. Every node write is computed from a fresh read and carries its resourceVersion (nodestate.Update),
+// so a change an admin makes meanwhile (a gpu.deploy switch set to false during the eviction) is seen and kept;
+// an API error that may pass (etcd timing out, the API server restarting) is retried within APITimeout. A run
+// whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node drain) is no failure: it
+// stops where it is and leaves the node as it got it there (cordon, pause record, state), for the next driver pod
+// to resume. A failing run resumes what it paused, lifts the cordon it made, and leaves the node upgrade-failed
+// with the reason in nodestate.UpgradeReasonAnnotation.
 package drivermanager
 
 import (
@@ -42,11 +45,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
@@ -122,6 +125,9 @@ type Options struct {
 	// HostDriverHold is how long the run holds a driver pod on a host-driver node before it fails, so the pod
 	// does not restart in a tight loop while its DaemonSet lets go of the node (default DefaultHostDriverHold).
 	HostDriverHold time.Duration
+	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
+	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
+	APITimeout time.Duration
 }
 
 // More defaults.
@@ -156,6 +162,9 @@ func (o *Options) Complete() {
 	}
 	if o.HostDriverHold <= 0 {
 		o.HostDriverHold = DefaultHostDriverHold
+	}
+	if o.APITimeout <= 0 {
+		o.APITimeout = apiretry.DefaultTimeout
 	}
 }
 
@@ -194,9 +203,11 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 		log = slog.New(slog.NewTextHandler(out, nil))
 	}
 	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out}
-	node, err := o.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+	gctx, cancel := context.WithTimeout(ctx, o.APITimeout)
+	node, err := nodestate.Get(gctx, o.Client, o.NodeName)
+	cancel()
 	if err != nil {
-		return fmt.Errorf("get node %s: %w", o.NodeName, err)
+		return err
 	}
 	m.node = node
 	summary, err := m.run(ctx)
@@ -331,7 +342,7 @@ func (m *manager) heldBack(ctx context.Context, recorded string) error {
 // the host's driver. Once the mark is set the driver DaemonSet no longer selects the node and removes the pod; the
 // hold keeps the pod from restarting in a tight loop meanwhile.
 func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) {
-	if err := m.apply(ctx, nodestate.MarkPreInstalled(m.node)); err != nil {
+	if err := m.apply(ctx, pure(nodestate.MarkPreInstalled)); err != nil {
 		return "", err
 	}
 	m.log.Info("host driver found: node marked; holding this driver pod until its DaemonSet lets go of the node",
@@ -421,21 +432,25 @@ func (m *manager) waitMOFED(ctx context.Context) (string, error) {
 // driver may never have validated — the gate gave up on it, an admin retried, a change was interrupted — so the
 // node waits for validation, our cordon kept, and the gate finishes it.
 func (m *manager) keep(ctx context.Context) (string, error) {
-	cleared, resume, err := m.clearAndResume()
+	cleared, err := m.clearStale()
 	if err != nil {
 		return "", err
 	}
-	p := []nodestate.Patch{resume}
-	pending := "; validation of the new driver still pending (state and cordon kept)"
-	switch s := nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]); {
-	case waitingForValidation(m.node):
-	case s == "" || s == nodestate.UpgradeDone:
-		p, pending = append(p, nodestate.Uncordon(m.node), m.state(nodestate.UpgradeDone, "")), ""
-	default:
-		p = append(p, m.state(nodestate.ValidationRequired, ""))
-		pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
+	var pending string
+	finish := func(n *corev1.Node) (nodestate.Patch, error) {
+		pending = "; validation of the new driver still pending (state and cordon kept)"
+		switch s := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]); {
+		case waitingForValidation(n):
+		case s == "" || s == nodestate.UpgradeDone:
+			pending = ""
+			return merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, "")), nil
+		default:
+			pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
+			return m.setState(n, nodestate.ValidationRequired, ""), nil
+		}
+		return nodestate.Patch{}, nil
 	}
-	if err := m.apply(ctx, p...); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, finish); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
@@ -444,7 +459,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 // notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; a cordon of
 // ours stays until it validates (a failed node that rebooted is not uncordoned on the way).
 func (m *manager) notLoaded(ctx context.Context) (string, error) {
-	cleared, resume, err := m.clearAndResume()
+	cleared, err := m.clearStale()
 	if err != nil {
 		return "", err
 	}
@@ -453,13 +468,12 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	p := []nodestate.Patch{resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())}
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now()))); err != nil {
+		return "", err
+	}
 	kept := ""
 	if nodestate.CordonedByUs(m.node) {
 		kept = "; our cordon stays until validation passes"
-	}
-	if err := m.apply(ctx, p...); err != nil {
-		return "", err
 	}
 	return "no NVIDIA driver loaded: the new driver installs next" + cleared + kept, nil
 }
@@ -469,11 +483,11 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.apply(ctx, m.state(nodestate.CordonRequired, "")); err != nil {
 		return "", err
 	}
-	p := []nodestate.Patch{m.state(nodestate.PodDeletionRequired, "")}
+	cs := []change{m.state(nodestate.PodDeletionRequired, "")}
 	if moveOff {
-		p = append(p, nodestate.Cordon(m.node, cordonReason))
+		cs = append(cs, pure(func(n *corev1.Node) nodestate.Patch { return nodestate.Cordon(n, cordonReason) }))
 	}
-	if err := m.apply(ctx, p...); err != nil {
+	if err := m.apply(ctx, cs...); err != nil {
 		return "", err
 	}
 	if err := m.step(ctx, "cordon"); err != nil {
@@ -495,10 +509,8 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.step(ctx, "evict"); err != nil {
 		return "", err
 	}
-	pause, err := nodestate.Pause(m.node, nodestate.PausableOperands)
-	if err != nil {
-		return "", err
-	}
+	// Computed from the node as it is after the eviction (minutes later): a switch the admin set meanwhile is kept.
+	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) }
 	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
 		return "", err
 	}
@@ -540,11 +552,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	resume, err := nodestate.Resume(m.node)
-	if err != nil {
-		return "", err
-	}
-	if err := m.apply(ctx, resume, m.state(nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now()))); err != nil {
 		return "", err
 	}
 	cordon := ""
@@ -626,17 +634,6 @@ func (m *manager) waitOperandsGone(ctx context.Context) error {
 }
 
 // clearStale unmounts what is left of a previous driver container's root and removes its pid file.
-// clearAndResume is what both paths that leave the loaded state as it is share: clear the stale driver root and
-// pid file, and the patch that resumes any operand an interrupted run paused.
-func (m *manager) clearAndResume() (string, nodestate.Patch, error) {
-	cleared, err := m.clearStale()
-	if err != nil {
-		return "", nodestate.Patch{}, err
-	}
-	resume, err := nodestate.Resume(m.node)
-	return cleared, resume, err
-}
-
 func (m *manager) clearStale() (string, error) {
 	unmounted, err := m.o.Host.UnmountDriverRoot()
 	if err != nil {
@@ -665,25 +662,43 @@ func (m *manager) failed(ctx context.Context, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	reason := oneLine(cause.Error())
-	node, err := m.o.Client.CoreV1().Nodes().Get(ctx, m.o.NodeName, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
-	}
-	m.node = node
-	resume, err := nodestate.Resume(node)
-	if err != nil {
-		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
-	}
-	if err := m.apply(ctx, resume, nodestate.Uncordon(node), m.state(nodestate.UpgradeFailed, reason)); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, pure(nodestate.Uncordon), m.state(nodestate.UpgradeFailed, reason)); err != nil {
 		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
 	}
 	return fmt.Errorf("node %s: %w; operands resumed, our cordon lifted, node labelled %s=%s; fix the cause above, then restart this driver pod",
 		m.o.NodeName, cause, nodestate.UpgradeStateLabel, nodestate.UpgradeFailed)
 }
 
-// apply sends the patches as one and keeps the node as the server returns it.
-func (m *manager) apply(ctx context.Context, ps ...nodestate.Patch) error {
-	node, err := nodestate.Apply(ctx, m.o.Client, m.o.NodeName, merge(ps...))
+// A change computes a patch from the node as the API server has it now.
+type change func(*corev1.Node) (nodestate.Patch, error)
+
+// pure makes a change of a patch function that cannot fail.
+func pure(f func(*corev1.Node) nodestate.Patch) change {
+	return func(n *corev1.Node) (nodestate.Patch, error) { return f(n), nil }
+}
+
+// fixed is a change whose patch does not depend on the node.
+func fixed(p nodestate.Patch) change {
+	return func(*corev1.Node) (nodestate.Patch, error) { return p, nil }
+}
+
+// apply computes the changes from a fresh read of the node and writes them as one patch with that read's
+// resourceVersion (nodestate.Update: recomputed on a conflict, transient errors retried within APITimeout), and
+// keeps the node as written.
+func (m *manager) apply(ctx context.Context, cs ...change) error {
+	ctx, cancel := context.WithTimeout(ctx, m.o.APITimeout)
+	defer cancel()
+	node, err := nodestate.Update(ctx, m.o.Client, m.o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+		ps := make([]nodestate.Patch, 0, len(cs))
+		for _, c := range cs {
+			p, err := c(n)
+			if err != nil {
+				return nodestate.Patch{}, err
+			}
+			ps = append(ps, p)
+		}
+		return merge(ps...), nil
+	})
 	if err != nil {
 		return err
 	}
@@ -691,8 +706,13 @@ func (m *manager) apply(ctx context.Context, ps ...nodestate.Patch) error {
 	return nil
 }
 
-func (m *manager) state(s nodestate.UpgradeState, reason string) nodestate.Patch {
-	return nodestate.SetUpgradeState(m.node, s, reason, m.now())
+// state is the change that moves the node to state s.
+func (m *manager) state(s nodestate.UpgradeState, reason string) change {
+	return pure(func(n *corev1.Node) nodestate.Patch { return m.setState(n, s, reason) })
+}
+
+func (m *manager) setState(n *corev1.Node, s nodestate.UpgradeState, reason string) nodestate.Patch {
+	return nodestate.SetUpgradeState(n, s, reason, m.now())
 }
 
 func (m *manager) now() string { return m.o.Now().UTC().Format(time.RFC3339) }

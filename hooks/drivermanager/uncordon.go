@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
@@ -98,12 +97,18 @@ func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
 }
 
 func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, error) {
-	nodes := o.Client.CoreV1().Nodes()
-	node, err := nodes.Get(ctx, o.NodeName, metav1.GetOptions{})
+	// Node reads and writes retry errors that may pass (apiretry), and each write is computed from a fresh read
+	// and carries its resourceVersion (nodestate.Update).
+	node, err := nodestate.Get(ctx, o.Client, o.NodeName)
 	if err != nil {
-		return "", fmt.Errorf("get node %s: %w", o.NodeName, err)
+		return "", err
 	}
 	now := func() string { return o.Now().UTC().Format(time.RFC3339) }
+	setState := func(s nodestate.UpgradeState, reason string) func(*corev1.Node) (nodestate.Patch, error) {
+		return func(n *corev1.Node) (nodestate.Patch, error) {
+			return nodestate.SetUpgradeState(n, s, reason, now()), nil
+		}
+	}
 	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
 	if state == nodestate.UpgradeFailed {
 		// A failed node keeps this pod un-Ready, and so its slot in the pool's maxUnavailable: a Ready pod would let
@@ -135,22 +140,24 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		if err != nil {
 			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after the driver change (%v); the node stays cordoned: check the driver and validator pods' logs",
 				o.Component, o.Timeout, err)
-			if _, perr := nodestate.Apply(context.WithoutCancel(ctx), o.Client, o.NodeName, nodestate.SetUpgradeState(node, nodestate.UpgradeFailed, reason, now())); perr != nil {
+			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, setState(nodestate.UpgradeFailed, reason)); perr != nil {
 				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
 			}
 			return "", errors.New(reason)
 		}
 		log.Info("validator ready", "pod", pod)
-		if node, err = nodestate.Apply(ctx, o.Client, o.NodeName, nodestate.SetUpgradeState(node, nodestate.UncordonRequired, "", now())); err != nil {
+		if _, err := nodestate.Update(ctx, o.Client, o.NodeName, setState(nodestate.UncordonRequired, "")); err != nil {
 			return "", err
 		}
 	case nodestate.UncordonRequired:
 	default:
 		return fmt.Sprintf("node %s is %q, not waiting for validation: nothing to do", o.NodeName, state), nil
 	}
-	ours := nodestate.CordonedByUs(node)
-	p := merge(nodestate.Uncordon(node), nodestate.SetUpgradeState(node, nodestate.UpgradeDone, "", now()))
-	if _, err := nodestate.Apply(ctx, o.Client, o.NodeName, p); err != nil {
+	var ours bool
+	if _, err := nodestate.Update(ctx, o.Client, o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+		ours = nodestate.CordonedByUs(n)
+		return merge(nodestate.Uncordon(n), nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now())), nil
+	}); err != nil {
 		return "", err
 	}
 	if ours {

@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubectl/pkg/drain"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 )
 
@@ -18,7 +19,12 @@ type gpuUsers struct {
 
 // filter keeps GPU users and skips every other pod.
 func (g *gpuUsers) filter(pod corev1.Pod) drain.PodDeleteStatus {
-	ok, err := g.checker.Uses(g.ctx, &pod)
+	var ok bool
+	err := apiretry.Do(g.ctx, func(ctx context.Context) error { // its claim list: an error that may pass is retried
+		var err error
+		ok, err = g.checker.Uses(ctx, &pod)
+		return err
+	})
 	switch {
 	case err != nil:
 		return drain.MakePodDeleteStatusWithError(err.Error())

@@ -3,7 +3,9 @@
 // waits differently: one watch on the node's pods confirms the deletions (kubectl polls every pod every second),
 // and while a PodDisruptionBudget refuses an eviction it watches the budgets and retries when one allows a
 // disruption (kubectl re-posts the eviction every few seconds). Draining 50 pods thus costs about one request per
-// pod, and a node blocked by a budget costs nearly none while it waits.
+// pod, and a node blocked by a budget costs nearly none while it waits. An API error that may pass (etcd timing out,
+// the API server restarting, a dropped connection) is retried with backoff until the pass's timeout, on the
+// evictions as on the reads (apiretry); only an error retrying cannot fix ends the pass early.
 package gpudrain
 
 import (
@@ -27,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/drain"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 )
@@ -110,7 +113,7 @@ type Result struct {
 func (o *Options) Helper(ctx context.Context, out io.Writer) *drain.Helper {
 	h := &drain.Helper{
 		Ctx:                  ctx,
-		Client:               o.Client,
+		Client:               retryingReads{o.Client, ctx},
 		Force:                o.Force,
 		GracePeriodSeconds:   -1,
 		IgnoreAllDaemonSets:  true,
@@ -151,7 +154,12 @@ func (o *Options) Run(ctx context.Context, out io.Writer) (Result, error) {
 	if len(pods) == 0 {
 		return Result{}, nil
 	}
-	gv, err := drain.CheckEvictionSupport(o.Client)
+	var gv schema.GroupVersion
+	err := apiretry.Do(ctx, func(context.Context) error {
+		var err error
+		gv, err = drain.CheckEvictionSupport(o.Client)
+		return err
+	})
 	if err != nil {
 		return Result{}, fmt.Errorf("check eviction support: %w", err)
 	}
@@ -170,6 +178,8 @@ type target struct {
 	// refused pod is retried only once a budget has changed since and allows a disruption.
 	budgetRVs map[string]string
 	lastErr   error
+	// failures counts the eviction requests in a row that failed with an error that may pass.
+	failures int
 }
 
 type targetState int
@@ -179,6 +189,7 @@ const (
 	evicted                       // accepted; waiting for the pod to go
 	refused                       // refused (429); waiting for a budget to allow it
 	refusedNow                    // refused, no budget to watch; a timed retry is due
+	failing                       // the request failed with an error that may pass; a retry with backoff is due
 	gone
 )
 
@@ -228,14 +239,14 @@ func (r *run) evict(ctx context.Context, pods []corev1.Pod) (Result, error) {
 		case <-budgetsChanged:
 			r.retryAllowed(ctx)
 		case k := <-r.retries:
-			if t := r.targets[k]; t.state == refusedNow {
+			if t := r.targets[k]; t.state == refusedNow || t.state == failing {
 				r.post(ctx, t)
 			}
 		case res := <-r.results:
 			t := r.targets[res.key]
 			switch err := res.err; {
 			case err == nil:
-				t.state = evicted
+				t.state, t.failures = evicted, 0
 			case apierrors.IsNotFound(err):
 				t.state = gone
 			case apierrors.IsTooManyRequests(err):
@@ -250,6 +261,12 @@ func (r *run) evict(ctx context.Context, pods []corev1.Pod) (Result, error) {
 				r.refuse(ctx, t)
 			case apierrors.IsForbidden(err) && apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause):
 				t.state = evicted // its namespace is being deleted, which removes the pod
+			case apiretry.Transient(err):
+				// etcd timing out, the API server restarting: retried with backoff until the pass's timeout
+				t.state, t.lastErr = failing, err
+				r.log.Info("eviction failed; retrying", "pod", res.key, "err", err)
+				r.retryAfter(ctx, t, apiretry.Delay(t.failures))
+				t.failures++
 			default:
 				return Result{}, fmt.Errorf("evict pod %s from node %s: %w", res.key, r.o.Node, err)
 			}
@@ -290,23 +307,28 @@ func (r *run) post(ctx context.Context, t *target) {
 func (r *run) refuse(ctx context.Context, t *target) {
 	if len(r.selecting(&t.pod)) == 0 {
 		t.state = refusedNow
-		k := key(&t.pod)
-		go func() {
-			select {
-			case <-time.After(r.o.EvictErrorRetryDelay):
-				select {
-				case r.retries <- k:
-				case <-ctx.Done():
-				}
-			case <-ctx.Done():
-			}
-		}()
+		r.retryAfter(ctx, t, r.o.EvictErrorRetryDelay)
 		return
 	}
 	t.state = refused
 	if r.allowed(t) {
 		r.post(ctx, t) // a budget changed while the request was in flight
 	}
+}
+
+// retryAfter sends the target back to the loop for a new request after delay.
+func (r *run) retryAfter(ctx context.Context, t *target, delay time.Duration) {
+	k := key(&t.pod)
+	go func() {
+		select {
+		case <-time.After(delay):
+			select {
+			case r.retries <- k:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}()
 }
 
 func (r *run) retryAllowed(ctx context.Context) {
@@ -423,6 +445,8 @@ func (r *run) fail(cause error) error {
 				sp.Reason = "eviction refused by " + strings.Join(why, ", ") +
 					": let the budget allow a disruption (more replicas elsewhere, a lower minAvailable) or move the pod"
 			}
+		case failing:
+			sp.Reason = fmt.Sprintf("eviction failed %d times in a row, the last with: %v", t.failures, t.lastErr)
 		case evicted:
 			sp.Reason = "evicted, still terminating"
 			if p, ok := r.pods.Get(t.pod.Namespace, t.pod.Name); ok && p.DeletionTimestamp != nil {

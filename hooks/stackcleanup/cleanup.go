@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
@@ -134,7 +135,12 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	if err := stopOperands(ctx, o, out); err != nil {
 		return err
 	}
-	nodes, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	var nodes *corev1.NodeList
+	err := apiretry.Do(ctx, func(ctx context.Context) error {
+		var err error
+		nodes, err = o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}
@@ -142,16 +148,17 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	changed := 0
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		p, err := nodestate.Cleanup(n)
-		if err != nil {
+		// computed again from a fresh read at the write (an admin may have changed a switch since the list)
+		var p nodestate.Patch
+		if _, err := nodestate.Update(ctx, o.Client, n.Name, func(n *corev1.Node) (nodestate.Patch, error) {
+			var err error
+			p, err = nodestate.Cleanup(n)
+			return p, err
+		}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if p.Empty() {
-			continue
-		}
-		if _, err := nodestate.Apply(ctx, o.Client, n.Name, p); err != nil {
-			errs = append(errs, err)
 			continue
 		}
 		changed++

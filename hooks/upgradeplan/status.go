@@ -93,17 +93,16 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // Retry moves a node out of upgrade-failed: back to upgrade-required, and its driver pod deleted so the DaemonSet
-// starts a fresh one whose driver manager runs the steps again.
+// starts a fresh one whose driver manager runs the steps again. It decides from the node as it is when it writes
+// (nodestate.Update): a node that left upgrade-failed meanwhile is not sent back.
 func Retry(ctx context.Context, client kubernetes.Interface, namespace, release, node string, now time.Time, out io.Writer) error {
-	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	_, err := nodestate.Update(ctx, client, node, func(n *corev1.Node) (nodestate.Patch, error) {
+		if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
+			return nodestate.Patch{}, fmt.Errorf("node %s is in state %q, not upgrade-failed: nothing to retry", node, st)
+		}
+		return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", now.UTC().Format(time.RFC3339)), nil
+	})
 	if err != nil {
-		return err
-	}
-	if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
-		return fmt.Errorf("node %s is in state %q, not upgrade-failed: nothing to retry", node, st)
-	}
-	p := nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", now.UTC().Format(time.RFC3339))
-	if _, err := nodestate.Apply(ctx, client, node, p); err != nil {
 		return err
 	}
 	pods, err := driverPods(ctx, client, namespace, release)

@@ -300,12 +300,10 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	}
 	now := o.Now().UTC().Format(time.RFC3339)
 	for _, np := range plan.Nodes {
-		n, err := o.Client.CoreV1().Nodes().Get(ctx, np.Node, metav1.GetOptions{})
-		if err != nil {
-			return plan, err
-		}
 		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
-		if _, err := nodestate.Apply(ctx, o.Client, np.Node, nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)); err != nil {
+		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
+			return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now), nil
+		}); err != nil {
 			return plan, err
 		}
 	}

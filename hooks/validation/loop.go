@@ -147,10 +147,12 @@ func (r *recorder) record(ctx context.Context, v nodestate.Validation) {
 		return
 	}
 	if ctx.Err() != nil { // a stopping pod still says why it stopped
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
+		ctx = context.WithoutCancel(ctx)
 	}
+	// Transient API errors are retried (nodestate.Apply), but only briefly: the checks and their status files must
+	// not wait on the API server; a record that did not land is sent again with the next one.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	if _, err := nodestate.Apply(ctx, r.o.Client, r.o.NodeName, nodestate.SetValidation(r.check, v)); err != nil {
 		fmt.Fprintf(r.out, "%s: could not record %q on node %s: %v\n", r.check, v.String(), r.o.NodeName, err)
 		if apierrors.IsForbidden(err) {

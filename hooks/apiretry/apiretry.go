@@ -1,0 +1,117 @@
+// Package apiretry tells an API error that may pass (the API server or etcd restarting, throttling, a dropped
+// connection) from one that will not (forbidden, not found, invalid), and retries the first kind with capped
+// exponential backoff and jitter until the caller's deadline. The driver manager, the upgrade gate and the
+// eviction go through it, so one `etcdserver: request timed out` costs a retry, not a node left upgrade-failed.
+package apiretry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+)
+
+// Defaults.
+const (
+	// DefaultTimeout bounds the retries of a call whose context has no deadline: long enough to ride out an API
+	// server or etcd restart, short enough that a lasting outage still ends the step with its error.
+	DefaultTimeout = 2 * time.Minute
+	// InitialDelay is the first wait between tries; it doubles up to MaxDelay.
+	InitialDelay = 100 * time.Millisecond
+	// MaxDelay caps the wait between tries.
+	MaxDelay = 5 * time.Second
+)
+
+// Transient reports whether err may pass if the request is sent again: a server error (5xx, which is how etcd's
+// "request timed out" and "leader changed" reach the client), throttling (429), a server or client timeout, or a
+// connection refused, reset or cut short. API errors of any other status (Forbidden, NotFound, Invalid, Conflict)
+// are not: sending the same request again gets the same answer. Neither is a cancellation, nor a call Do already
+// gave up on. (A deadline reads as a timeout: whether it was the caller's own is for Do to tell, by its context.)
+func Transient(err error) bool {
+	var gaveUp *GaveUpError
+	if err == nil || errors.Is(err, context.Canceled) || errors.As(err, &gaveUp) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code := status.Status().Code
+		if code == http.StatusNotImplemented {
+			return false
+		}
+		if apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+			apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err) {
+			return true
+		}
+		return code >= http.StatusInternalServerError
+	}
+	return utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
+		utilnet.IsHTTP2ConnectionLost(err) || utilnet.IsTimeout(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// Delay is the wait before retry number attempt (0 for the first retry): InitialDelay doubled per attempt, capped
+// at MaxDelay, plus up to half again as jitter so that many clients failing together do not retry together.
+func Delay(attempt int) time.Duration {
+	d := InitialDelay
+	for i := 0; i < attempt && d < MaxDelay; i++ {
+		d *= 2
+	}
+	d = min(d, MaxDelay)
+	return d + rand.N(d/2+1)
+}
+
+// Do calls fn until it succeeds or returns an error that is not Transient, waiting Delay between tries. It stops
+// at ctx's deadline (DefaultTimeout when ctx has none) and then returns fn's last error, saying how long it
+// retried: the error the caller sees is the API server's, not a bare "context deadline exceeded".
+func Do(ctx context.Context, fn func(context.Context) error) error {
+	return OnError(ctx, Transient, fn)
+}
+
+// OnError is Do with the caller's choice of which errors to retry (e.g. Transient or a Conflict).
+func OnError(ctx context.Context, retriable func(error) bool, fn func(context.Context) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || !retriable(err) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return &GaveUpError{Last: err, Tries: attempt + 1, After: time.Since(start), Cause: context.Cause(ctx)}
+		}
+		t := time.NewTimer(Delay(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &GaveUpError{Last: err, Tries: attempt + 1, After: time.Since(start), Cause: context.Cause(ctx)}
+		case <-t.C:
+		}
+	}
+}
+
+// GaveUpError is a retried call whose errors outlasted its deadline.
+type GaveUpError struct {
+	// Last is the last error the call returned.
+	Last error
+	// Tries is how many times it was sent; After how long that took.
+	Tries int
+	After time.Duration
+	// Cause is why the retries stopped (the context's cause).
+	Cause error
+}
+
+// Error leads with the last error, then says how long it was retried.
+func (e *GaveUpError) Error() string {
+	return fmt.Sprintf("%v (still failing after %d tries over %s: %v)", e.Last, e.Tries, e.After.Round(time.Millisecond), e.Cause)
+}
+
+// Unwrap returns the last error and the cause, so errors.Is and apierrors' checks see both.
+func (e *GaveUpError) Unwrap() []error { return []error{e.Last, e.Cause} }

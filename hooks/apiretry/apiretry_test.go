@@ -1,0 +1,158 @@
+package apiretry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+var nodes = schema.GroupResource{Resource: "nodes"}
+
+// TransientErrors are the errors a client sees while the API server or etcd restarts, throttles or drops the
+// connection; other tests use them too.
+func transientErrors() map[string]error {
+	return map[string]error{
+		"etcd request timed out": apierrors.NewInternalError(errors.New("etcdserver: request timed out")),
+		"503":                    apierrors.NewServiceUnavailable("the server is shutting down"),
+		"504 server timeout":     apierrors.NewServerTimeout(nodes, "patch", 1),
+		"504 timeout":            apierrors.NewTimeoutError("request did not complete", 1),
+		"429":                    apierrors.NewTooManyRequests("slow down", 1),
+		"502 generic":            apierrors.NewGenericServerResponse(502, "patch", nodes, "gpu-1", "bad gateway", 0, true),
+		"connection refused": &url.Error{Op: "Patch", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "dial", Net: "tcp",
+			Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}},
+		"connection reset": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "read", Net: "tcp",
+			Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
+		"EOF":         &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: io.EOF},
+		"net timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: timeoutErr{}},
+		// net/http's own client timeout also matches context.DeadlineExceeded
+		"client timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: fmt.Errorf("awaiting headers: %w", context.DeadlineExceeded)},
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func TestTransient(t *testing.T) {
+	for name, err := range transientErrors() {
+		if !Transient(err) {
+			t.Errorf("%s (%v): not transient", name, err)
+		}
+		if !Transient(fmt.Errorf("patch node gpu-1: %w", err)) {
+			t.Errorf("%s wrapped: not transient", name)
+		}
+	}
+	for name, err := range map[string]error{
+		"forbidden":        apierrors.NewForbidden(nodes, "gpu-1", errors.New("no")),
+		"not found":        apierrors.NewNotFound(nodes, "gpu-1"),
+		"invalid":          apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, "gpu-1", nil),
+		"conflict":         apierrors.NewConflict(nodes, "gpu-1", errors.New("changed")),
+		"bad request":      apierrors.NewBadRequest("no"),
+		"unauthorized":     apierrors.NewUnauthorized("who"),
+		"501":              apierrors.NewGenericServerResponse(501, "patch", nodes, "gpu-1", "", 0, false),
+		"own cancel":       &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: context.Canceled},
+		"plain":            errors.New("something else"),
+		"gave up, wrapped": &GaveUpError{Last: apierrors.NewServiceUnavailable("x"), Cause: context.DeadlineExceeded},
+	} {
+		if Transient(err) {
+			t.Errorf("%s (%v): transient", name, err)
+		}
+	}
+}
+
+func TestDelayGrowsCappedWithJitter(t *testing.T) {
+	for attempt, base := range []time.Duration{InitialDelay, 2 * InitialDelay, 4 * InitialDelay} {
+		for range 20 {
+			if d := Delay(attempt); d < base || d > base+base/2 {
+				t.Fatalf("Delay(%d) = %s, want in [%s, %s]", attempt, d, base, base+base/2)
+			}
+		}
+	}
+	if d := Delay(100); d < MaxDelay || d > MaxDelay+MaxDelay/2 {
+		t.Fatalf("Delay(100) = %s, want capped at %s (+jitter)", d, MaxDelay)
+	}
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		seen[Delay(3)] = true
+	}
+	if len(seen) < 2 {
+		t.Fatal("Delay has no jitter")
+	}
+}
+
+func TestDoRetriesEachTransientKindThenSucceeds(t *testing.T) {
+	for name, terr := range transientErrors() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			calls := 0
+			err := Do(context.Background(), func(context.Context) error {
+				if calls++; calls <= 2 {
+					return terr
+				}
+				return nil
+			})
+			if err != nil || calls != 3 {
+				t.Fatalf("err=%v after %d calls; want success on the 3rd", err, calls)
+			}
+		})
+	}
+}
+
+func TestDoStopsAtOnceOnALastingError(t *testing.T) {
+	forbidden := apierrors.NewForbidden(nodes, "gpu-1", errors.New("cannot patch"))
+	calls := 0
+	err := Do(context.Background(), func(context.Context) error { calls++; return forbidden })
+	if calls != 1 || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "cannot patch") {
+		t.Fatalf("err=%v after %d calls; want the Forbidden at once", err, calls)
+	}
+}
+
+// A call that fails because Do's own context ended is not retried, however its error reads.
+func TestDoStopsWhenItsContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	err := Do(ctx, func(ctx context.Context) error {
+		calls++
+		cancel()
+		return apierrors.NewServiceUnavailable("restarting")
+	})
+	if calls != 1 || !errors.Is(err, context.Canceled) || !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("err = %v after %d calls; want the last error and the cancellation at once", err, calls)
+	}
+}
+
+func TestDoGivesUpAtTheDeadlineWithTheLastError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	calls := 0
+	start := time.Now()
+	err := Do(ctx, func(context.Context) error {
+		calls++
+		return apierrors.NewInternalError(fmt.Errorf("etcdserver: request timed out (try %d)", calls))
+	})
+	if time.Since(start) > 2*time.Second {
+		t.Fatalf("took %s: the deadline was not kept", time.Since(start))
+	}
+	if calls < 2 {
+		t.Fatalf("%d calls; want retries", calls)
+	}
+	if !apierrors.IsInternalError(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v; want the last server error, marked with the deadline", err)
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, "Internal error occurred: etcdserver: request timed out (try "+fmt.Sprint(calls)+")") {
+		t.Fatalf("err = %q; want it to lead with the last error", msg)
+	}
+}
