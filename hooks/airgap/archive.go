@@ -233,6 +233,10 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
 	b.tarball = f
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
 	cr := &countingReader{r: f}
 	tr := tar.NewReader(cr)
 	sums := map[string]string{}
@@ -258,9 +262,18 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 		}
 		// The tar reader reads exactly the header blocks, so the data starts where it stopped.
 		start := cr.n
+		// A sparse entry (PAX GNU.sparse records) reads as far more than it stores: a few bytes of a hostile bundle
+		// could make a terabyte of zeros to hash. Files are read in place, so each must be stored whole.
+		if left := st.Size() - start; h.Size > left {
+			return nil, fmt.Errorf("bundle %s: not a complete tarball: %s claims %d bytes, only %d follow (cut short, or a sparse file)",
+				b.path, name, h.Size, left)
+		}
 		sum := sha256.New()
 		if _, err := io.CopyBuffer(sum, tr, buf); err != nil {
 			return nil, fmt.Errorf("bundle %s: not a complete tarball: %s: %w", b.path, name, err)
+		}
+		if cr.n-start != h.Size {
+			return nil, fmt.Errorf("bundle %s: %s is not stored whole in the tarball (a sparse file?)", b.path, name)
 		}
 		b.entries[name] = section{start, h.Size}
 		sums[name] = hex.EncodeToString(sum.Sum(nil))

@@ -154,7 +154,7 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("image %s: %w", p.img.Ref, err)
 			}
-			if now != p.current {
+			if now != p.current && now != p.desc.Digest {
 				return fmt.Errorf("image %s: %s was set to %s while mirroring, the bundle holds %s; not overwritten "+
 					"(--force moves it)", p.img.Ref, p.dst, now, p.desc.Digest)
 			}

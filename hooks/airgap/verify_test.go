@@ -7,11 +7,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -351,5 +355,102 @@ func TestBlobChangedAfterOpening(t *testing.T) {
 		if err := read(); err == nil || !strings.Contains(err.Error(), blobPath(layer.Digest)) {
 			t.Errorf("%s: want an error naming %s, got %v", name, blobPath(layer.Digest), err)
 		}
+	}
+}
+
+// sparseTar is a tarball of one PAX sparse file (GNU sparse 1.0) named name that reads as realsize bytes of zeros,
+// followed by a file x. Go's tar writer writes no sparse files, so the PAX header is patched in by hand.
+func sparseTar(t *testing.T, name string, realsize int64) []byte {
+	t.Helper()
+	record := func(k, v string) string {
+		s := " " + k + "=" + v + "\n"
+		n := len(s) + 1
+		for len(strconv.Itoa(n))+len(s) != n {
+			n++
+		}
+		return strconv.Itoa(n) + s
+	}
+	pax := record("GNU.sparse.major", "1") + record("GNU.sparse.minor", "0") + record("GNU.sparse.name", name) +
+		record("GNU.sparse.realsize", strconv.FormatInt(realsize, 10))
+	sparseMap := make([]byte, 512) // the map (one empty data region) precedes the data
+	copy(sparseMap, "1\n0\n0\n")
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range []struct{ name, data string }{{"PaxHeaders/x", pax}, {"GNUSparseFile.0/x", string(sparseMap)}, {"x", "x"}} {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.data)), Typeflag: tar.TypeReg, Format: tar.FormatUSTAR}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	b[156] = tar.TypeXHeader // the first entry becomes the PAX header of the second
+	copy(b[148:156], "        ")
+	sum := 0
+	for _, c := range b[:512] {
+		sum += int(c)
+	}
+	copy(b[148:156], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+// TestOpenBundleRefusesSparseEntries: a tarball entry not stored whole (a PAX sparse file: a few bytes that read
+// as a terabyte of zeros) is refused at once, not hashed for hours.
+func TestOpenBundleRefusesSparseEntries(t *testing.T) {
+	for _, realsize := range []int64{1 << 40, 100} {
+		p := filepath.Join(t.TempDir(), "sparse.tar")
+		if err := os.WriteFile(p, sparseTar(t, "images/index.json", realsize), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			b, err := openBundle(p, "")
+			if err == nil {
+				b.Close()
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "images/index.json") || !strings.Contains(err.Error(), "sparse") {
+				t.Errorf("%d bytes: want the sparse entry refused, naming it, got %v", realsize, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("still reading a %d-byte sparse entry of a 3 kB tarball after 10 s", realsize)
+		}
+	}
+}
+
+// TestMirrorNoticesATagSetWhileMirroring: a tag another client sets between the mirror's look-up and its push is
+// not overwritten either.
+func TestMirrorNoticesATagSetWhileMirroring(t *testing.T) {
+	f := newFixture(t, 4<<10)
+	bundle := f.mustBundle(t)
+	rhel, _ := ParseImage(driverRHEL)
+	var private string
+	var pushed atomic.Bool
+	private = startRegistry(t, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, r)
+			if r.Method == http.MethodHead && r.URL.Path == "/v2/nvidia/driver/manifests/595-rhel9" {
+				// Right after the mirror's first look-up, someone else pushes to the tag (its own look-ups pass).
+				if pushed.CompareAndSwap(false, true) {
+					pushTo(t, private, rhel, f.seeded[toolkit])
+				}
+			}
+		})
+	})
+	wrong, _ := f.seeded[toolkit].Digest()
+	_, err := mirror(t, bundle, private)
+	want := fmt.Sprintf("image %s: %s was set to %s while mirroring", driverRHEL, mustTag(t, driverRHEL, private), wrong)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("want %q, got %v", want, err)
+	}
+	if got := inRegistry(t, private, driverRHEL).Digest; got != wrong {
+		t.Errorf("the tag set while mirroring was moved to %s", got)
 	}
 }
