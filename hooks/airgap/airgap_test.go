@@ -329,8 +329,8 @@ func mustIn(t *testing.T, ref, reg string) v1.Hash {
 	return desc.Digest
 }
 
-// TestMirrorPushesOnlyWhatIsMissing: an image the registry already has at its tag is not pushed; one whose tag
-// points elsewhere is pushed and re-tagged; the bundle can also be an unpacked folder.
+// TestMirrorPushesOnlyWhatIsMissing: an image the registry already has at its tag is not pushed; with Force, one
+// whose tag points elsewhere is pushed and re-tagged; the bundle can also be an unpacked folder.
 func TestMirrorPushesOnlyWhatIsMissing(t *testing.T) {
 	f := newFixture(t, 4<<10)
 	bundle := f.mustBundle(t)
@@ -350,15 +350,20 @@ func TestMirrorPushesOnlyWhatIsMissing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	log, err := mirror(t, folder, private)
+	log, err := mirror(t, folder, private, func(o *MirrorOptions) { o.Force = true })
 	if err != nil {
 		t.Fatalf("mirror: %v\n%s", err, log)
 	}
 	if !strings.Contains(log, "already there  "+mustTag(t, toolkit, private)) || strings.Count(log, "already there  ") != 1 {
 		t.Errorf("want only the toolkit already there:\n%s", log)
 	}
-	if want, _ := f.seeded[driverRHEL].Digest(); inRegistry(t, private, driverRHEL).Digest != want {
+	wrong, _ := f.seeded[toolkit].Digest()
+	want, _ := f.seeded[driverRHEL].Digest()
+	if inRegistry(t, private, driverRHEL).Digest != want {
 		t.Error("the driver's tag still points at the wrong image")
+	}
+	if line := fmt.Sprintf("replaced       %s@%s (the tag pointed at %s): ", mustTag(t, driverRHEL, private), want, wrong); !strings.Contains(log, line) {
+		t.Errorf("want a line %q:\n%s", line, log)
 	}
 	if !strings.Contains(log, ": 4 pushed, 1 already there;") {
 		t.Errorf("want 4 pushed, 1 already there:\n%s", log)
@@ -509,7 +514,7 @@ func TestProgressBar(t *testing.T) {
 // list's order, with the right digest.
 func TestBundleLayoutNamesEveryImage(t *testing.T) {
 	f := newFixture(t, 4<<10)
-	files, err := openBundle(f.mustBundle(t))
+	files, err := openBundle(f.mustBundle(t), "")
 	if err != nil {
 		t.Fatal(err)
 	}

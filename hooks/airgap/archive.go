@@ -3,7 +3,6 @@ package airgap
 import (
 	"archive/tar"
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -16,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
 // archiveTime is every entry's modification time, so the same content makes the same bytes.
@@ -135,32 +136,76 @@ type bundleFiles struct {
 	// tarball is the open tarball; nil for a folder.
 	tarball *os.File
 	entries map[string]section
+	// digests is each file's SHA-256 (hex) as read when the bundle was opened.
+	digests map[string]string
 }
 
 type section struct{ offset, size int64 }
 
+// Bounds on the files mirror reads whole into memory, so a hostile bundle cannot make it read gigabytes: beyond
+// them a file is an error naming it, before it is read.
+const (
+	// maxManifestBytes bounds index.json and every manifest and index: registries refuse bigger manifests
+	// (distribution's limit is 4 MiB).
+	maxManifestBytes = 4 << 20
+	// maxConfigBytes bounds an image's config, a JSON document of some kilobytes.
+	maxConfigBytes = 8 << 20
+	// maxSumsBytes bounds SHA256SUMS: about 100,000 files.
+	maxSumsBytes = 16 << 20
+)
+
 // openBundle opens a bundle and checks every file against SumsFile before anything is read from it: a missing,
-// extra or corrupt file is an error naming it.
-func openBundle(p string) (*bundleFiles, error) {
+// extra or corrupt file is an error naming it, and so is a layout blob whose content is not the digest it is stored
+// under. pin, when set, is the SHA-256 (hex) the whole tarball must have; it is checked first, before the tarball
+// is parsed at all.
+func openBundle(p, pin string) (*bundleFiles, error) {
 	st, err := os.Stat(p)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
+	if pin != "" {
+		if st.IsDir() {
+			return nil, fmt.Errorf("--sha256 pins a bundle tarball, and %s is a folder: mirror the tarball itself", p)
+		}
+		if err := checkPin(p, pin); err != nil {
+			return nil, err
+		}
+	}
 	b := &bundleFiles{path: p, entries: map[string]section{}}
-	var sums map[string]string
 	if st.IsDir() {
-		sums, err = b.hashFolder()
+		b.digests, err = b.hashFolder()
 	} else {
-		sums, err = b.scanTarball()
+		b.digests, err = b.scanTarball()
 	}
 	if err == nil {
-		err = b.verify(sums)
+		err = b.verify()
+	}
+	if err == nil {
+		err = b.checkBlobNames()
 	}
 	if err != nil {
 		b.Close()
 		return nil, err
 	}
 	return b, nil
+}
+
+// checkPin hashes the whole file and compares it with pin.
+func checkPin(p, pin string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+		return fmt.Errorf("bundle %s: %w", p, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != pin {
+		return fmt.Errorf("bundle %s has SHA-256 %s, not the %s --sha256 pins: it is not the bundle you meant, "+
+			"or it changed on the way; nothing read from it, nothing pushed", p, got, pin)
+	}
+	return nil
 }
 
 func (b *bundleFiles) Close() error {
@@ -188,6 +233,10 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
 	b.tarball = f
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
 	cr := &countingReader{r: f}
 	tr := tar.NewReader(cr)
 	sums := map[string]string{}
@@ -207,11 +256,24 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 		if h.Typeflag != tar.TypeReg || !fs.ValidPath(name) {
 			return nil, fmt.Errorf("bundle %s: unexpected entry %q", b.path, h.Name)
 		}
+		if _, dup := b.entries[name]; dup {
+			// A second copy would silently replace the first one: which is meant?
+			return nil, fmt.Errorf("bundle %s holds %s twice", b.path, name)
+		}
 		// The tar reader reads exactly the header blocks, so the data starts where it stopped.
 		start := cr.n
+		// A sparse entry (PAX GNU.sparse records) reads as far more than it stores: a few bytes of a hostile bundle
+		// could make a terabyte of zeros to hash. Files are read in place, so each must be stored whole.
+		if left := st.Size() - start; h.Size > left {
+			return nil, fmt.Errorf("bundle %s: not a complete tarball: %s claims %d bytes, only %d follow (cut short, or a sparse file)",
+				b.path, name, h.Size, left)
+		}
 		sum := sha256.New()
 		if _, err := io.CopyBuffer(sum, tr, buf); err != nil {
 			return nil, fmt.Errorf("bundle %s: not a complete tarball: %s: %w", b.path, name, err)
+		}
+		if cr.n-start != h.Size {
+			return nil, fmt.Errorf("bundle %s: %s is not stored whole in the tarball (a sparse file?)", b.path, name)
 		}
 		b.entries[name] = section{start, h.Size}
 		sums[name] = hex.EncodeToString(sum.Sum(nil))
@@ -248,25 +310,21 @@ func (b *bundleFiles) hashFolder() (map[string]string, error) {
 }
 
 // verify compares the files' SHA-256 with SumsFile.
-func (b *bundleFiles) verify(actual map[string]string) error {
-	listed, err := b.readFile(SumsFile)
-	if err != nil {
+func (b *bundleFiles) verify() error {
+	if _, ok := b.entries[SumsFile]; !ok {
 		return fmt.Errorf("bundle %s has no %s: not an air-gapped bundle, or cut short", b.path, SumsFile)
 	}
-	want := map[string]string{}
-	for i, line := range strings.Split(strings.TrimRight(string(listed), "\n"), "\n") {
-		sum, name, ok := strings.Cut(line, "  ")
-		if !ok {
-			sum, name, ok = strings.Cut(line, " *")
-		}
-		if !ok || len(sum) != sha256.Size*2 {
-			return fmt.Errorf("bundle %s: %s line %d is not `SHA256  FILE`", b.path, SumsFile, i+1)
-		}
-		want[name] = sum
+	listed, err := b.readFile(SumsFile, maxSumsBytes, "")
+	if err != nil {
+		return err
+	}
+	want, err := parseSums(listed)
+	if err != nil {
+		return fmt.Errorf("bundle %s: %s %w", b.path, SumsFile, err)
 	}
 	var problems []string
 	for name, sum := range want {
-		got, ok := actual[name]
+		got, ok := b.digests[name]
 		switch {
 		case !ok:
 			problems = append(problems, fmt.Sprintf("%s is listed in %s but missing", name, SumsFile))
@@ -274,7 +332,7 @@ func (b *bundleFiles) verify(actual map[string]string) error {
 			problems = append(problems, fmt.Sprintf("%s is corrupt: its SHA-256 is %s, %s says %s", name, got, SumsFile, sum))
 		}
 	}
-	for name := range actual {
+	for name := range b.digests {
 		if _, ok := want[name]; !ok && name != SumsFile {
 			problems = append(problems, fmt.Sprintf("%s is not listed in %s", name, SumsFile))
 		}
@@ -282,6 +340,51 @@ func (b *bundleFiles) verify(actual map[string]string) error {
 	if len(problems) > 0 {
 		slices.Sort(problems)
 		return fmt.Errorf("bundle %s failed its checksums, nothing pushed: %s", b.path, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// parseSums reads SHA256SUMS as sha256sum writes it: one `HEX  NAME` (or `HEX *NAME`) a line. It returns
+// name -> lower-case hex; a malformed line, or a name listed twice, is an error naming the line.
+func parseSums(data []byte) (map[string]string, error) {
+	want := map[string]string{}
+	for i, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		sum, name, ok := strings.Cut(line, "  ")
+		if !ok {
+			sum, name, ok = strings.Cut(line, " *")
+		}
+		sum = strings.ToLower(sum)
+		if _, err := hex.DecodeString(sum); err != nil || !ok || len(sum) != sha256.Size*2 || name == "" {
+			return nil, fmt.Errorf("line %d is not `SHA256  FILE`", i+1)
+		}
+		if _, dup := want[name]; dup {
+			return nil, fmt.Errorf("line %d lists %s a second time", i+1, name)
+		}
+		want[name] = sum
+	}
+	return want, nil
+}
+
+// checkBlobNames checks every file under the layout's blobs: it must be named by a SHA-256 digest, and its
+// content must have that digest. SHA256SUMS cannot catch a blob changed together with it; this can.
+func (b *bundleFiles) checkBlobNames() error {
+	var problems []string
+	for name, got := range b.digests {
+		rest, ok := strings.CutPrefix(name, LayoutDir+"/blobs/")
+		if !ok {
+			continue
+		}
+		want, err := v1.NewHash(strings.Replace(rest, "/", ":", 1))
+		switch {
+		case err != nil || want.Algorithm != "sha256":
+			problems = append(problems, fmt.Sprintf("%s is not named by a SHA-256 digest", name))
+		case want.Hex != got:
+			problems = append(problems, fmt.Sprintf("%s holds content with digest sha256:%s, not the %s its name says", name, got, want))
+		}
+	}
+	if len(problems) > 0 {
+		slices.Sort(problems)
+		return fmt.Errorf("bundle %s failed verification, nothing pushed: %s", b.path, strings.Join(problems, "; "))
 	}
 	return nil
 }
@@ -303,15 +406,32 @@ func (b *bundleFiles) size(name string) (int64, bool) {
 	return s.size, ok
 }
 
-func (b *bundleFiles) readFile(name string) ([]byte, error) {
+// readFile reads one file of the bundle whole, refusing one over limit bytes; what names the kind of file in
+// that error ("a manifest"), "" for none.
+func (b *bundleFiles) readFile(name string, limit int64, what string) ([]byte, error) {
+	tooBig := func(n int64) error {
+		if what != "" {
+			what = " " + what
+		}
+		return fmt.Errorf("bundle %s: %s is %d bytes, more than the %d bytes%s may be", b.path, name, n, limit, what)
+	}
+	if n, ok := b.size(name); ok && n > limit {
+		return nil, tooBig(n)
+	}
 	rc, err := b.open(name)
 	if err != nil {
 		return nil, err
 	}
 	defer rc.Close()
-	var buf bytes.Buffer
-	_, err = io.Copy(&buf, rc)
-	return buf.Bytes(), err
+	// A folder's file can grow after it was hashed: read no more than the bound regardless.
+	data, err := io.ReadAll(io.LimitReader(rc, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %s: %w", b.path, name, err)
+	}
+	if int64(len(data)) > limit {
+		return nil, tooBig(int64(len(data)))
+	}
+	return data, nil
 }
 
 // topLevel lists the bundle's files at its top level (not in the layout), sorted.

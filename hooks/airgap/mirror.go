@@ -2,6 +2,8 @@ package airgap
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +37,12 @@ type MirrorOptions struct {
 	Insecure bool
 	// CAFile is a PEM file of certificates to trust for Registry's TLS, besides the system's.
 	CAFile string
+	// SHA256 pins the bundle tarball: its SHA-256 (hex, optionally prefixed sha256:), as published with the
+	// release. A bundle with another is refused before anything is read from it.
+	SHA256 string
+	// Force moves a tag the registry already has at another digest to the bundle's image; without it such a tag
+	// fails the mirror before anything is pushed.
+	Force bool
 	// Out is the folder the chart archive is copied to for the helm install line; default ".".
 	Out string
 	// Progress receives a progress bar per image while it is pushed (drawn only on a terminal); nil: none.
@@ -47,6 +55,8 @@ func (o *MirrorOptions) Complete() {
 	if o.Out == "" {
 		o.Out = "."
 	}
+	// sha256sum prints lower case; a checksum copied from elsewhere may not be.
+	o.SHA256 = strings.ToLower(strings.TrimPrefix(strings.TrimSpace(o.SHA256), "sha256:"))
 }
 
 // Validate rejects options Run cannot act on.
@@ -57,17 +67,34 @@ func (o *MirrorOptions) Validate() error {
 	case o.Registry == "":
 		return errors.New("--registry: name the private registry (host[:port][/path])")
 	}
+	if o.SHA256 != "" {
+		if _, err := hex.DecodeString(o.SHA256); err != nil || len(o.SHA256) != sha256.Size*2 {
+			return fmt.Errorf("--sha256 %q: want the bundle's SHA-256, 64 hex digits (as sha256sum prints it)", o.SHA256)
+		}
+	}
 	if st, err := os.Stat(o.Out); err != nil || !st.IsDir() {
 		return fmt.Errorf("--out %s: not a folder", o.Out)
 	}
 	return ValidateRegistry("--registry", o.Registry)
 }
 
-// Run checks the bundle against its SHA256SUMS (a corrupt bundle pushes nothing), pushes every image the registry
-// does not already hold at its tag, verifies each by digest, copies the chart archive to Out and prints the helm
-// install line. Running it again pushes nothing: it reports "0 pushed", counted from what the registry accepted.
+// planned is one image of the bundle and what the registry holds at its tag.
+type planned struct {
+	img  Image
+	desc v1.Descriptor
+	dst  name.Tag
+	// current is the digest the registry's tag points at; zero when the tag does not exist.
+	current v1.Hash
+}
+
+// Run verifies the whole bundle before pushing anything: the tarball against --sha256, every file against
+// SHA256SUMS, every blob against its digest, and every image's manifests, configs and layers (a bundle failing any
+// of these pushes nothing). It then looks up every image's tag in the registry, and refuses (pushing nothing) when
+// one points at another digest, unless Force. It pushes every image the registry does not already hold at its
+// tag, verifies each by digest, copies the chart archive to Out and prints the helm install line. Running it again
+// pushes nothing: it reports "0 pushed", counted from what the registry accepted.
 func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
-	files, err := openBundle(o.Bundle)
+	files, err := openBundle(o.Bundle, o.SHA256)
 	if err != nil {
 		return err
 	}
@@ -77,46 +104,79 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bundle %s: %w", o.Bundle, err)
 	}
+	var nameOpts []name.Option
+	if o.Insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	plan := make([]planned, 0, len(index.Manifests))
+	for _, desc := range index.Manifests {
+		img, err := ParseImage(desc.Annotations[refNameAnnotation])
+		if err != nil {
+			return fmt.Errorf("bundle %s: layout entry %s: %w", o.Bundle, desc.Digest, err)
+		}
+		if err := lay.check(desc); err != nil {
+			return fmt.Errorf("image %s: %w; nothing pushed", img.Ref, err)
+		}
+		dst, err := img.In(o.Registry, nameOpts...)
+		if err != nil {
+			return err
+		}
+		plan = append(plan, planned{img: img, desc: desc, dst: dst})
+	}
+
 	base, err := baseTransport(o.CAFile)
 	if err != nil {
 		return err
 	}
 	counter := &pushCounter{base: base}
 	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithTransport(counter)}
-	var nameOpts []name.Option
-	if o.Insecure {
-		nameOpts = append(nameOpts, name.Insecure)
+	var moved []string
+	for i, p := range plan {
+		if plan[i].current, err = tagged(p.dst, opts); err != nil {
+			return fmt.Errorf("image %s: %w", p.img.Ref, err)
+		}
+		if c := plan[i].current; c != (v1.Hash{}) && c != p.desc.Digest {
+			moved = append(moved, fmt.Sprintf("image %s: %s points at %s, the bundle holds %s", p.img.Ref, p.dst, c, p.desc.Digest))
+		}
+	}
+	if len(moved) > 0 && !o.Force {
+		return fmt.Errorf("%s; nothing pushed: the registry's tags are left as they are (--force moves them to the bundle's images)",
+			strings.Join(moved, "; "))
 	}
 
 	var pushedImages, present int
-	for _, desc := range index.Manifests {
-		img, err := ParseImage(desc.Annotations[refNameAnnotation])
-		if err != nil {
-			return fmt.Errorf("bundle %s: layout entry %s: %w", o.Bundle, desc.Digest, err)
-		}
-		dst, err := img.In(o.Registry, nameOpts...)
-		if err != nil {
-			return err
-		}
+	for _, p := range plan {
 		before := counter.snapshot()
-		there, err := holds(dst, desc.Digest, opts)
-		if err != nil {
-			return fmt.Errorf("image %s: %w", img.Ref, err)
-		}
-		if !there {
-			if err := o.push(lay, desc, dst, opts); err != nil {
-				return fmt.Errorf("image %s: push to %s: %w", img.Ref, dst, err)
+		there := p.current == p.desc.Digest
+		if !there && !o.Force {
+			// The tag may have been set since it was looked up (another mirror, a CI job): look again.
+			now, err := tagged(p.dst, opts)
+			if err != nil {
+				return fmt.Errorf("image %s: %w", p.img.Ref, err)
+			}
+			if now != p.current && now != p.desc.Digest {
+				return fmt.Errorf("image %s: %s was set to %s while mirroring, the bundle holds %s; not overwritten "+
+					"(--force moves it)", p.img.Ref, p.dst, now, p.desc.Digest)
 			}
 		}
-		if err := verifyPushed(dst, desc.Digest, opts); err != nil {
-			return fmt.Errorf("image %s: %w", img.Ref, err)
+		if !there {
+			if err := o.push(lay, p.desc, p.dst, opts); err != nil {
+				return fmt.Errorf("image %s: push to %s: %w", p.img.Ref, p.dst, err)
+			}
 		}
-		if there {
+		if err := verifyPushed(p.dst, p.desc.Digest, opts); err != nil {
+			return fmt.Errorf("image %s: %w", p.img.Ref, err)
+		}
+		switch {
+		case there:
 			present++
-			fmt.Fprintf(out, "already there  %s@%s\n", dst, desc.Digest)
-		} else {
+			fmt.Fprintf(out, "already there  %s@%s\n", p.dst, p.desc.Digest)
+		case p.current != (v1.Hash{}):
 			pushedImages++
-			fmt.Fprintf(out, "pushed         %s@%s: %s\n", dst, desc.Digest, counter.snapshot().minus(before))
+			fmt.Fprintf(out, "replaced       %s@%s (the tag pointed at %s): %s\n", p.dst, p.desc.Digest, p.current, counter.snapshot().minus(before))
+		default:
+			pushedImages++
+			fmt.Fprintf(out, "pushed         %s@%s: %s\n", p.dst, p.desc.Digest, counter.snapshot().minus(before))
 		}
 	}
 	chartFile, err := o.copyChart(files)
@@ -130,17 +190,17 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// holds says whether the registry already serves the image at its tag with the bundle's digest.
-func holds(dst name.Tag, digest v1.Hash, opts []remote.Option) (bool, error) {
+// tagged is the digest the registry's tag points at; zero when the tag does not exist.
+func tagged(dst name.Tag, opts []remote.Option) (v1.Hash, error) {
 	desc, err := remote.Head(dst, opts...)
 	var terr *transport.Error
 	if errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound {
-		return false, nil
+		return v1.Hash{}, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("look up %s: %w", dst, err)
+		return v1.Hash{}, fmt.Errorf("look up %s: %w", dst, err)
 	}
-	return desc.Digest == digest, nil
+	return desc.Digest, nil
 }
 
 // push writes one image or multi-arch index (whole) to dst; go-containerregistry skips the blobs and child

@@ -54,12 +54,15 @@ func airgapBundleCommand(out io.Writer) *cobra.Command {
 func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	o := airgap.MirrorOptions{}
 	cmd := &cobra.Command{
-		Use:   "mirror --registry REG [--insecure] [--ca FILE] BUNDLE",
+		Use:   "mirror --registry REG [--sha256 HEX] [--force] [--insecure] [--ca FILE] BUNDLE",
 		Short: "Push a bundle's images into a private registry and print the helm install line for it",
-		Long: "Checks BUNDLE against its SHA256SUMS (a corrupt bundle pushes nothing), pushes each image to\n" +
-			"REG/<repository>:<tag> unless the registry already has it there, verifies each by digest, copies the chart\n" +
-			"archive to --out and prints the helm install line with --set global.imageRegistry=REG. Running it again pushes\n" +
-			"nothing. Registry credentials come from the Docker config (docker login).",
+		Long: "Verifies the whole of BUNDLE before pushing anything: the tarball against --sha256 when given, every file\n" +
+			"against SHA256SUMS, every blob against its digest, every manifest against its descriptor (a bundle failing any\n" +
+			"of these pushes nothing). A tag the registry already has at another digest is left alone and fails the mirror\n" +
+			"before anything is pushed, unless --force. It then pushes each image to REG/<repository>:<tag> unless the\n" +
+			"registry already has it there, verifies each by digest, copies the chart archive to --out and prints the helm\n" +
+			"install line with --set global.imageRegistry=REG. Running it again pushes nothing. Registry credentials come\n" +
+			"from the Docker config (docker login).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Bundle = args[0]
@@ -73,6 +76,8 @@ func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&o.Registry, "registry", "", "the private registry `REG`, host[:port][/path] (required)")
 	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registry")
+	cmd.Flags().StringVar(&o.SHA256, "sha256", "", "the bundle tarball's SHA-256 `HEX`, as published with it: any other bundle is refused before it is read (costs one more read of the file)")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "move tags the registry already has at another digest to the bundle's images")
 	cmd.Flags().StringVar(&o.CAFile, "ca", "", "PEM `FILE` of CA certificates to trust for the registry's TLS, besides the system's")
 	cmd.Flags().StringVar(&o.Out, "out", ".", "folder `DIR` to copy the chart archive to, for the helm install line")
 	return cmd
