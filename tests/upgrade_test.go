@@ -263,6 +263,8 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 				want := []string{"driver-manager", "uncordon-when-valid", "--hold", "--ready-file", dir + "/driver-validated"}
 				if component == "vgpu-manager" {
 					want = append(want, "--validator-component", "sandbox-validator")
+				} else {
+					want = append(want, "--timeout", "600s") // driver.upgradePolicy.validationTimeoutSeconds
 				}
 				if got := append(slices.Clone(gate.Command), gate.Args...); !slices.Equal(got, want) {
 					t.Errorf("%s: the sidecar runs %v, want %v", where, got, want)
@@ -332,6 +334,34 @@ func TestValidatorRBAC(t *testing.T) {
 			if !allows(rules, "", n[0], n[1]) {
 				t.Errorf("%s may not %s %s cluster-wide", tc.sa, n[1], n[0])
 			}
+		}
+	}
+}
+
+// TestValidationTimeoutReachesEachPoolsGate: driver.upgradePolicy.validationTimeoutSeconds is the --timeout of the
+// driver-upgrade-gate sidecar of every driver DaemonSet, and a pool's own upgradePolicy overrides it for that pool's
+// DaemonSets only.
+func TestValidationTimeoutReachesEachPoolsGate(t *testing.T) {
+	file := filepath.Join(chartrender.RepoRoot(), "values", "driver-pools.yaml")
+	stream := render(t, newestKube, []string{file}, "driver.upgradePolicy.validationTimeoutSeconds=300",
+		"driver.pools[0].upgradePolicy.validationTimeoutSeconds=45")
+	dss := operandDaemonSets(t, stream, "driver")
+	if len(dss) == 0 {
+		t.Fatal("no driver DaemonSet rendered")
+	}
+	for name, ds := range dss {
+		want := "300s"
+		if strings.HasPrefix(name, "nvidia-driver-r570-") { // pools[0]
+			want = "45s"
+		}
+		var args []string
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			if c.Name == "driver-upgrade-gate" {
+				args = c.Args
+			}
+		}
+		if i := slices.Index(args, "--timeout"); i < 0 || i+1 >= len(args) || args[i+1] != want {
+			t.Errorf("%s: the upgrade gate's args %v, want --timeout %s", name, args, want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 func main() {
 	var opts demo.Options
 	flag.StringVar(&opts.Profile, "values", "values/mixed.yaml", "values profile to install")
+	flag.StringVar(&opts.UpgradeDriver, "upgrade-driver", "", "after the install, upgrade the driver to this version and show each node's upgrade states")
 	flag.BoolVar(&opts.Keep, "keep", false, "keep the cluster running and print its kubeconfig")
 	flag.Parse()
 	if err := demo.Run(context.Background(), opts, os.Stdout); err != nil {

@@ -1102,3 +1102,42 @@ func TestRestartedGateOnAFailedNodeStaysUnready(t *testing.T) {
 		t.Fatal("the ready file was not written once the node validated")
 	}
 }
+
+// TestRestartedGateOnARetriedNodeStaysUnready: `upgrade retry` moves a failed node to upgrade-required and then
+// deletes its driver pod. The gate held there must not turn the pod Ready in between: that would free the node's
+// rollout slot before the next driver pod even started.
+func TestRestartedGateOnARetriedNodeStaysUnready(t *testing.T) {
+	e := failValidation(t)
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, ReadyFile: ready, Now: e.clock}
+	o.Complete()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	time.Sleep(200 * time.Millisecond)
+	n := e.node()
+	if _, err := nodestate.Apply(context.Background(), e.client, nodeName, nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", e.clock().UTC().Format(time.RFC3339))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the gate returned (%v) once the node was retried, before its pod was replaced", err)
+	case <-time.After(time.Second):
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the gate wrote its ready file on a retried node: the rollout would move on")
+	}
+	cancel(errors.New("pod deleted"))
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "next driver pod") {
+			t.Fatalf("stopped gate: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate did not stop with its pod")
+	}
+	if state(e.node()) != nodestate.UpgradeRequired {
+		t.Fatalf("state = %q, want upgrade-required left for the next driver pod", state(e.node()))
+	}
+}

@@ -121,6 +121,13 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 			return "", err
 		}
 		state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+		if restarts(state) {
+			// `upgrade retry`: the change starts over in the next driver pod (retry deletes this one). Turning
+			// Ready in between would free the node's slot before that pod even started.
+			log.Info("node left upgrade-failed to start its change over: holding this driver pod un-Ready until it is replaced", "state", state)
+			<-ctx.Done()
+			return "", fmt.Errorf("node %s: stopped (%w) after it was retried (%s); the next driver pod takes the change over", o.NodeName, context.Cause(ctx), state)
+		}
 	}
 	switch state {
 	case nodestate.ValidationRequired:
@@ -164,6 +171,16 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
 	return fmt.Sprintf("node %s validated with the new driver: upgrade-done (no cordon of ours to lift)", o.NodeName), nil
+}
+
+// restarts reports whether a node in state has a driver change still to start or in progress before validation,
+// which only a new driver pod's driver manager carries on.
+func restarts(state nodestate.UpgradeState) bool {
+	switch state {
+	case nodestate.UpgradeRequired, nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired:
+		return true
+	}
+	return false
 }
 
 // waitNotFailed watches the node until it is no longer upgrade-failed and returns it; a stop of the pod ends the

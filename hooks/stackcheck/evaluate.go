@@ -78,7 +78,10 @@ type Report struct {
 	Problems  []Problem     `json:"problems,omitempty"`
 	Summary   map[State]int `json:"summary"`
 	Elapsed   string        `json:"elapsed,omitempty"`
-	byNode    map[string]*NodeRow
+	// FailedUpgrades are the nodes whose driver change failed (upgrade-failed): waiting cannot help them, and the
+	// rollout holds their slots of maxUnavailable, so the check ends at once.
+	FailedUpgrades []string `json:"failedUpgrades,omitempty"`
+	byNode         map[string]*NodeRow
 }
 
 // NodeRow is one node's cells, by operand.
@@ -88,8 +91,9 @@ type NodeRow struct {
 	Cells map[string]Cell `json:"cells"`
 }
 
-// Settled reports whether nothing is waiting any more.
-func (r *Report) Settled() bool { return r.Summary[Waiting] == 0 }
+// Settled reports whether nothing is waiting any more, or a node's driver change failed (the rest of a rollout
+// that stopped there would only wait out the deadline).
+func (r *Report) Settled() bool { return r.Summary[Waiting] == 0 || len(r.FailedUpgrades) > 0 }
 
 // Passed reports whether everything is ready and no problem was found.
 func (r *Report) Passed() bool { return r.Summary[Waiting] == 0 && r.Summary[Failed] == 0 }
@@ -196,7 +200,10 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 				c = withValidation(c, n)
 			}
 			if driverOperands[operand] {
-				c = withUpgradeState(c, n)
+				c = withUpgradeState(c, n, ds.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType)
+				if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && !slices.Contains(r.FailedUpgrades, n.Name) {
+					r.FailedUpgrades = append(r.FailedUpgrades, n.Name)
+				}
 			}
 			r.set(n, operand, c)
 		}
@@ -342,14 +349,32 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 	return c
 }
 
-// withUpgradeState fails a driver pod that is not Ready on a node whose driver change failed: waiting will not
-// help, since the driver manager refuses that node until `kube-gpu-stack upgrade retry`.
-func withUpgradeState(c Cell, node *corev1.Node) Cell {
-	if c.State != Waiting || node.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
+// withUpgradeState holds a driver cell until the node's driver change is over: a Ready pod of the current
+// revision is not enough, since the pod may turn Ready before (or without) the driver manager and the upgrade gate
+// moving the node. A node the pre-upgrade plan marked, or that a driver pod is changing, waits until it reaches
+// upgrade-done; an upgrade-failed node fails at once with its reason, since the driver manager refuses that node
+// until `kube-gpu-stack upgrade retry`. On an OnDelete DaemonSet an upgrade-required node waits for the admin to
+// delete its driver pod, which is not the release's to wait for.
+func withUpgradeState(c Cell, node *corev1.Node, onDelete bool) Cell {
+	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
+	switch {
+	case state == "" || state == nodestate.UpgradeDone:
+		return c
+	case state == nodestate.UpgradeFailed:
+		reason := fmt.Sprintf("driver upgrade failed: %s; fix it, then run `kube-gpu-stack upgrade retry %s`",
+			node.Annotations[nodestate.UpgradeReasonAnnotation], node.Name)
+		if c.Reason != "" {
+			reason += " (" + c.Reason + ")"
+		}
+		return Cell{Failed, reason}
+	case c.State == Failed || onDelete && state == nodestate.UpgradeRequired:
 		return c
 	}
-	return Cell{Failed, fmt.Sprintf("driver upgrade failed: %s; fix it, then run `kube-gpu-stack upgrade retry %s` (%s)",
-		node.Annotations[nodestate.UpgradeReasonAnnotation], node.Name, c.Reason)}
+	reason := fmt.Sprintf("driver change not over: node is %s", state)
+	if c.Reason != "" {
+		reason += " (" + c.Reason + ")"
+	}
+	return Cell{Waiting, reason}
 }
 
 // problems finds what no single cell shows: no GPU node at all, and GPU nodes that need a driver but that no

@@ -1,6 +1,7 @@
 package stackcheck
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +111,59 @@ func TestEvaluate(t *testing.T) {
 		if !r.Settled() || r.Passed() || r.Summary[Ready] != 5 ||
 			!strings.Contains(r.Table(), "b driver failed: driver upgrade failed: evict GPU pods: PDB ml/train; fix it, then run `kube-gpu-stack upgrade retry b`") {
 			t.Errorf("want node b's driver failed with the reason and a's three cells ready:\n%s", r.Table())
+		}
+	})
+
+	t.Run("a Ready driver pod does not end a driver change the plan marked", func(t *testing.T) {
+		// every driver pod Ready with the new template, but the nodes still where the plan put them
+		marked := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)})
+		inFlight := gpuNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.ValidationRequired)})
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{marked, inFlight}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		table := r.Table()
+		if r.Passed() || r.Settled() || r.Summary[Waiting] != 2 {
+			t.Fatalf("want both driver cells waiting and the check going on:\n%s", table)
+		}
+		for _, want := range []string{"a driver waiting: driver change not over: node is upgrade-required",
+			"b driver waiting: driver change not over: node is validation-required"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("table lacks %q:\n%s", want, table)
+			}
+		}
+		done := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)})
+		r, _ = Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{done, b}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		if !r.Passed() {
+			t.Errorf("upgrade-done nodes with Ready pods must pass:\n%s", r.Table())
+		}
+	})
+
+	t.Run("an upgrade-failed node fails the check at once, though other nodes still wait", func(t *testing.T) {
+		failed := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeFailed)})
+		failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "no operator-validator pod on the node became Ready within 10m0s"}
+		waiting := gpuNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)})
+		// a's driver pod Ready (a sidecar that turned Ready on a failed node), b's still the old revision
+		pods := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(validator, "a", "r1", true), pod(driver, "a", "r1", true),
+			pod(plugin, "b", "r2", true), pod(validator, "b", "r1", true), pod(driver, "b", "r0", true)}
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{failed, waiting}, DaemonSets: all, Pods: pods, Revisions: revs})
+		table := r.Table()
+		if !r.Settled() || r.Passed() || r.Verdict() != "failed" || !slices.Equal(r.FailedUpgrades, []string{"a"}) {
+			t.Fatalf("want the check settled and failed on node a, got failed upgrades %v:\n%s", r.FailedUpgrades, table)
+		}
+		for _, want := range []string{"a driver failed: driver upgrade failed: no operator-validator pod on the node became Ready within 10m0s; fix it, then run `kube-gpu-stack upgrade retry a`",
+			"b driver waiting: driver change not over: node is upgrade-required (pod nvidia-driver-default-ubuntu22.04-b runs an old revision"} {
+			if !strings.Contains(table, want) {
+				t.Errorf("table lacks %q:\n%s", want, table)
+			}
+		}
+	})
+
+	t.Run("an OnDelete pool's marked node waits for the admin, not the release", func(t *testing.T) {
+		onDelete := driver.DeepCopy()
+		onDelete.Spec.UpdateStrategy.Type = appsv1.OnDeleteDaemonSetStrategyType
+		marked := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)})
+		pods := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(validator, "a", "r1", true), pod(onDelete, "a", "r0", true)}
+		r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{marked}, DaemonSets: []*appsv1.DaemonSet{plugin, validator, onDelete}, Pods: pods, Revisions: revs})
+		if !r.Passed() {
+			t.Errorf("want passed:\n%s", r.Table())
 		}
 	})
 

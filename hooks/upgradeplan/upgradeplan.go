@@ -71,6 +71,10 @@ type Plan struct {
 	Nodes   []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
 	Refusals []string
+	// CalledOff are nodes still upgrade-required from an earlier plan whose driver pod already has the config this
+	// release renders (that upgrade was reverted before the rollout reached them): nothing will move them on, so
+	// Run sets them back to upgrade-done, or the post-upgrade gate would wait for them to its deadline.
+	CalledOff []string
 }
 
 // Compute builds the plan from the cluster without changing it.
@@ -130,11 +134,15 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
 		dsPool[ds.Name] = pool
 		from := podDigest(pod)
+		if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
+			plan.CalledOff = append(plan.CalledOff, node.Name)
+		}
 		if from == ds.Digest || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			continue
 		}
 		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, DaemonSet: ds.Name, From: from, To: ds.Digest})
 	}
+	slices.Sort(plan.CalledOff)
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
 		return strings.Compare(a.DaemonSet+"/"+a.Node, b.DaemonSet+"/"+b.Node)
 	})
@@ -306,6 +314,16 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}); err != nil {
 			return plan, err
 		}
+	}
+	for _, name := range plan.CalledOff {
+		n, err := o.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return plan, err
+		}
+		if _, err := nodestate.Apply(ctx, o.Client, name, nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now)); err != nil {
+			return plan, err
+		}
+		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)
 	}
 	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes))
 	return plan, nil

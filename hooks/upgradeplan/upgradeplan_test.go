@@ -91,6 +91,29 @@ func TestPlansChangedNodesInBatchesAndMarksThem(t *testing.T) {
 	}
 }
 
+// TestRevertedUpgradeClearsNodesItNeverReached: an upgrade marked a, b and c, then was reverted before the rollout
+// replaced b's and c's driver pods; the next plan re-marks a (its pod has the reverted driver) and sets b and c,
+// whose pods already run the config the release renders, back to upgrade-done: no driver manager will move them on,
+// and the post-upgrade gate would wait for them.
+func TestRevertedUpgradeClearsNodesItNeverReached(t *testing.T) {
+	marked := map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)}
+	plan, out, err, client := run(t, pool("old", intstr.FromInt32(1)),
+		readyNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}), readyNode("b", marked), readyNode("c", marked),
+		driverPod("a", "broken"), driverPod("b", "old"), driverPod("c", "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Nodes) != 1 || plan.Nodes[0].Node != "a" || !strings.Contains(out, "node b was upgrade-required but its driver pod already has") {
+		t.Fatalf("plan %+v\n%s", plan, out)
+	}
+	for name, want := range map[string]string{"a": "upgrade-required", "b": "upgrade-done", "c": "upgrade-done"} {
+		n, _ := client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+		if got := n.Labels[nodestate.UpgradeStateLabel]; got != want {
+			t.Errorf("node %s state %q, want %q", name, got, want)
+		}
+	}
+}
+
 func TestRefusesUnsafeUpgradesAndChangesNothing(t *testing.T) {
 	failed := readyNode("f", map[string]string{nodestate.UpgradeStateLabel: "upgrade-failed"})
 	failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "module nvidia is in use by pid 42"}

@@ -145,7 +145,9 @@ func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
 		t.Fatalf("no driver pods: %v", err)
 	}
 	start := time.Now()
-	if _, err := target().Upgrade(t.Context(), []string{mixedProfile()}, "driver.image.tag=600.10.01"); err != nil {
+	// these nodes have no host, so no driver manager moves the marked nodes on: the post-upgrade gate would rightly
+	// wait for them to reach upgrade-done (tests/rollout runs the whole change)
+	if _, err := target().Upgrade(t.Context(), []string{mixedProfile()}, "driver.image.tag=600.10.01", "hooks.validation.enabled=false"); err != nil {
 		t.Fatal(err)
 	}
 	run := lastRun(t, "pre-upgrade", start)

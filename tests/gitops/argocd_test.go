@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
@@ -81,6 +82,13 @@ const (
 func TestArgoCDSyncSequence(t *testing.T) {
 	removeNFDCRDs(t, dynamicCRDs(t)) // a new cluster: the first sync brings the NFD CRDs
 	nodes := addArgoNodes(t)
+	// the driver manager and upgrade gate run for every driver pod: the driver upgrade sync's PostSync gate passes
+	// only once every node the plan marked reached upgrade-done
+	for _, n := range nodes {
+		if !strings.HasSuffix(n, "cpu-only") {
+			stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
+		}
+	}
 	app := newArgoSync(t)
 	t.Cleanup(func() { app.deleteAll(t) })
 	profile := []string{chartrender.RepoRoot() + "/values/container-only.yaml"}

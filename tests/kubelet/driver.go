@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,12 +36,44 @@ const (
 //   - the driver container: loads a driver into Fixture when none is loaded, recording the pod's
 //     DRIVER_CONFIG_DIGEST, as the containerized driver does;
 //   - the driver-upgrade-gate sidecar: the real `uncordon-when-valid`, from the container's arguments; the pod
-//     turns Ready when it has written its ready file (the sidecar's readiness probe).
+//     turns Ready when it has written its ready file (the sidecar's readiness probe); a failed run restarts
+//     after a short back-off, as the kubelet restarts the container.
 type DriverHost struct {
 	Fixture *kmodtest.Fixture
 	// Kill, when set, is the driver manager's AfterStep on this node: an error kills the init container right
 	// after that step, leaving what a kill leaves; it then restarts.
 	Kill func(step string) error
+}
+
+// SetDriverFault makes every driver whose image tag starts with tag fail the validator's driver check with reason
+// on any node where the driver container loaded it (a driver that installs but never validates); an empty reason
+// clears it. The validators of the nodes running such a driver re-run their checks at once, as a crash-looping
+// validator retries.
+func (k *Kubelet) SetDriverFault(tag, reason string) {
+	k.mu.Lock()
+	if reason == "" {
+		delete(k.faults, tag)
+	} else {
+		k.faults[tag] = reason
+	}
+	var nodes []string
+	for node, image := range k.loaded {
+		if strings.HasPrefix(imageTag(image), tag) {
+			nodes = append(nodes, node)
+		}
+	}
+	k.mu.Unlock()
+	for _, n := range nodes {
+		k.poke(n)
+	}
+}
+
+// imageTag is the tag of an image reference ("" without one).
+func imageTag(image string) string {
+	if i := strings.LastIndex(image, ":"); i >= 0 && !strings.Contains(image[i:], "/") {
+		return image[i+1:]
+	}
+	return ""
 }
 
 // SetDriverHost gives node a host; driver pods bound there from now on run against it.
@@ -109,12 +142,29 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		h.Fixture.DriverState(getenv("DRIVER_CONFIG_DIGEST"))
 		h.Fixture.PidFile()
 		h.Fixture.MountDriverRoot()
+		k.loaded[pod.Spec.NodeName] = pod.Spec.Containers[0].Image
 	}
 	k.mu.Unlock()
 	k.poke(pod.Spec.NodeName)
 	k.setStatus(ctx, pod, running(pod, false, nil))
 
-	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running)
+	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running); a failed run
+	// restarts after a short back-off, as the kubelet restarts a pod's failed container, until the pod goes
+	for restarts := 0; ; restarts++ {
+		if err := k.runGate(ctx, pod, gate); err == nil {
+			k.setStatus(ctx, pod, running(pod, true, nil))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(time.Duration(restarts+1)*500*time.Millisecond, 3*time.Second)):
+		}
+	}
+}
+
+// runGate runs the upgrade gate sidecar once.
+func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Container) error {
 	o, err := drivermanagercli.UncordonOptionsFromArgs(gate.Args, envOf(pod, gate))
 	run := Run{Pod: pod.Name, Component: UncordonRun, Node: pod.Spec.NodeName, Args: gate.Args, Started: time.Now()}
 	var out bytes.Buffer
@@ -139,9 +189,7 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		run.Output = out.String()
 	}
 	k.record(run)
-	if err == nil {
-		k.setStatus(ctx, pod, running(pod, true, nil))
-	}
+	return err
 }
 
 // runManager runs the init container once.
@@ -210,10 +258,19 @@ func withRestarts(st corev1.PodStatus, container string, n int) corev1.PodStatus
 	return st
 }
 
-// driverCheckOutcome is the validator's driver check on a node with a host: waiting until a driver is loaded.
+// driverCheckOutcome is the validator's driver check on a node with a host: waiting until a driver is loaded, then
+// failed while the loaded driver's image has a fault (SetDriverFault).
 func (k *Kubelet) driverCheckOutcome(node string) (nodestate.Validation, bool) {
-	if k.driverLoaded(node) {
-		return nodestate.Validation{}, false
+	if !k.driverLoaded(node) {
+		return nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no NVIDIA driver loaded yet"}, true
 	}
-	return nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no NVIDIA driver loaded yet"}, true
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	tag := imageTag(k.loaded[node])
+	for prefix, reason := range k.faults {
+		if tag != "" && strings.HasPrefix(tag, prefix) {
+			return nodestate.Validation{State: nodestate.CheckFailed, Reason: reason}, true
+		}
+	}
+	return nodestate.Validation{}, false
 }

@@ -62,6 +62,8 @@ type Kubelet struct {
 	inFlight map[string]int       // hook component -> runs in progress
 	pokes    chan string          // node names whose validators must be re-evaluated
 	hosts    map[string]*DriverHost
+	loaded   map[string]string                // node -> image of the driver its host has loaded
+	faults   map[string]string                // driver image tag prefix -> why its validation fails
 	stops    map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
 }
 
@@ -69,7 +71,7 @@ type Kubelet struct {
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
-		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}}
+		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))

@@ -77,12 +77,15 @@ the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, po
   image               as gpu-stack-lib.driverManagerContainer (the operand's manager.image)
   validatorComponent  optional app.kubernetes.io/component of the node's validator pods (the binary's default is
                       operator-validator; the vGPU manager's nodes have sandbox-validator)
+  timeoutSeconds      optional: how long it waits for the validator before marking the node upgrade-failed (the
+                      binary's default is 600 s)
 */}}
 {{- define "gpu-stack-lib.uncordonSidecar" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
 {{- $dir := "/run/kube-gpu-stack" -}}
 {{- $args := list "--hold" "--ready-file" (printf "%s/driver-validated" $dir) -}}
 {{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
+{{- with .timeoutSeconds }}{{ $args = concat $args (list "--timeout" (printf "%ds" (int .))) }}{{ end -}}
 {{- $container := include "gpu-stack-lib.container" (dict
   "ctx" .ctx
   "name" "driver-upgrade-gate"
