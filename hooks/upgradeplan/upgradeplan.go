@@ -316,11 +316,13 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 	}
 	for _, name := range plan.CalledOff {
-		n, err := o.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return plan, err
-		}
-		if _, err := nodestate.Apply(ctx, o.Client, name, nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now)); err != nil {
+		// from a fresh read: a node the rollout moved on meanwhile keeps the state it reached
+		if _, err := nodestate.Update(ctx, o.Client, name, func(n *corev1.Node) (nodestate.Patch, error) {
+			if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
+				return nodestate.Patch{}, nil
+			}
+			return nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now), nil
+		}); err != nil {
 			return plan, err
 		}
 		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)
