@@ -36,7 +36,8 @@ const (
 //   - the driver container: loads a driver into Fixture when none is loaded, recording the pod's
 //     DRIVER_CONFIG_DIGEST, as the containerized driver does;
 //   - the driver-upgrade-gate sidecar: the real `uncordon-when-valid`, from the container's arguments; the pod
-//     turns Ready when it has written its ready file (the sidecar's readiness probe).
+//     turns Ready when it has written its ready file (the sidecar's readiness probe); a failed run restarts
+//     after a short back-off, as the kubelet restarts the container.
 type DriverHost struct {
 	Fixture *kmodtest.Fixture
 	// Kill, when set, is the driver manager's AfterStep on this node: an error kills the init container right
@@ -119,7 +120,23 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 	k.poke(pod.Spec.NodeName)
 	k.setStatus(ctx, pod, running(pod, false, nil))
 
-	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running)
+	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running); a failed run
+	// restarts after a short back-off, as the kubelet restarts a pod's failed container, until the pod goes
+	for restarts := 0; ; restarts++ {
+		if err := k.runGate(ctx, pod, gate); err == nil {
+			k.setStatus(ctx, pod, running(pod, true, nil))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(min(time.Duration(restarts+1)*500*time.Millisecond, 3*time.Second)):
+		}
+	}
+}
+
+// runGate runs the upgrade gate sidecar once.
+func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Container) error {
 	o, err := drivermanagercli.UncordonOptionsFromArgs(gate.Args, envOf(pod, gate))
 	run := Run{Pod: pod.Name, Component: UncordonRun, Node: pod.Spec.NodeName, Args: gate.Args, Started: time.Now()}
 	var out bytes.Buffer
@@ -145,9 +162,7 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		run.Output = out.String()
 	}
 	k.record(run)
-	if err == nil {
-		k.setStatus(ctx, pod, running(pod, true, nil))
-	}
+	return err
 }
 
 // runManager runs the init container once.
