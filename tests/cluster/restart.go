@@ -97,7 +97,8 @@ func (c *Cluster) child(name string) (int, []string, error) {
 	return 0, nil, fmt.Errorf("no %s process of this control plane", name)
 }
 
-// stopPID sends SIGTERM and waits until the process is gone (its parent reaps it), SIGKILL after 20 s.
+// stopPID sends SIGTERM and waits until the process is gone (its parent reaps it), SIGKILL after 5 s (the API
+// server's graceful shutdown waits on its open watches far longer).
 func stopPID(ctx context.Context, pid int) error {
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		return err
@@ -111,7 +112,7 @@ func stopPID(ctx context.Context, pid int) error {
 		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 		return len(fields) > 0 && fields[0] == "Z", nil
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, gone); err == nil {
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, gone); err == nil {
 		return nil
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
