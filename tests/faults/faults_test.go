@@ -80,11 +80,10 @@ func (sc *scene) clean(t *testing.T) {
 	for n, h := range sc.hosts {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: h})
 	}
-	if retried := retryFailed(t); len(retried) > 0 {
-		t.Logf("retried %v, left upgrade-failed by the previous scenario", retried)
-		settle(t, 2*time.Minute)
-	}
-	waitFor(t, time.Minute, "a clean pool before the scenario (after the previous one)", func() (bool, string) {
+	waitFor(t, 2*time.Minute, "a clean pool before the scenario (after the previous one)", func() (bool, string) {
+		if retried := retryFailed(t); len(retried) > 0 {
+			t.Logf("retried %v, left upgrade-failed by the previous scenario", retried)
+		}
 		if ok, why, _, _ := rolledOut(t); !ok {
 			return false, why
 		}
@@ -315,14 +314,16 @@ func adminMidEviction(t *testing.T, sc *scene) {
 	rec := recordNodes(t)
 	u := sc.upgrade(t, "hooks.preUpgrade.force=true")
 	waitEvicting(t, node)
-	for _, n := range gpuNodeNames() {
-		if n != node && n != uncordoned && nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
-			cordoned = n
-			break
+	// a node whose upgrade has not started, else (the evicting node came last) one that finished
+	for _, want := range []nodestate.UpgradeState{nodestate.UpgradeRequired, nodestate.UpgradeDone} {
+		for _, n := range gpuNodeNames() {
+			if cordoned == "" && n != node && n != uncordoned && nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] == string(want) {
+				cordoned = n
+			}
 		}
 	}
 	if cordoned == "" {
-		t.Fatalf("no node left waiting for its upgrade while %s evicts:\n%s", node, nodeTable(t))
+		t.Fatalf("no node waiting for its upgrade or done while %s evicts:\n%s", node, nodeTable(t))
 	}
 	patchNode(t, node, fmt.Sprintf(`{"metadata":{"labels":{%q:"false"}}}`, label))
 	patchNode(t, cordoned, `{"spec":{"unschedulable":true}}`)
