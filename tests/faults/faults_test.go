@@ -58,7 +58,8 @@ func TestFaults(t *testing.T) {
 		{"node reboot mid-upgrade", reboot},
 		{"PDB relaxed while the manager waits", pdbRelaxed},
 		{"admin cordon, uncordon and gpu.deploy label mid-eviction", adminMidEviction},
-		{"API faults through a proxy", apiFaults},
+		{"API faults through a proxy", apiFaults(false)},
+		{"API faults through a proxy once the plan is done", apiFaults(true)},
 		// last: a helm client cut off by the restart may leave the release pending, which no later upgrade passes
 		{"API server and etcd restart mid-rollout", apiServerRestart},
 	}
@@ -131,6 +132,29 @@ func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) 
 		t.Log("helm upgrade passed")
 	}
 	assertEndState(t, sc.hosts, want)
+	if t.Failed() {
+		logFailedRuns(t, sc.started)
+	}
+}
+
+// logFailedRuns logs the runs of the stack's code that failed since start (why a scenario failed), each distinct
+// output once per node (a refusing manager repeats itself on every restart).
+func logFailedRuns(t *testing.T, start time.Time) {
+	seen := map[string]int{}
+	var order []string
+	for _, r := range stand.Runs() {
+		if r.ExitCode == 0 || r.Started.Before(start) {
+			continue
+		}
+		key := fmt.Sprintf("%s on %s (exit %d):\n%s", r.Component, r.Node, r.ExitCode, r.Output)
+		if seen[key] == 0 {
+			order = append(order, key)
+		}
+		seen[key]++
+	}
+	for _, key := range order {
+		t.Logf("%d× %s", seen[key], key)
+	}
 }
 
 // failedHooks is the output of the hook runs that failed since start.
@@ -144,6 +168,22 @@ func failedHooks(start time.Time) string {
 	return b.String()
 }
 
+// driverPodOn is the name of the live driver pod on node ("" when none).
+func driverPodOn(t *testing.T, node string) string {
+	t.Helper()
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver",
+		FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			return p.Name
+		}
+	}
+	return ""
+}
+
 // stopOnce asks for the driver pod's stop after step, the first time only.
 func stopOnce(step string) func(string) bool {
 	var done atomic.Bool
@@ -151,7 +191,8 @@ func stopOnce(step string) func(string) bool {
 }
 
 // sigtermEveryStep: on seven nodes the driver pod is stopped (deleted: its manager's context ends, as on SIGTERM)
-// right after one of the manager's steps each; the DaemonSet's next pod resumes from what the stopped one left.
+// right after one of the manager's steps each, and on the eighth while its upgrade gate waits for the validator;
+// the DaemonSet's next pod resumes from what the stopped one left.
 func sigtermEveryStep(t *testing.T, sc *scene) {
 	plan := map[string]string{}
 	for i, step := range drivermanager.Steps {
@@ -160,10 +201,45 @@ func sigtermEveryStep(t *testing.T, sc *scene) {
 	for n, step := range plan {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: sc.hosts[n], Stop: stopOnce(step)})
 	}
+	// on the eighth node the pod stops while its upgrade gate waits for the validator: the validator's driver check
+	// waits from the moment the manager is done until the test lets it pass
+	const gated = "gpu-01"
+	var hold atomic.Bool
+	stand.SetDriverHost(gated, kubelet.DriverHost{Fixture: sc.hosts[gated], Stop: func(step string) bool {
+		if step == drivermanager.Steps[len(drivermanager.Steps)-1] && !hold.Swap(true) {
+			stand.SetOutcome(gated, "driver", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "held by the test"})
+		}
+		return false
+	}})
+	t.Cleanup(stand.Reset)
 	rec := recordNodes(t)
 	start := time.Now()
 	u := sc.upgrade(t)
+	waitFor(t, 90*time.Second, "the upgrade gate on "+gated+" waiting for the validator", func() (bool, string) {
+		st := nodeOf(t, gated).Labels[nodestate.UpgradeStateLabel]
+		return hold.Load() && st == string(nodestate.ValidationRequired), st
+	})
+	time.Sleep(time.Second)
+	gatedPod := driverPodOn(t, gated)
+	if err := kube.Client.CoreV1().Pods(namespace).Delete(t.Context(), gatedPod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the next driver pod's gate on "+gated, func() (bool, string) {
+		p := driverPodOn(t, gated)
+		return p != "" && p != gatedPod, p
+	})
+	time.Sleep(time.Second)
+	stand.SetOutcome(gated, "driver", nodestate.Validation{State: nodestate.CheckReady})
 	sc.finish(t, rec, u, endState{})
+	gateStopped := false
+	for _, r := range stand.Runs() {
+		if r.Component == kubelet.UncordonRun && r.Pod == gatedPod && strings.Contains(r.Output, "stopped") {
+			gateStopped = true
+		}
+	}
+	if !gateStopped {
+		t.Errorf("the upgrade gate of %s on %s did not report a stop while it waited for the validator", gatedPod, gated)
+	}
 	for node, step := range plan {
 		stopped, later := "", false
 		for _, r := range stand.Runs() {
@@ -356,21 +432,32 @@ func apiServerRestart(t *testing.T, sc *scene) {
 
 // apiFaults: the driver manager, the upgrade gate and the hooks reach the API server through a proxy that fails
 // 4% of requests with 500 ("etcdserver: request timed out") or 503, 4% with 429 (Retry-After: 1), resets 2% of
-// connections and delays 20% by 100 ms.
-func apiFaults(t *testing.T, sc *scene) {
-	proxy, err := StartProxy(kube.Config)
-	if err != nil {
-		t.Fatal(err)
+// connections and delays 20% by 100 ms; from the start, or (afterPlan) only once the pre-upgrade plan is done and
+// a node's driver change has begun, so the driver manager and the gate meet the faults even while a hook would
+// not get through them.
+func apiFaults(afterPlan bool) func(*testing.T, *scene) {
+	return func(t *testing.T, sc *scene) {
+		proxy, err := StartProxy(kube.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proxy.Close()
+		if err := stand.UseAPI(proxy.Config, t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = stand.UseAPI(nil, "") }()
+		faults := Faults{ServerError: 0.04, TooMany: 0.04, Reset: 0.02, Slow: 0.2, Delay: 100 * time.Millisecond}
+		defer proxy.Set(Faults{})
+		if !afterPlan {
+			proxy.Set(faults)
+		}
+		rec := recordNodes(t)
+		u := sc.upgrade(t)
+		if afterPlan {
+			rec.firstIn(t, time.Minute, nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.PodRestartRequired)
+			proxy.Set(faults)
+		}
+		sc.finish(t, rec, u, endState{})
+		t.Logf("proxy: %v", proxy.Counts())
 	}
-	defer proxy.Close()
-	if err := stand.UseAPI(proxy.Config, t.TempDir()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = stand.UseAPI(nil, "") }()
-	proxy.Set(Faults{ServerError: 0.04, TooMany: 0.04, Reset: 0.02, Slow: 0.2, Delay: 100 * time.Millisecond})
-	defer proxy.Set(Faults{})
-	rec := recordNodes(t)
-	u := sc.upgrade(t)
-	sc.finish(t, rec, u, endState{})
-	t.Logf("proxy: %v", proxy.Counts())
 }
