@@ -60,7 +60,7 @@ type Kubelet struct {
 
 	// api and apiKubeconfig are what the project's code run here talks to (the driver manager, the upgrade gate and
 	// the hooks): the API server itself unless UseAPI pointed them elsewhere. The stand-in's own writes (pod status,
-	// the validators' outcomes) always go straight to the API server.
+	// the validators' outcomes) always go straight to the API server. Both are read and set under mu.
 	api           kubernetes.Interface
 	apiKubeconfig string
 
