@@ -82,6 +82,11 @@ func (sc *scene) clean(t *testing.T) {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: h})
 	}
 	waitFor(t, 2*time.Minute, "a clean pool before the scenario (after the previous one)", func() (bool, string) {
+		for _, hook := range []string{"pre-upgrade", "validation-gate"} {
+			if n := stand.InFlight(hook); n > 0 {
+				return false, fmt.Sprintf("%d %s hooks of an earlier release still running", n, hook)
+			}
+		}
 		if retried := retryFailed(t); len(retried) > 0 {
 			t.Logf("retried %v, left upgrade-failed by the previous scenario", retried)
 		}
@@ -109,8 +114,9 @@ func (sc *scene) upgrade(t *testing.T, extra ...string) *upgrade {
 func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) {
 	t.Helper()
 	settled := settle(t, 150*time.Second)
-	// the gate passes at once after a finished rollout, and fails soon after one stopped on a failed node
-	helmErr := u.wait(time.Minute)
+	// the gate passes at once after a finished rollout; after one stopped on a failed node it fails at the latest
+	// when its timeout (hooks.validation.timeoutSeconds) passes, ending the release before the next scenario
+	helmErr := u.wait(2 * time.Minute)
 	rec.stop()
 	if rec.maxOut == 0 && helmErr != nil {
 		t.Fatalf("the release failed before any node's driver changed: %v%s", helmErr, failedHooks(sc.started))

@@ -49,7 +49,8 @@ func settings(tag string, extra ...string) []string {
 	return append([]string{
 		fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", maxUnavailable),
 		fmt.Sprintf("driver.manager.gpuPodDeletion.timeoutSeconds=%d", evictionTimeout),
-		"hooks.validation.timeoutSeconds=150",
+		// a rollout here takes well under a minute; a stopped one fails the gate (and ends the release) sooner
+		"hooks.validation.timeoutSeconds=90",
 		"driver.image.tag=" + tag,
 	}, extra...)
 }
