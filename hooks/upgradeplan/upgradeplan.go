@@ -307,13 +307,17 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		return plan, fmt.Errorf("%w: %s", ErrUnsafe, strings.Join(plan.Refusals, "; "))
 	}
 	now := o.Now().UTC().Format(time.RFC3339)
+	var marked []*corev1.Node // as they were before their mark
 	for _, np := range plan.Nodes {
 		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
+		var before *corev1.Node
 		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
+			before = n.DeepCopy()
 			return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now), nil
 		}); err != nil {
-			return plan, err
+			return plan, unmark(ctx, o.Client, marked, err)
 		}
+		marked = append(marked, before)
 	}
 	for _, name := range plan.CalledOff {
 		// from a fresh read: a node the rollout moved on meanwhile keeps the state it reached
@@ -329,6 +333,42 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	}
 	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes))
 	return plan, nil
+}
+
+// unmark takes back the marks of a plan that failed half way: Helm applies nothing after a failed pre-upgrade hook,
+// so a node left upgrade-required would wait for a driver change that never comes. Each node gets back the state,
+// reason and since it had before; the error names what was taken back, or what could not be.
+func unmark(ctx context.Context, client kubernetes.Interface, marked []*corev1.Node, cause error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	var back, left []string
+	for _, n := range marked {
+		p := nodestate.Patch{Labels: map[string]*string{}, Annotations: map[string]*string{}}
+		p.Labels[nodestate.UpgradeStateLabel] = previous(n.Labels, nodestate.UpgradeStateLabel)
+		for _, k := range []string{nodestate.UpgradeReasonAnnotation, nodestate.UpgradeSinceAnnotation} {
+			p.Annotations[k] = previous(n.Annotations, k)
+		}
+		if _, err := nodestate.Apply(ctx, client, n.Name, p); err != nil {
+			left = append(left, fmt.Sprintf("%s (%v)", n.Name, err))
+			continue
+		}
+		back = append(back, n.Name)
+	}
+	switch {
+	case len(left) > 0:
+		return fmt.Errorf("mark nodes upgrade-required: %w; marks taken back on %v, left on %s", cause, back, strings.Join(left, ", "))
+	case len(back) > 0:
+		return fmt.Errorf("mark nodes upgrade-required: %w; marks taken back on %s", cause, strings.Join(back, ", "))
+	}
+	return fmt.Errorf("mark nodes upgrade-required: %w", cause)
+}
+
+// previous is m[k] as a merge patch value: nil (delete) when absent.
+func previous(m map[string]string, k string) *string {
+	if v, ok := m[k]; ok {
+		return &v
+	}
+	return nil
 }
 
 // Write prints the plan: per driver DaemonSet, its batches in order.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -216,5 +217,35 @@ func TestRefusesDRAGPUPodsABudgetNeverLetsGo(t *testing.T) {
 	}
 	if strings.Contains(out, "nic-job") {
 		t.Errorf("a pod whose claim another driver allocated was counted as a GPU pod:\n%s", out)
+	}
+}
+
+// A plan that fails while marking (an API error on one node) takes back the marks it made: Helm applies nothing
+// after a failed pre-upgrade hook, so a node left upgrade-required would wait for a driver change that never comes.
+func TestFailedMarkingTakesBackItsMarks(t *testing.T) {
+	done := readyNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)})
+	done.Annotations = map[string]string{nodestate.UpgradeSinceAnnotation: "2026-01-01T00:00:00Z"}
+	client := fake.NewClientset(done, readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+	client.PrependReactor("patch", "nodes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.(k8stesting.PatchAction).GetName() == "b" {
+			return true, nil, errors.New("etcdserver: request timed out")
+		}
+		return false, nil, nil
+	})
+	var out bytes.Buffer
+	_, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pool("new", intstr.FromInt32(1)), Evict: true,
+		Now: func() time.Time { return time.Unix(0, 0) }}, &out)
+	if err == nil || !strings.Contains(err.Error(), "etcdserver: request timed out") || !strings.Contains(err.Error(), "marks taken back on a") {
+		t.Fatalf("want the marking error naming what was taken back, got %v\n%s", err, out.String())
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+	if got := n.Labels[nodestate.UpgradeStateLabel]; got != string(nodestate.UpgradeDone) {
+		t.Errorf("node a left %q after the plan failed, want upgrade-done as before", got)
+	}
+	if got := n.Annotations[nodestate.UpgradeSinceAnnotation]; got != "2026-01-01T00:00:00Z" {
+		t.Errorf("node a's upgrade-since %q, want the one before", got)
+	}
+	if _, ok := n.Annotations[nodestate.UpgradeReasonAnnotation]; ok {
+		t.Errorf("node a keeps the plan's reason %q", n.Annotations[nodestate.UpgradeReasonAnnotation])
 	}
 }

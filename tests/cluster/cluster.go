@@ -63,6 +63,9 @@ type Cluster struct {
 	dir   string
 	procs []*exec.Cmd
 	once  sync.Once
+	log   io.Writer
+	// restarted are kube-apiserver and etcd as Restart started them again (envtest's own have exited).
+	restarted []*exec.Cmd
 }
 
 // Options tune Start.
@@ -101,12 +104,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: dir, env: &envtest.Environment{
+	c := &Cluster{dir: dir, log: log, env: &envtest.Environment{
 		BinaryAssetsDirectory:    bin,
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}}
 	// Without an endpoint reconciler the apiserver does not try to publish its (loopback) address.
+	// etcd's data in a folder of ours, not one envtest removes when it stops: Restart keeps it
+	c.env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(dir, "etcd")}
 	api := c.env.ControlPlane.GetAPIServer()
 	api.Configure().Set("endpoint-reconciler-type", "none")
 	for k, v := range opts.APIServerArgs {
@@ -258,6 +263,17 @@ func (c *Cluster) Stop() {
 			select {
 			case <-done:
 			case <-time.After(10 * time.Second):
+				_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
+				<-done
+			}
+		}
+		for _, p := range c.restarted {
+			_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = p.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
 				_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 				<-done
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
@@ -43,6 +44,10 @@ type DriverHost struct {
 	// Kill, when set, is the driver manager's AfterStep on this node: an error kills the init container right
 	// after that step, leaving what a kill leaves; it then restarts.
 	Kill func(step string) error
+	// Stop, when set, is also asked after each of the driver manager's steps on this node: true stops the driver pod
+	// there as a pod deletion does (a rollout, a second `helm upgrade`, a drain): the pod is deleted with its grace
+	// period and the manager's context ends (its SIGTERM) before the step returns. The DaemonSet's next pod resumes.
+	Stop func(step string) bool
 }
 
 // SetDriverFault makes every driver whose image tag starts with tag fail the validator's driver check with reason
@@ -174,7 +179,8 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 			err = derr
 		} else {
 			defer os.RemoveAll(dir)
-			o.Client, o.Hold, o.ReadyFile = k.client, false, filepath.Join(dir, filepath.Base(o.ReadyFile))
+			api, _ := k.apiOf()
+			o.Client, o.Hold, o.ReadyFile = api, false, filepath.Join(dir, filepath.Base(o.ReadyFile))
 			o.Log = slog.New(slog.NewTextHandler(&out, nil))
 			o.Complete()
 			if err = o.Validate(); err == nil {
@@ -198,7 +204,8 @@ func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost
 	var out bytes.Buffer
 	o, err := drivermanagercli.OptionsFromEnv(getenv)
 	if err == nil {
-		o.Client, o.Host, o.AfterStep = k.client, h.Fixture.Host(), h.Kill
+		api, _ := k.apiOf()
+		o.Client, o.Host, o.AfterStep = api, h.Fixture.Host(), k.afterStep(ctx, pod, h)
 		o.Log = slog.New(slog.NewTextHandler(&out, nil))
 		o.Complete()
 		if err = o.Validate(); err == nil {
@@ -213,6 +220,33 @@ func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost
 	run.Output = out.String()
 	k.record(run)
 	return err
+}
+
+// afterStep is the driver manager's AfterStep on a host: Kill, then Stop.
+func (k *Kubelet) afterStep(ctx context.Context, pod *corev1.Pod, h *DriverHost) func(string) error {
+	if h.Kill == nil && h.Stop == nil {
+		return nil
+	}
+	return func(step string) error {
+		if h.Kill != nil {
+			if err := h.Kill(step); err != nil {
+				return err
+			}
+		}
+		if h.Stop == nil || !h.Stop(step) {
+			return nil
+		}
+		// ctx ends when the stand-in sees the pod's deletion, as the container gets SIGTERM
+		if err := k.client.CoreV1().Pods(pod.Namespace).Delete(context.WithoutCancel(ctx), pod.Name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("stop driver pod %s after %s: %w", pod.Name, step, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("driver pod %s deleted after %s, but its stop never came", pod.Name, step)
+		}
+		return nil
+	}
 }
 
 // containerWith returns the first container whose command starts with binary.

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -20,7 +21,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
@@ -54,13 +58,20 @@ type Kubelet struct {
 	client     kubernetes.Interface
 	kubeconfig string
 
+	// api and apiKubeconfig are what the project's code run here talks to (the driver manager, the upgrade gate and
+	// the hooks): the API server itself unless UseAPI pointed them elsewhere. The stand-in's own writes (pod status,
+	// the validators' outcomes) always go straight to the API server. Both are read and set under mu.
+	api           kubernetes.Interface
+	apiKubeconfig string
+
 	mu       sync.Mutex
 	outcomes map[string]map[string]nodestate.Validation // node -> check -> outcome (absent: ready)
 	runs     []Run
 	handled  map[types.UID]bool
-	readyAt  map[string]time.Time // node -> when its validator pod was last marked Ready
-	inFlight map[string]int       // hook component -> runs in progress
-	pokes    chan string          // node names whose validators must be re-evaluated
+	readyAt  map[string]time.Time   // node -> when its validator pod was last marked Ready
+	readies  map[string][]time.Time // node -> each time a validator pod of it was about to be marked Ready
+	inFlight map[string]int         // hook component -> runs in progress
+	pokes    chan string            // node names whose validators must be re-evaluated
 	hosts    map[string]*DriverHost
 	loaded   map[string]string                // node -> image of the driver its host has loaded
 	faults   map[string]string                // driver image tag prefix -> why its validation fails
@@ -69,7 +80,7 @@ type Kubelet struct {
 
 // Start watches pods of the handled components and acts on each once it is bound to a node.
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
-	k := &Kubelet{client: client, kubeconfig: kubeconfig, outcomes: map[string]map[string]nodestate.Validation{},
+	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
 		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -149,6 +160,47 @@ func (k *Kubelet) Reset() {
 	k.outcomes = map[string]map[string]nodestate.Validation{}
 }
 
+// UseAPI makes the project's code the stand-in runs from now on (driver manager, upgrade gate, hook commands) talk
+// to the API server through cfg (a proxy in front of it, say), with a kubeconfig file written under dir; nil goes
+// back to the API server itself.
+func (k *Kubelet) UseAPI(cfg *rest.Config, dir string) error {
+	client, kubeconfig := k.client, k.kubeconfig
+	if cfg != nil {
+		var err error
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return err
+		}
+		kubeconfig = filepath.Join(dir, "kubeconfig-api")
+		c := clientcmdapi.NewConfig()
+		c.Clusters["api"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+		c.AuthInfos["api"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+		c.Contexts["api"] = &clientcmdapi.Context{Cluster: "api", AuthInfo: "api"}
+		c.CurrentContext = "api"
+		if err := clientcmd.WriteToFile(*c, kubeconfig); err != nil {
+			return err
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.api, k.apiKubeconfig = client, kubeconfig
+	return nil
+}
+
+// apiOf returns what the project's code talks to now (see UseAPI).
+func (k *Kubelet) apiOf() (kubernetes.Interface, string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.api, k.apiKubeconfig
+}
+
+// ValidatorReadies are the times node's validator pods were marked Ready, oldest first; each is taken just before
+// the status write, so it is never later than the moment anything could see that pod Ready.
+func (k *Kubelet) ValidatorReadies(node string) []time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]time.Time(nil), k.readies[node]...)
+}
+
 // ReadyAt is when node's validator pod was last marked Ready (zero: never).
 func (k *Kubelet) ReadyAt(node string) time.Time {
 	k.mu.Lock()
@@ -226,7 +278,8 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 	k.mu.Unlock()
 	k.setStatus(ctx, pod, running(pod, true, nil))
 	var out bytes.Buffer
-	argv := append(append([]string{}, args...), "--kubeconfig", k.kubeconfig)
+	_, kubeconfig := k.apiOf()
+	argv := append(append([]string{}, args...), "--kubeconfig", kubeconfig)
 	for _, e := range c.Env {
 		if e.Name == "DRIVER_POOLS" { // the container reads it from its environment; in-process it is a flag
 			argv = append(argv, "--driver-pools", e.Value)
@@ -287,6 +340,9 @@ func (k *Kubelet) validate(ctx context.Context, pod *corev1.Pod) {
 		}
 	}
 	if stuck < 0 {
+		k.mu.Lock()
+		k.readies[pod.Spec.NodeName] = append(k.readies[pod.Spec.NodeName], time.Now())
+		k.mu.Unlock()
 		k.setStatus(ctx, pod, running(pod, true, nil))
 		k.mu.Lock()
 		k.readyAt[pod.Spec.NodeName] = time.Now()

@@ -263,3 +263,18 @@ func (f *Fixture) PCIDriver(address string) (driver, override string) {
 
 // MOFEDContainerReady writes the MOFED driver container's ready file.
 func (f *Fixture) MOFEDContainerReady() { f.write("run/mellanox/drivers/.driver-ready", "") }
+
+// Reboot does to the fixture what a reboot does to a host: every module gone, /run emptied (a tmpfs) and the
+// mount table back to the root mount. Files elsewhere on the host stay.
+func (f *Fixture) Reboot() {
+	f.t.Helper()
+	for _, p := range []string{"run", filepath.Join("sys", "module")} {
+		if err := os.RemoveAll(f.path(p)); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	f.mkdir("sys", "module")
+	f.mkdir("run")
+	f.write("proc/modules", "")
+	f.write("proc/self/mountinfo", "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+}

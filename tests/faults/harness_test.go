@@ -1,0 +1,490 @@
+package faults
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+)
+
+const (
+	namespace = "gpu-operator"
+	release   = "gpu"
+	workloads = "ml"
+	// maxUnavailable is the driver pool's rollout bound.
+	maxUnavailable = 2
+	// evictionTimeout bounds the GPU pod eviction, in seconds: long enough for the scenarios that change things
+	// while the manager waits on a PodDisruptionBudget.
+	evictionTimeout = 40
+	// driverDaemonSet is the pool's driver DaemonSet for the nodes' OS.
+	driverDaemonSet = "nvidia-driver-daemonset-ubuntu2204"
+)
+
+func profile() []string {
+	return []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")}
+}
+
+// settings are the release's values on top of the profile, for driver tag tag.
+func settings(tag string, extra ...string) []string {
+	return append([]string{
+		fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", maxUnavailable),
+		fmt.Sprintf("driver.manager.gpuPodDeletion.timeoutSeconds=%d", evictionTimeout),
+		// a rollout here takes well under a minute; a stopped one fails the gate (and ends the release) sooner
+		"hooks.validation.timeoutSeconds=90",
+		"driver.image.tag=" + tag,
+	}, extra...)
+}
+
+func target() install.Target {
+	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: 4 * time.Minute, NoWait: true}
+}
+
+func gpuNodeNames() []string {
+	var out []string
+	for _, n := range nodes {
+		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; ok {
+			out = append(out, n.Name)
+		}
+	}
+	return out
+}
+
+func nodeOf(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := kube.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func patchNode(t *testing.T, name, patch string) {
+	t.Helper()
+	if _, err := kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("patch node %s: %v", name, err)
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, why := cond()
+		last = why
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; last: %s", what, err, last)
+	}
+}
+
+// upgrade is one `helm upgrade` running in the background.
+type upgrade struct {
+	done chan struct{}
+	err  error
+}
+
+func startUpgrade(ctx context.Context, set []string) *upgrade {
+	u := &upgrade{done: make(chan struct{})}
+	go func() {
+		defer close(u.done)
+		_, u.err = target().Upgrade(ctx, profile(), set...)
+	}()
+	return u
+}
+
+// wait returns the upgrade's error, or says it is still running after timeout.
+func (u *upgrade) wait(timeout time.Duration) error {
+	select {
+	case <-u.done:
+		return u.err
+	case <-time.After(timeout):
+		return fmt.Errorf("helm upgrade still running after %s more", timeout)
+	}
+}
+
+// driverDigest is the DRIVER_CONFIG_DIGEST of the driver DaemonSet's current pod template.
+func driverDigest(t *testing.T) string {
+	t.Helper()
+	ds, err := kube.Client.AppsV1().DaemonSets(namespace).Get(t.Context(), driverDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ds.Spec.Template.Spec.InitContainers {
+		for _, e := range c.Env {
+			if e.Name == "DRIVER_CONFIG_DIGEST" {
+				return e.Value
+			}
+		}
+	}
+	t.Fatal("the driver DaemonSet's pod template has no DRIVER_CONFIG_DIGEST")
+	return ""
+}
+
+// settle waits until every GPU node is upgrade-done with a Ready driver pod of the DaemonSet's current template
+// (true), or until nothing moves any more with some node upgrade-failed (false: the failure is the scenario's
+// to report), failing the test after timeout.
+func settle(t *testing.T, timeout time.Duration) bool {
+	t.Helper()
+	var last string
+	var stuckSince time.Time
+	var lastStates string
+	ok := false
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		done, why, states, failed := rolledOut(t)
+		last = why
+		if done {
+			ok = true
+			return true, nil
+		}
+		if !failed || states != lastStates {
+			stuckSince, lastStates = time.Now(), states
+			return false, nil
+		}
+		return time.Since(stuckSince) > 5*time.Second, nil
+	})
+	if err != nil {
+		t.Fatalf("the rollout neither finished nor stopped on a failed node within %s: %s\n%s", timeout, last, nodeTable(t))
+	}
+	return ok
+}
+
+// rolledOut: every GPU node upgrade-done and its driver pod, of the DaemonSet's current template, Ready. states
+// is every node's state (to see whether anything moves), failed whether a node is upgrade-failed.
+func rolledOut(t *testing.T) (done bool, why, states string, failed bool) {
+	ctx := t.Context()
+	ds, err := kube.Client.AppsV1().DaemonSets(namespace).Get(ctx, driverDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return false, err.Error(), "", false
+	}
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	if err != nil {
+		return false, err.Error(), "", false
+	}
+	ready := map[string]bool{}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Spec.Containers[0].Image != ds.Spec.Template.Spec.Containers[0].Image {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready[p.Spec.NodeName] = true
+			}
+		}
+	}
+	done = true
+	var st []string
+	for _, n := range gpuNodeNames() {
+		node := nodeOf(t, n)
+		s := node.Labels[nodestate.UpgradeStateLabel]
+		st = append(st, n+"="+s+fmt.Sprint(ready[n]))
+		failed = failed || s == string(nodestate.UpgradeFailed)
+		if s != string(nodestate.UpgradeDone) || !ready[n] {
+			if done {
+				why = fmt.Sprintf("node %s: %s, new driver pod Ready %v", n, s, ready[n])
+			}
+			done = false
+		}
+	}
+	return done, why, strings.Join(st, " "), failed
+}
+
+// nodeTable is every GPU node's state, cordon and reason, for failure messages.
+func nodeTable(t *testing.T) string {
+	var b strings.Builder
+	for _, n := range gpuNodeNames() {
+		node := nodeOf(t, n)
+		fmt.Fprintf(&b, "  %s: %s unschedulable=%v ours=%v reason=%q\n", n, node.Labels[nodestate.UpgradeStateLabel],
+			node.Spec.Unschedulable, nodestate.CordonedByUs(node), node.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	return b.String()
+}
+
+// endState says what each node must look like once a scenario's faults cleared.
+type endState struct {
+	// adminCordoned nodes are cordoned by the admin (kept, and their GPU workload stays away).
+	adminCordoned map[string]bool
+	// labels are labels the admin set that must survive, node -> key -> value.
+	labels map[string]map[string]string
+}
+
+// assertEndState checks every GPU node: upgrade-done, no cordon of ours and the admin's kept, nothing paused and no
+// pause record, the admin's labels, the new driver loaded on its fixture host, and the GPU workload running again
+// where the admin did not cordon the node. It logs one line per node (the measured end state).
+func assertEndState(t *testing.T, hosts map[string]*kmodtest.Fixture, want endState) {
+	t.Helper()
+	digest := driverDigest(t)
+	// the evicted GPU workloads come back where the nodes are schedulable (a node left cordoned is reported below)
+	_ = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		running := runningGPU(t)
+		for _, n := range gpuNodeNames() {
+			if !want.adminCordoned[n] && !running[n] && !nodeOf(t, n).Spec.Unschedulable {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	running := runningGPU(t)
+	for _, n := range gpuNodeNames() {
+		node := nodeOf(t, n)
+		var problems []string
+		st := node.Labels[nodestate.UpgradeStateLabel]
+		if st != string(nodestate.UpgradeDone) {
+			problems = append(problems, fmt.Sprintf("state %s (reason %q)", st, node.Annotations[nodestate.UpgradeReasonAnnotation]))
+		}
+		if nodestate.CordonedByUs(node) {
+			problems = append(problems, "still cordoned by the upgrade")
+		}
+		if node.Spec.Unschedulable != want.adminCordoned[n] {
+			problems = append(problems, fmt.Sprintf("unschedulable=%v, want %v (the admin's cordon only)", node.Spec.Unschedulable, want.adminCordoned[n]))
+		}
+		paused := false
+		if v, ok := node.Annotations[nodestate.PausedLabelsAnnotation]; ok {
+			problems, paused = append(problems, "pause record left: "+v), true
+		}
+		for k, v := range node.Labels {
+			if strings.HasPrefix(k, nodestate.DeployLabelPrefix) && v == nodestate.Paused {
+				problems, paused = append(problems, k+" left paused"), true
+			}
+		}
+		for k, v := range want.labels[n] {
+			if got, ok := node.Labels[k]; got != v || !ok {
+				problems = append(problems, fmt.Sprintf("the admin's %s=%s, set while the node was being evicted, became %q (present %v) after the pause and resume: the pause recorded the value of a node read before the eviction",
+					k, v, got, ok))
+			}
+		}
+		mods := hosts[n].LoadedModules()
+		recorded, _, err := hosts[n].Host().RecordedDigest()
+		if err != nil {
+			problems = append(problems, err.Error())
+		}
+		if len(mods) != 4 || recorded != digest {
+			problems = append(problems, fmt.Sprintf("host runs driver config %s with modules %v, want the new %s loaded",
+				nodestate.ShortDigest(recorded), mods, nodestate.ShortDigest(digest)))
+		}
+		if !running[n] && !want.adminCordoned[n] {
+			problems = append(problems, "GPU workload not running")
+		}
+		t.Logf("end state %s: %s, unschedulable=%v (admin's cordon %v), cordoned by us=%v, paused=%v, driver %s with %d modules (new %v), GPU workload running=%v",
+			n, st, node.Spec.Unschedulable, want.adminCordoned[n], nodestate.CordonedByUs(node), paused,
+			nodestate.ShortDigest(recorded), len(mods), recorded == digest, running[n])
+		if len(problems) > 0 {
+			t.Errorf("node %s: %s", n, strings.Join(problems, "; "))
+		}
+	}
+}
+
+// retryFailed runs `kube-gpu-stack upgrade retry` for every upgrade-failed node (what the admin does once the
+// cause is gone), and says which.
+func retryFailed(t *testing.T) []string {
+	t.Helper()
+	var retried []string
+	for _, n := range gpuNodeNames() {
+		if nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
+			continue
+		}
+		var out bytes.Buffer
+		cmd := stackcli.NewCommand(&out)
+		cmd.SetArgs([]string{"upgrade", "retry", n, "--kubeconfig", kube.Kubeconfig, "-n", namespace, "--release", release})
+		if err := cmd.ExecuteContext(t.Context()); err != nil {
+			t.Fatalf("upgrade retry %s: %v\n%s", n, err, out.String())
+		}
+		retried = append(retried, n)
+	}
+	return retried
+}
+
+// recorder watches every node (an informer: it survives an API server restart) and checks the invariants of a
+// rollout under faults at every event:
+//   - never more than maxUnavailable nodes out of service: in flight (cordon-required .. uncordon-required),
+//     upgrade-failed, or cordoned by the upgrade;
+//   - no node uncordoned by the upgrade without a validator Ready since its current driver started to install
+//     (kube-gpu-stack.io/driver-since).
+//
+// It also keeps each node's sequence of states.
+type recorder struct {
+	mu        sync.Mutex
+	seq       map[string][]nodestate.UpgradeState
+	out       map[string]bool
+	maxOut    int
+	worst     string
+	violation []string
+	cancel    context.CancelFunc
+}
+
+func recordNodes(t *testing.T) *recorder {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &recorder{seq: map[string][]nodestate.UpgradeState{}, out: map[string]bool{}, cancel: cancel}
+	factory := informers.NewSharedInformerFactory(kube.Client, 0)
+	inf := factory.Core().V1().Nodes().Informer()
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { r.observe(nil, obj.(*corev1.Node)) },
+		UpdateFunc: func(old, obj any) {
+			r.observe(old.(*corev1.Node), obj.(*corev1.Node))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *recorder) observe(old, n *corev1.Node) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+	if s := r.seq[n.Name]; st != "" && (len(s) == 0 || s[len(s)-1] != st) {
+		r.seq[n.Name] = append(s, st)
+	}
+	switch st {
+	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
+		nodestate.ValidationRequired, nodestate.UncordonRequired, nodestate.UpgradeFailed:
+		r.out[n.Name] = true
+	default:
+		if nodestate.CordonedByUs(n) {
+			r.out[n.Name] = true
+		} else {
+			delete(r.out, n.Name)
+		}
+	}
+	if len(r.out) > r.maxOut {
+		r.maxOut = len(r.out)
+		r.worst = fmt.Sprintf("%v", keys(r.out))
+	}
+	if old != nil && nodestate.CordonedByUs(old) && old.Spec.Unschedulable && !n.Spec.Unschedulable && !nodestate.CordonedByUs(n) {
+		since, err := nodestate.ValidationSince(n)
+		validated := false
+		for _, at := range stand.ValidatorReadies(n.Name) {
+			if err == nil && !at.Truncate(time.Second).Before(since) && !at.After(now) {
+				validated = true
+			}
+		}
+		if !validated {
+			r.violation = append(r.violation, fmt.Sprintf("%s uncordoned by the upgrade in state %s without a validator Ready since its driver started to install (%s; validator Ready at %v)",
+				n.Name, st, n.Annotations[nodestate.DriverSinceAnnotation], stand.ValidatorReadies(n.Name)))
+		}
+	}
+}
+
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (r *recorder) states(node string) []nodestate.UpgradeState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.seq[node])
+}
+
+// firstIn returns the first node whose current state is one of states, waiting up to timeout.
+func (r *recorder) firstIn(t *testing.T, timeout time.Duration, states ...nodestate.UpgradeState) string {
+	t.Helper()
+	var found string
+	waitFor(t, timeout, fmt.Sprintf("a node in %v", states), func() (bool, string) {
+		for _, n := range gpuNodeNames() {
+			if slices.Contains(states, nodestate.UpgradeState(nodeOf(t, n).Labels[nodestate.UpgradeStateLabel])) {
+				found = n
+				return true, ""
+			}
+		}
+		return false, "none yet"
+	})
+	return found
+}
+
+func (r *recorder) stop() { r.cancel() }
+
+// assertInvariants checks what the recorder saw.
+func (r *recorder) assertInvariants(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t.Logf("at most %d nodes out of service at once (%s)", r.maxOut, r.worst)
+	if r.maxOut > maxUnavailable {
+		t.Errorf("at one moment %d nodes were out of service (in flight, failed or cordoned by the upgrade), want at most %d: %s",
+			r.maxOut, maxUnavailable, r.worst)
+	}
+	if r.maxOut == 0 {
+		t.Error("the recorder saw no node out of service: the rollout was not observed")
+	}
+	for _, v := range r.violation {
+		t.Error(v)
+	}
+}
+
+// startWorkloads pins a GPU Deployment and a CPU Deployment to each GPU node.
+func startWorkloads(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	c := kube.Client
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: workloads}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range gpuNodeNames() {
+		for _, kind := range []string{"train", "web"} {
+			res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}
+			if kind == "train" {
+				res["nvidia.com/gpu"] = resource.MustParse("1")
+			}
+			labels := map[string]string{"app": kind, "node": n}
+			one := int32(1)
+			d := &appsv1.Deployment{
+				ObjectMeta: metav1.ObjectMeta{Name: kind + "-" + n, Namespace: workloads},
+				Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
+					Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+						NodeSelector: map[string]string{"kubernetes.io/hostname": n},
+						Containers:   []corev1.Container{{Name: kind, Image: "registry.example/" + kind, Resources: corev1.ResourceRequirements{Requests: res, Limits: res}}},
+					}}},
+			}
+			if _, err := c.AppsV1().Deployments(workloads).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// runningGPU says on which nodes a GPU workload pod is running.
+func runningGPU(t *testing.T) map[string]bool {
+	t.Helper()
+	list, err := kube.Client.CoreV1().Pods(workloads).List(context.Background(), metav1.ListOptions{LabelSelector: "app=train"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == p.Labels["node"] {
+			out[p.Spec.NodeName] = true
+		}
+	}
+	return out
+}
