@@ -3,7 +3,8 @@
 //
 // One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
 //
-//	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
+//	detect        host driver (no driver-pod files, and a host nvidia-smi that runs: hostdriver) -> mark
+//	              pre-installed, hold, fail
 //	              (the driver container never starts; the DaemonSet lets go of the node)
 //	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver; a node
 //	              that is not upgrade-done (failed, retried, interrupted) validates it first
@@ -266,8 +267,17 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if smi := h.HostDriver(); smi != "" && len(files) == 0 {
-		return m.preInstalled(ctx, smi)
+	if len(files) == 0 {
+		host, err := h.HostDriver(ctx)
+		if err != nil {
+			return "", err
+		}
+		if host.Present() {
+			return m.preInstalled(ctx, host.Path)
+		}
+		if host.Path != "" {
+			m.log.Info("the host's nvidia-smi does not run: no host driver", "found", host.String())
+		}
 	}
 	recorded, _, err := h.RecordedDigest()
 	if err != nil {

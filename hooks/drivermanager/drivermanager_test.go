@@ -175,6 +175,42 @@ func TestHostDriverMarksPreInstalledAndTouchesNothingElse(t *testing.T) {
 	}
 }
 
+// Flatcar installs a host driver's nvidia-smi in /opt/bin: the manager finds it there too, and its modules stay.
+func TestFlatcarHostDriverIsFound(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.HostNvidiaSMI("opt/bin")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	if _, err := e.run(e.options(newDigest)); err == nil || !strings.Contains(err.Error(), "opt/bin/nvidia-smi") {
+		t.Fatalf("err = %v, want the host driver in opt/bin found", err)
+	}
+	if n := e.node(); n.Labels[nodestate.DriverDeployLabel] != nodestate.PreInstalled {
+		t.Fatalf("driver switch %q, want pre-installed", n.Labels[nodestate.DriverDeployLabel])
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Fatalf("the host driver's modules were touched: %v", calls)
+	}
+}
+
+// An nvidia-smi left on the host by an uninstalled driver fails without its modules: the node is no host-driver
+// node, and gets the driver pod's driver.
+func TestLeftoverNvidiaSMIIsNoHostDriver(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LeftoverNvidiaSMI("usr/bin")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	n := e.node()
+	if n.Labels[nodestate.DriverDeployLabel] == nodestate.PreInstalled || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("driver switch %q state %q; want the node to get the new driver", n.Labels[nodestate.DriverDeployLabel], state(n))
+	}
+	if !strings.Contains(out, "exit 9: NVIDIA-SMI has failed") || !strings.Contains(out, "the new driver installs next") {
+		t.Fatalf("output does not say why the host's nvidia-smi is no driver:\n%s", out)
+	}
+}
+
 func TestFastPathKeepsTheDriverAndTheWorkloads(t *testing.T) {
 	e := newEnv(t, gpuNode(nil))
 	e.host.Use("nvidia", 3) // workloads hold the GPUs

@@ -1,7 +1,7 @@
 // Package kmod is the driver manager's view of a node's NVIDIA kernel modules, the containerized driver's files
 // and its root mount, and the PCI functions it releases from vfio-pci. Every path goes through a root (the host's
 // filesystem as mounted in the pod, the pod's own filesystem, the host's sysfs), and what changes the kernel's
-// state (delete_module, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
+// state (delete_module, modprobe, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
 // tree with FixtureKernel: in unit tests (kmodtest) and in a real container on a test node.
 package kmod
 
@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 )
 
@@ -131,6 +132,8 @@ type Host struct {
 	SysDir string
 	// Kernel removes modules and unmounts.
 	Kernel Kernel
+	// RunHost runs the host's nvidia-smi to tell a host driver from a leftover (nil: hostdriver.Interpreted).
+	RunHost hostdriver.RunFunc
 }
 
 // Complete fills the defaults of empty fields.
@@ -228,17 +231,14 @@ func (h Host) holders(name string) []string {
 	return out
 }
 
-// HostDriver returns the host's own nvidia-smi (a driver installed on the host, not by a driver pod), as a path
-// under Root, or "" when there is none.
-func (h Host) HostDriver() string {
-	for _, dir := range []string{"usr/bin", "usr/sbin", "bin", "sbin"} {
-		p := h.host(dir, "nvidia-smi")
-		// Lstat: an absolute symlink on the host would resolve inside the pod, not under Root.
-		if _, err := os.Lstat(p); err == nil {
-			return p
-		}
+// HostDriver looks for a driver installed on the host (not by a driver pod): an nvidia-smi in hostdriver.Dirs
+// under Root that runs (through RunHost). A leftover nvidia-smi that fails is not one: Result.Present says.
+func (h Host) HostDriver(ctx context.Context) (hostdriver.Result, error) {
+	run := h.RunHost
+	if run == nil {
+		run = hostdriver.Interpreted
 	}
-	return ""
+	return hostdriver.Lookup(ctx, hostfs.Root(h.Root), run)
 }
 
 // RecordedDigest returns the DRIVER_CONFIG_DIGEST the running containerized driver recorded, and whether it

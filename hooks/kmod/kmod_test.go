@@ -231,12 +231,12 @@ func TestUnmountDriverRootDeepestFirstAndOnlyBelowIt(t *testing.T) {
 func TestHostDriverAndDriverPodFiles(t *testing.T) {
 	f := kmodtest.New(t)
 	h := f.Host()
-	if p := h.HostDriver(); p != "" {
-		t.Fatalf("HostDriver = %q on an empty node", p)
+	if r, err := h.HostDriver(t.Context()); err != nil || r.Present() || r.Path != "" {
+		t.Fatalf("HostDriver = %+v, %v on an empty node", r, err)
 	}
 	f.HostNvidiaSMI("usr/sbin")
-	if p := h.HostDriver(); !strings.HasSuffix(p, "/usr/sbin/nvidia-smi") {
-		t.Fatalf("HostDriver = %q", p)
+	if r, err := h.HostDriver(t.Context()); err != nil || !r.Present() || !strings.HasSuffix(r.Path, "/usr/sbin/nvidia-smi") {
+		t.Fatalf("HostDriver = %+v, %v", r, err)
 	}
 	if files, err := h.DriverPodFiles(); err != nil || len(files) != 0 {
 		t.Fatalf("DriverPodFiles = %v, %v on a node without a driver pod", files, err)
@@ -256,6 +256,23 @@ func TestHostDriverAndDriverPodFiles(t *testing.T) {
 	}
 	if removed, err := h.RemovePidFile(); removed || err != nil {
 		t.Fatalf("second RemovePidFile = %v %v; want nothing to remove", removed, err)
+	}
+}
+
+// Flatcar keeps a host driver's nvidia-smi in /opt/bin; an nvidia-smi that fails (no modules loaded) is a leftover,
+// not a host driver.
+func TestHostDriverIsAnNvidiaSMIThatRuns(t *testing.T) {
+	f := kmodtest.New(t)
+	f.HostNvidiaSMI("opt/bin")
+	r, err := f.Host().HostDriver(t.Context())
+	if err != nil || !r.Present() || r.Dir != "opt/bin" {
+		t.Fatalf("Flatcar host driver: %+v, %v; want found in opt/bin", r, err)
+	}
+	f = kmodtest.New(t)
+	f.LeftoverNvidiaSMI("usr/bin")
+	r, err = f.Host().HostDriver(t.Context())
+	if err != nil || r.Present() || r.Path == "" || !strings.Contains(r.String(), "exit 9: NVIDIA-SMI has failed") {
+		t.Fatalf("leftover nvidia-smi: %+v (%s), %v; want found, failing, not a host driver", r, r, err)
 	}
 }
 

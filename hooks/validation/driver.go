@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 )
 
@@ -121,28 +122,29 @@ func (o *Options) driverCheck() check {
 }
 
 // findDriver locates the driver (a host install first, as the driver DaemonSet stands down on such nodes) and
-// probes it with nvidia-smi and NVML.
+// probes it with nvidia-smi and NVML. A host driver is what hostdriver.Lookup says, the driver manager's own
+// lookup: an nvidia-smi under the host root that runs (here chrooted into it, through Runner). One that fails is
+// a leftover of an uninstalled driver, and the driver container's driver is looked for instead.
 func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, result) {
 	host := hostfs.Root(o.HostRoot)
-	dir, _, err := host.FindExecutable("nvidia-smi", hostfs.BinDirs)
-	if err == nil {
-		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir,
-			consumerRoot: ConsumerHostRoot, consumerDevRoot: ConsumerHostRoot}
-		return o.probeDriver(ctx, p, d)
+	hd, err := hostdriver.Lookup(ctx, host, o.runIn, o.smiArgs()...)
+	if err != nil {
+		return nil, failed("%v", err)
 	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, failed("look for a host driver: %v", err)
+	if hd.Present() {
+		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: hd.Dir,
+			consumerRoot: ConsumerHostRoot, consumerDevRoot: ConsumerHostRoot}
+		return o.probeNVML(p, d)
 	}
 	ctrReady, err := hostfs.Root(o.OutputDir).Exists(DriverCtrReadyFile)
 	if err != nil {
 		return nil, failed("%v", err)
 	}
 	if !ctrReady {
-		return nil, waiting("no host driver (no nvidia-smi under %s in %s) and the driver container is not ready (no %s in %s)",
-			o.HostRoot, strings.Join(hostfs.BinDirs, ", "), DriverCtrReadyFile, o.OutputDir)
+		return nil, waiting("no host driver (%s) and the driver container is not ready (no %s in %s)", hd, DriverCtrReadyFile, o.OutputDir)
 	}
 	drv := hostfs.Root(o.DriverInstallDir)
-	dir, _, err = drv.FindExecutable("nvidia-smi", hostfs.BinDirs)
+	dir, _, err := drv.FindExecutable("nvidia-smi", hostfs.BinDirs)
 	if err != nil {
 		return nil, waiting("the driver container is ready (%s) but its root has no nvidia-smi: %v", DriverCtrReadyFile, err)
 	}
@@ -155,15 +157,30 @@ func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, resu
 	return o.probeDriver(ctx, p, d)
 }
 
-func (o *Options) probeDriver(ctx context.Context, p progress, d *driverInfo) (*driverInfo, result) {
-	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi"}
+// runIn runs a program of root chrooted in it, through Runner (hostdriver.RunFunc).
+func (o *Options) runIn(ctx context.Context, root hostfs.Root, path string, args []string) ([]byte, error) {
+	return o.Runner.Run(ctx, Command{Root: root.String(), Path: path, Args: args})
+}
+
+// smiArgs are nvidia-smi's arguments: none (it queries every GPU), or only --version with SkipGPUInit.
+func (o *Options) smiArgs() []string {
 	if o.SkipGPUInit {
-		smi.Args = []string{"--version"}
+		return []string{"--version"}
 	}
+	return nil
+}
+
+func (o *Options) probeDriver(ctx context.Context, p progress, d *driverInfo) (*driverInfo, result) {
+	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi", Args: o.smiArgs()}
 	out, err := o.Runner.Run(ctx, smi)
 	if err != nil {
 		return nil, waiting("nvidia-smi under %s failed: %s", filepath.Join(d.root.String(), d.smiDir), describeRun(out, err))
 	}
+	return o.probeNVML(p, d)
+}
+
+// probeNVML counts the GPUs and reads the driver version through the driver's NVML, once its nvidia-smi answered.
+func (o *Options) probeNVML(p progress, d *driverInfo) (*driverInfo, result) {
 	if o.SkipGPUInit { // no GPU is touched: NVML would initialise them
 		return d, result{}
 	}
