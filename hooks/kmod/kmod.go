@@ -194,10 +194,8 @@ func (h Host) Loaded() ([]Module, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read loaded modules: %w", err)
 	}
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) > 0 {
-			listed[f[0]] = true
-		}
+	for _, name := range ModuleNames(b) {
+		listed[name] = true
 	}
 	var mods []Module
 	for _, name := range UnloadOrder {
@@ -208,6 +206,17 @@ func (h Host) Loaded() ([]Module, error) {
 		mods = append(mods, Module{Name: name, Refcnt: h.refcnt(name), Holders: h.holders(name)})
 	}
 	return mods, nil
+}
+
+// ModuleNames returns the names /proc/modules lists: the first field of each line, in order.
+func ModuleNames(procModules []byte) []string {
+	var out []string
+	for line := range strings.Lines(string(procModules)) {
+		if f := strings.Fields(line); len(f) > 0 {
+			out = append(out, f[0])
+		}
+	}
+	return out
 }
 
 func (h Host) refcnt(name string) int {
@@ -279,12 +288,7 @@ func (h Host) DriverRootMounts() ([]string, error) {
 	}
 	root := filepath.Clean(h.DriverRoot)
 	var mps []string
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountPath(f[4])
+	for _, mp := range MountPoints(b) {
 		if mp == root || strings.HasPrefix(mp, root+"/") {
 			mps = append(mps, mp)
 		}
@@ -292,6 +296,18 @@ func (h Host) DriverRootMounts() ([]string, error) {
 	slices.Reverse(mps) // later mounts sit on top of earlier ones
 	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	return mps, nil
+}
+
+// MountPoints returns the mount points of a mountinfo table (proc(5): the fifth field), unescaped, in table order;
+// lines too short to have one are skipped.
+func MountPoints(mountinfo []byte) []string {
+	var out []string
+	for line := range strings.Lines(string(mountinfo)) {
+		if f := strings.Fields(line); len(f) >= 5 {
+			out = append(out, unescapeMountPath(f[4]))
+		}
+	}
+	return out
 }
 
 // unescapeMountPath undoes the kernel's octal escapes in mountinfo (\040 for a space, \011, \012, \134).

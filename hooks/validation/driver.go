@@ -1,7 +1,6 @@
 package validation
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -264,19 +263,58 @@ func (o *Options) moduleCheck(component string) check {
 	}
 }
 
-// parseEnv reads KEY=VALUE lines (optionally "export ", optionally quoted), as the driver container writes them.
+// parseEnv reads KEY=VALUE lines (optionally "export "), as the driver container writes .driver-ctr-ready and
+// the driver check writes driver-ready; comments, blank lines and lines without a key are skipped. A value reads
+// as `sh` assigns it (shellWord), so what shellQuote wrote comes back as it was.
 func parseEnv(raw []byte) map[string]string {
 	env := map[string]string{}
-	s := bufio.NewScanner(bytes.NewReader(raw))
-	for s.Scan() {
-		line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(s.Text()), "export "))
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || strings.HasPrefix(line, "#") {
+	for line := range strings.Lines(string(raw)) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		env[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if k = strings.TrimSpace(k); !ok || k == "" || strings.ContainsAny(k, " \t") {
+			continue
+		}
+		env[k] = shellWord(strings.TrimSpace(v))
 	}
 	return env
+}
+
+// shellWord reads an assignment's value as `sh` does: '...' literally, "..." with \ escaping $ ` " and \, and
+// unquoted text with \ escaping the next character, up to unquoted white space; an unterminated quote runs to
+// the end of the line.
+func shellWord(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return b.String() + s[i+1:]
+			}
+			b.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+		case '"':
+			for i++; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte("$`\"\\", s[i+1]) >= 0 {
+					i++
+				}
+				b.WriteByte(s[i])
+			}
+		case '\\':
+			if i+1 < len(s) {
+				i++
+				b.WriteByte(s[i])
+			}
+		case ' ', '\t':
+			return b.String()
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // shellQuote leaves plain paths as they are and single-quotes anything else.
