@@ -16,9 +16,9 @@ import (
 // FixtureKernel is a Kernel that acts on a fixture host tree instead of the running kernel, the way Linux would:
 // for tests only (unit tests through kmodtest, and the driver-manager binary in a real container on a test node,
 // where the real kernel has no NVIDIA modules). A module is removable only when nothing holds or uses it, and
-// removing it takes it out of proc/modules and sys/module and releases the modules it used; an unmount takes the
-// mount out of the fixture's mount table; an unbind writes the function's address to its driver's unbind file and
-// takes the function's driver link away.
+// removing it takes it out of proc/modules and sys/module and releases the modules it used, and loading it back
+// (LoadModule, for a module it removed) restores both; an unmount takes the mount out of the fixture's mount table;
+// an unbind writes the function's address to its driver's unbind file and takes the function's driver link away.
 type FixtureKernel struct {
 	// Root is the fixture host root: proc/modules and sys/module live there (Host.Root).
 	Root string
