@@ -3,7 +3,8 @@
 //
 // One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
 //
-//	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
+//	detect        host driver (no driver-pod files, and a host nvidia-smi that runs: hostdriver) -> mark
+//	              pre-installed, hold, fail
 //	              (the driver container never starts; the DaemonSet lets go of the node)
 //	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver; a node
 //	              that is not upgrade-done (failed, retried, interrupted) validates it first
@@ -15,7 +16,10 @@
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
 //	pause         pod-restart-required + operand switches paused; watch until their pods are gone
-//	unload        delete_module in dependency order (a busy module with auto-drain: drain once, retry)
+//	unload        check every module (use counts, holders, processes with /dev/nvidia* open) first: one in use
+//	              removes none and names the pod or process in the way (with auto-drain: drain once, retry);
+//	              then delete_module in dependency order, and a removal that still fails loads back what was
+//	              removed (modprobe)
 //	unmount       the stale driver root, recursively; the stale pid file
 //	prepare       unload nouveau; release NVIDIA functions left on vfio-pci; with GPUDirect RDMA and a Mellanox
 //	              device, wait (bounded) for MOFED. A node with no driver loaded also goes through this
@@ -32,7 +36,8 @@
 // whose pod is stopping (Run's context ends: SIGTERM on a pod deletion, a rollout, a node drain) is no failure: it
 // stops where it is and leaves the node as it got it there (cordon, pause record, state), for the next driver pod
 // to resume. A failing run resumes what it paused, lifts the cordon it made, and leaves the node upgrade-failed
-// with the reason in nodestate.UpgradeReasonAnnotation.
+// with the reason in nodestate.UpgradeReasonAnnotation; on a node left without a working driver (unloaded, or an
+// unload that could not load back what it removed) the cordon stays.
 package drivermanager
 
 import (
@@ -41,10 +46,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
@@ -231,6 +238,8 @@ type manager struct {
 	drainLog *slog.Logger // gpudrain names the node itself
 	out      io.Writer
 	node     *corev1.Node
+	// missing are the modules an unload removed and could not load back.
+	missing []string
 }
 
 // untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
@@ -270,8 +279,17 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if smi := h.HostDriver(); smi != "" && len(files) == 0 {
-		return m.preInstalled(ctx, smi)
+	if len(files) == 0 {
+		host, err := h.HostDriver(ctx)
+		if err != nil {
+			return "", err
+		}
+		if host.Present() {
+			return m.preInstalled(ctx, host.Path)
+		}
+		if host.Path != "" {
+			m.log.Info("the host's nvidia-smi does not run: no host driver", "found", host.String())
+		}
 	}
 	recorded, _, err := h.RecordedDigest()
 	if err != nil {
@@ -523,15 +541,14 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.step(ctx, "operands"); err != nil {
 		return "", err
 	}
-	unloaded, err := m.o.Host.Unload()
+	unloaded, err := m.unload(ctx)
 	var busy *kmod.BusyError
-	if errors.As(err, &busy) && m.o.Drain.Enabled && !drained && ctx.Err() == nil {
+	if errors.As(err, &busy) && len(unloaded) == 0 && m.o.Drain.Enabled && !drained && ctx.Err() == nil {
 		m.log.Info("driver busy; draining the node (auto-drain) and retrying", "err", err)
 		if err := m.drain(ctx, err.Error()); err != nil {
 			return "", err
 		}
-		more, uerr := m.o.Host.Unload()
-		unloaded, err = append(unloaded, more...), uerr
+		unloaded, err = m.unload(ctx)
 	}
 	if err != nil {
 		return "", fmt.Errorf("unload the driver: %w", err)
@@ -561,6 +578,58 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	}
 	return fmt.Sprintf("unloaded %s%s; operands resumed; the new driver installs next%s",
 		strings.Join(unloaded, ", "), cleared, cordon), nil
+}
+
+// unload removes the driver's modules: all of them, or, when one is in use, none (kmod.Host.Unload). A module
+// in use names the pods of the processes that hold it. An unload that failed midway and could not load back what
+// it removed is remembered, so that failed keeps the node cordoned.
+func (m *manager) unload(ctx context.Context) ([]string, error) {
+	unloaded, err := m.o.Host.Unload()
+	var partial *kmod.PartialUnloadError
+	if errors.As(err, &partial) {
+		m.missing = partial.Missing
+	}
+	var busy *kmod.BusyError
+	if errors.As(err, &busy) {
+		m.namePods(ctx, busy.Processes)
+	}
+	return unloaded, err
+}
+
+// namePods fills in the namespace/name of the pods the processes run in, from the pods on the node (best effort:
+// a process whose pod is not found keeps its pod UID).
+func (m *manager) namePods(ctx context.Context, procs []kmod.Process) {
+	if !slices.ContainsFunc(procs, func(p kmod.Process) bool { return p.PodUID != "" }) {
+		return
+	}
+	pods, err := m.o.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + m.o.NodeName})
+	if err != nil {
+		m.log.Info("cannot name the pods holding the GPUs", "err", err)
+		return
+	}
+	for i := range procs {
+		for _, p := range pods.Items {
+			if procs[i].PodUID != "" && string(p.UID) == procs[i].PodUID {
+				procs[i].Pod = p.Namespace + "/" + p.Name
+			}
+		}
+	}
+}
+
+// driverMissing says why the node has no working NVIDIA driver ("" when it has one): an unload that could not
+// load back what it removed, or no nvidia module loaded (unloaded for the new driver, or never installed).
+func (m *manager) driverMissing() string {
+	if len(m.missing) > 0 {
+		return "kernel modules " + strings.Join(m.missing, ", ") + " were removed and not loaded back"
+	}
+	mods, err := m.o.Host.Loaded()
+	if err != nil {
+		return fmt.Sprintf("its loaded kernel modules cannot be read (%v)", err)
+	}
+	if !slices.ContainsFunc(mods, func(mod kmod.Module) bool { return mod.Name == "nvidia" }) {
+		return "no NVIDIA driver is loaded"
+	}
+	return ""
 }
 
 func (m *manager) evictGPUPods(ctx context.Context) error {
@@ -662,11 +731,19 @@ func (m *manager) failed(ctx context.Context, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	reason := oneLine(cause.Error())
-	if err := m.apply(ctx, nodestate.Resume, pure(nodestate.Uncordon), m.state(nodestate.UpgradeFailed, reason)); err != nil {
+	// a node without a working driver is never handed back to workloads: our cordon stays
+	cordon, done := pure(nodestate.Uncordon), "our cordon lifted"
+	if missing := m.driverMissing(); missing != "" {
+		cordon, done = fixed(nodestate.Patch{}), "our cordon kept ("+missing+")"
+		if len(m.missing) > 0 {
+			reason = oneLine(cause.Error() + "; node kept cordoned: " + missing)
+		}
+	}
+	if err := m.apply(ctx, nodestate.Resume, cordon, m.state(nodestate.UpgradeFailed, reason)); err != nil {
 		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
 	}
-	return fmt.Errorf("node %s: %w; operands resumed, our cordon lifted, node labelled %s=%s; fix the cause above, then restart this driver pod",
-		m.o.NodeName, cause, nodestate.UpgradeStateLabel, nodestate.UpgradeFailed)
+	return fmt.Errorf("node %s: %w; operands resumed, %s, node labelled %s=%s; fix the cause above, then restart this driver pod",
+		m.o.NodeName, cause, done, nodestate.UpgradeStateLabel, nodestate.UpgradeFailed)
 }
 
 // A change computes a patch from the node as the API server has it now.

@@ -175,6 +175,42 @@ func TestHostDriverMarksPreInstalledAndTouchesNothingElse(t *testing.T) {
 	}
 }
 
+// Flatcar installs a host driver's nvidia-smi in /opt/bin: the manager finds it there too, and its modules stay.
+func TestFlatcarHostDriverIsFound(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LoadDriver()
+	f.HostNvidiaSMI("opt/bin")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	if _, err := e.run(e.options(newDigest)); err == nil || !strings.Contains(err.Error(), "opt/bin/nvidia-smi") {
+		t.Fatalf("err = %v, want the host driver in opt/bin found", err)
+	}
+	if n := e.node(); n.Labels[nodestate.DriverDeployLabel] != nodestate.PreInstalled {
+		t.Fatalf("driver switch %q, want pre-installed", n.Labels[nodestate.DriverDeployLabel])
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Fatalf("the host driver's modules were touched: %v", calls)
+	}
+}
+
+// An nvidia-smi left on the host by an uninstalled driver fails without its modules: the node is no host-driver
+// node, and gets the driver pod's driver.
+func TestLeftoverNvidiaSMIIsNoHostDriver(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LeftoverNvidiaSMI("usr/bin")
+	e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+	out, err := e.run(e.options(newDigest))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	n := e.node()
+	if n.Labels[nodestate.DriverDeployLabel] == nodestate.PreInstalled || state(n) != nodestate.ValidationRequired {
+		t.Fatalf("driver switch %q state %q; want the node to get the new driver", n.Labels[nodestate.DriverDeployLabel], state(n))
+	}
+	if !strings.Contains(out, "exit 9: NVIDIA-SMI has failed") || !strings.Contains(out, "the new driver installs next") {
+		t.Fatalf("output does not say why the host's nvidia-smi is no driver:\n%s", out)
+	}
+}
+
 func TestFastPathKeepsTheDriverAndTheWorkloads(t *testing.T) {
 	e := newEnv(t, gpuNode(nil))
 	e.host.Use("nvidia", 3) // workloads hold the GPUs
@@ -313,18 +349,32 @@ func TestAdminCordonIsNeverLifted(t *testing.T) {
 	}
 }
 
+// A driver in use fails the run before any module is removed: the modules above nvidia would otherwise be gone
+// while the node goes back to work. The error names the module, the process and its pod.
 func TestBusyDriverFailsRestoresAndNamesTheProcess(t *testing.T) {
-	e := newEnv(t, gpuNode(nil))
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
 	e.host.Use("nvidia", 1)
 	e.host.OpenDevice(31337, "stray-cuda-app", "/dev/nvidia0")
+	const uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+	e.host.Cgroup(31337, "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"+strings.ReplaceAll(uid, "-", "_")+".slice/cri-containerd-1.scope\n")
+	stray := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "stray", Namespace: "ml", UID: uid}, Spec: corev1.PodSpec{NodeName: nodeName}}
+	if _, err := e.client.CoreV1().Pods("ml").Create(context.Background(), stray, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	_, err := e.run(e.options(newDigest))
 	if err == nil {
 		t.Fatal("a busy driver did not fail the run")
 	}
-	for _, want := range []string{"kernel module nvidia is in use", "pid 31337 (stray-cuda-app)", "upgrade-failed"} {
+	for _, want := range []string{"kernel module nvidia is in use", "pid 31337 (stray-cuda-app) of pod ml/stray", "upgrade-failed"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+	if calls := e.moduleCalls(); len(calls) != 0 {
+		t.Errorf("modules removed before the busy one was found: %v", calls)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 4 {
+		t.Errorf("loaded modules %v, want the whole driver", mods)
 	}
 	n := e.node()
 	assertNothingPaused(t, n)
@@ -333,6 +383,82 @@ func TestBusyDriverFailsRestoresAndNamesTheProcess(t *testing.T) {
 	}
 	if state(n) != nodestate.UpgradeFailed || !strings.Contains(n.Annotations[nodestate.UpgradeReasonAnnotation], "stray-cuda-app") {
 		t.Fatalf("state %q reason %q", state(n), n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+}
+
+// An unload that fails midway (a user came after the check) loads back what it removed: the node returns to work
+// with the whole driver it had, and is upgrade-failed.
+func TestUnloadFailingMidwayLoadsBackAndRestores(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	e.host.Kernel.Fail = func(call string) error {
+		if call == "delete_module nvidia_uvm" {
+			return unix.EBUSY
+		}
+		return nil
+	}
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "nvidia_uvm is in use") || !strings.Contains(err.Error(), "our cordon lifted") {
+		t.Fatalf("err = %v, want nvidia_uvm busy and the node restored", err)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 4 {
+		t.Fatalf("loaded modules %v, want the whole driver back", mods)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if n.Spec.Unschedulable || state(n) != nodestate.UpgradeFailed {
+		t.Fatalf("unschedulable=%v state=%q; want uncordoned and upgrade-failed", n.Spec.Unschedulable, state(n))
+	}
+}
+
+// An unload that fails midway and cannot load back what it removed leaves the node cordoned and upgrade-failed,
+// the reason naming the modules it lacks: a node with half a driver never goes back to work.
+func TestUnloadFailingMidwayWithoutReloadKeepsTheCordon(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	e.host.Kernel.Fail = func(call string) error {
+		switch {
+		case call == "delete_module nvidia":
+			return unix.EBUSY
+		case strings.HasPrefix(call, "modprobe "):
+			return errors.New("modprobe: FATAL: Module not found")
+		}
+		return nil
+	}
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "our cordon kept") {
+		t.Fatalf("err = %v, want the cordon kept", err)
+	}
+	n := e.node()
+	assertNothingPaused(t, n)
+	if !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeFailed {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want our cordon kept and upgrade-failed", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
+	}
+	reason := n.Annotations[nodestate.UpgradeReasonAnnotation]
+	for _, want := range []string{"kernel module nvidia is in use", "nvidia_uvm, nvidia_modeset, nvidia_drm were removed and not loaded back"} {
+		if !strings.Contains(reason, want) {
+			t.Errorf("reason %q lacks %q", reason, want)
+		}
+	}
+}
+
+// A failure after the driver was unloaded (here the stale driver root cannot be unmounted) keeps our cordon: the
+// node has no driver.
+func TestFailureAfterTheUnloadKeepsTheCordon(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	e.host.Kernel.Fail = func(call string) error {
+		if strings.HasPrefix(call, "umount ") {
+			return unix.EPERM
+		}
+		return nil
+	}
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "no NVIDIA driver is loaded") {
+		t.Fatalf("err = %v, want a failure keeping the cordon of a node without a driver", err)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 0 {
+		t.Fatalf("modules %v: the unload did not happen", mods)
+	}
+	if n := e.node(); !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeFailed {
+		t.Fatalf("unschedulable=%v ours=%v state=%q; want our cordon kept and upgrade-failed", n.Spec.Unschedulable, nodestate.CordonedByUs(n), state(n))
 	}
 }
 
@@ -509,8 +635,12 @@ func TestBusyDriverWithAutoDrainDrainsAndRetries(t *testing.T) {
 	if _, err := e.run(o); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.moduleCalls(); !slices.Equal(got, []string{"nvidia_drm", "nvidia_modeset", "nvidia_uvm", "nvidia", "nvidia"}) {
-		t.Fatalf("delete_module calls %v; want nvidia tried again after the drain", got)
+	// the busy nvidia made the run load back what it had removed, drain, and unload the whole driver again
+	want := []string{"delete_module nvidia_drm", "delete_module nvidia_modeset", "delete_module nvidia_uvm", "delete_module nvidia",
+		"modprobe nvidia_uvm", "modprobe nvidia_modeset", "modprobe nvidia_drm",
+		"delete_module nvidia_drm", "delete_module nvidia_modeset", "delete_module nvidia_uvm", "delete_module nvidia"}
+	if got := e.host.Kernel.CallList(); !slices.Equal(got[:min(len(got), len(want))], want) {
+		t.Fatalf("kernel calls %v; want %v: nvidia tried again after the drain", got, want)
 	}
 	drained := false
 	for _, a := range e.client.Actions() {

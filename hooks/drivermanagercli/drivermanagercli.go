@@ -85,7 +85,7 @@ NVIDIA PCI functions with their drivers. No API access; nothing on the node is c
 			if err := h.Validate(); err != nil {
 				return err
 			}
-			d, err := h.Detect()
+			d, err := h.Detect(cmd.Context())
 			if err != nil {
 				return err
 			}

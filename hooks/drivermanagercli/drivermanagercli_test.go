@@ -197,3 +197,23 @@ func TestDetectReportsAndChangesNothing(t *testing.T) {
 		t.Fatalf("kernel calls: %v", calls)
 	}
 }
+
+// A leftover nvidia-smi on the host (it fails: no driver loaded) is reported, and is no host driver.
+func TestDetectReportsALeftoverNvidiaSMI(t *testing.T) {
+	f := kmodtest.New(t)
+	f.LeftoverNvidiaSMI("opt/bin")
+	var out bytes.Buffer
+	cmd := NewCommand(&out)
+	cmd.SetArgs([]string{"detect", "--host-root", f.Root})
+	if err := cmd.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"host driver:                none (nvidia-smi under " + filepath.Join(f.Root, "opt/bin") + " failed: exit 9: NVIDIA-SMI has failed",
+		"verdict:                    no NVIDIA GPU and no NVIDIA driver found",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -6,6 +6,7 @@ package driverpools
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,8 +53,57 @@ func Parse(raw string) ([]Pool, error) {
 		if p.Name == "" {
 			return nil, fmt.Errorf("driver pools: entry %d has no name", i)
 		}
+		if err := p.CheckMaxUnavailable(); err != nil {
+			return nil, err
+		}
 	}
 	return pools, nil
+}
+
+// CheckMaxUnavailable refuses a maxUnavailable the pool's RollingUpdate cannot run with, rather than reading it
+// as 1: a whole number of nodes of at least 1, or a percentage from 1% to 100% (the driver DaemonSets do not
+// surge, so 0 would never start; the API server refuses a number written as a string, as "abc", "-1" or "150%").
+func (p Pool) CheckMaxUnavailable() error {
+	v := p.MaxUnavailable
+	if v == nil {
+		return nil
+	}
+	ok := false
+	switch v.Type {
+	case intstr.Int:
+		ok = v.IntVal >= 1
+	case intstr.String:
+		n, err := strconv.Atoi(strings.TrimSuffix(v.StrVal, "%"))
+		ok = strings.HasSuffix(v.StrVal, "%") && err == nil && n >= 1 && n <= 100 && !strings.HasPrefix(v.StrVal, "+")
+	}
+	if !ok {
+		return fmt.Errorf("driver pool %s: upgradePolicy.maxUnavailable %s: want a number of nodes of at least 1, or a percentage from 1%% to 100%% such as \"25%%\"",
+			p.Name, describe(v))
+	}
+	return nil
+}
+
+func describe(v *intstr.IntOrString) string {
+	if v.Type == intstr.String {
+		return strconv.Quote(v.StrVal)
+	}
+	return strconv.Itoa(int(v.IntVal))
+}
+
+// MaxUnavailableNodes is the pool's maxUnavailable as a number of nodes out of total: a percentage rounded up and
+// never below 1 (as the DaemonSet controller's rolling update counts it); unset is 1.
+func (p Pool) MaxUnavailableNodes(total int) (int, error) {
+	if err := p.CheckMaxUnavailable(); err != nil {
+		return 0, err
+	}
+	if p.MaxUnavailable == nil {
+		return 1, nil
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, total, true)
+	if err != nil {
+		return 0, fmt.Errorf("driver pool %s: upgradePolicy.maxUnavailable: %w", p.Name, err)
+	}
+	return max(n, 1), nil
 }
 
 // Matching returns the pools whose selection matches node (more than one means the pools overlap on it).

@@ -1,16 +1,20 @@
 package kmod
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
 )
 
 // Detection is what the driver manager reads of a node before it acts, gathered without changing anything.
 type Detection struct {
-	// HostDriver is the host's own nvidia-smi ("" when none).
+	// HostDriver is the host's own nvidia-smi when it runs ("" when none); HostLookup says what was found.
 	HostDriver string
+	HostLookup hostdriver.Result
 	// DriverPodFiles are what a containerized driver left (state file, pid file, driver root mounts).
 	DriverPodFiles []string
 	// Modules are the loaded NVIDIA modules; Nouveau says whether nouveau is loaded.
@@ -22,11 +26,17 @@ type Detection struct {
 	NVIDIAFunctions []PCIFunction
 }
 
-// Detect reads the node as the driver manager's first step does, and more: nothing is changed.
-func (h Host) Detect() (Detection, error) {
+// Detect reads the node as the driver manager's first step does, and more: nothing is changed (the host's
+// nvidia-smi, if any, is run).
+func (h Host) Detect(ctx context.Context) (Detection, error) {
 	var d Detection
 	var err error
-	d.HostDriver = h.HostDriver()
+	if d.HostLookup, err = h.HostDriver(ctx); err != nil {
+		return d, err
+	}
+	if d.HostLookup.Present() {
+		d.HostDriver = d.HostLookup.Path
+	}
 	if d.DriverPodFiles, err = h.DriverPodFiles(); err != nil {
 		return d, err
 	}
@@ -71,7 +81,7 @@ func (d Detection) Write(w io.Writer, h Host) {
 		}
 		return strings.Join(s, ", ")
 	}
-	host := "none (no nvidia-smi under " + h.Root + " in usr/bin, usr/sbin, bin, sbin)"
+	host := "none (" + d.HostLookup.String() + ")"
 	if d.HostDriver != "" {
 		host = "found: " + d.HostDriver
 	}

@@ -1,23 +1,30 @@
 // Package kmod is the driver manager's view of a node's NVIDIA kernel modules, the containerized driver's files
 // and its root mount, and the PCI functions it releases from vfio-pci. Every path goes through a root (the host's
 // filesystem as mounted in the pod, the pod's own filesystem, the host's sysfs), and what changes the kernel's
-// state (delete_module, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
+// state (delete_module, modprobe, umount2, a driver unbind) goes through Kernel, so the whole flow runs against a fixture
 // tree with FixtureKernel: in unit tests (kmodtest) and in a real container on a test node.
 package kmod
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 )
 
 // UnloadOrder lists the NVIDIA modules in the order they can be removed: each one only after every module
@@ -36,6 +43,10 @@ type Kernel interface {
 	// UnbindDevice detaches the PCI function whose sysfs directory is dev (<sys>/bus/pci/devices/<address>) from
 	// its driver.
 	UnbindDevice(dev string) error
+	// LoadModule loads a module and the modules it needs, as modprobe does with root's modprobe, module tree and
+	// configuration (the driver root a containerized driver installed its modules in, or the host's root): it
+	// puts back what a failed unload had already removed.
+	LoadModule(root, name string) error
 }
 
 // System is the real Kernel.
@@ -48,6 +59,26 @@ func (System) DeleteModule(name string) error { return unix.DeleteModule(name, u
 // Unmount calls umount2(2) with MNT_DETACH: a stale driver root whose container is gone may still be some
 // process's working directory, and a lazy unmount still frees the path for the new driver.
 func (System) Unmount(target string) error { return unix.Unmount(target, unix.MNT_DETACH) }
+
+// LoadModule runs root's modprobe chrooted in root (the manager runs privileged, as root), bounded to a minute.
+func (System) LoadModule(root, name string) error {
+	dir, _, err := hostfs.Root(root).FindExecutable("modprobe", modprobeDirs)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/"+dir+"/modprobe", name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("modprobe %s (in %s): %w: %s", name, root, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// modprobeDirs are where a root keeps modprobe.
+var modprobeDirs = []string{"usr/sbin", "sbin", "usr/bin", "bin"}
 
 // UnbindDevice writes the function's address to its driver's unbind file.
 func (s System) UnbindDevice(dev string) error { return s.writeUnbind(dev, false) }
@@ -101,6 +132,8 @@ type Host struct {
 	SysDir string
 	// Kernel removes modules and unmounts.
 	Kernel Kernel
+	// RunHost runs the host's nvidia-smi to tell a host driver from a leftover (nil: hostdriver.Interpreted).
+	RunHost hostdriver.RunFunc
 }
 
 // Complete fills the defaults of empty fields.
@@ -161,10 +194,8 @@ func (h Host) Loaded() ([]Module, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read loaded modules: %w", err)
 	}
-	for line := range strings.Lines(string(b)) {
-		if f := strings.Fields(line); len(f) > 0 {
-			listed[f[0]] = true
-		}
+	for _, name := range ModuleNames(b) {
+		listed[name] = true
 	}
 	var mods []Module
 	for _, name := range UnloadOrder {
@@ -175,6 +206,17 @@ func (h Host) Loaded() ([]Module, error) {
 		mods = append(mods, Module{Name: name, Refcnt: h.refcnt(name), Holders: h.holders(name)})
 	}
 	return mods, nil
+}
+
+// ModuleNames returns the names /proc/modules lists: the first field of each line, in order.
+func ModuleNames(procModules []byte) []string {
+	var out []string
+	for line := range strings.Lines(string(procModules)) {
+		if f := strings.Fields(line); len(f) > 0 {
+			out = append(out, f[0])
+		}
+	}
+	return out
 }
 
 func (h Host) refcnt(name string) int {
@@ -198,17 +240,14 @@ func (h Host) holders(name string) []string {
 	return out
 }
 
-// HostDriver returns the host's own nvidia-smi (a driver installed on the host, not by a driver pod), as a path
-// under Root, or "" when there is none.
-func (h Host) HostDriver() string {
-	for _, dir := range []string{"usr/bin", "usr/sbin", "bin", "sbin"} {
-		p := h.host(dir, "nvidia-smi")
-		// Lstat: an absolute symlink on the host would resolve inside the pod, not under Root.
-		if _, err := os.Lstat(p); err == nil {
-			return p
-		}
+// HostDriver looks for a driver installed on the host (not by a driver pod): an nvidia-smi in hostdriver.Dirs
+// under Root that runs (through RunHost). A leftover nvidia-smi that fails is not one: Result.Present says.
+func (h Host) HostDriver(ctx context.Context) (hostdriver.Result, error) {
+	run := h.RunHost
+	if run == nil {
+		run = hostdriver.Interpreted
 	}
-	return ""
+	return hostdriver.Lookup(ctx, hostfs.Root(h.Root), run)
 }
 
 // RecordedDigest returns the DRIVER_CONFIG_DIGEST the running containerized driver recorded, and whether it
@@ -249,12 +288,7 @@ func (h Host) DriverRootMounts() ([]string, error) {
 	}
 	root := filepath.Clean(h.DriverRoot)
 	var mps []string
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMountPath(f[4])
+	for _, mp := range MountPoints(b) {
 		if mp == root || strings.HasPrefix(mp, root+"/") {
 			mps = append(mps, mp)
 		}
@@ -262,6 +296,18 @@ func (h Host) DriverRootMounts() ([]string, error) {
 	slices.Reverse(mps) // later mounts sit on top of earlier ones
 	slices.SortStableFunc(mps, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	return mps, nil
+}
+
+// MountPoints returns the mount points of a mountinfo table (proc(5): the fifth field), unescaped, in table order;
+// lines too short to have one are skipped.
+func MountPoints(mountinfo []byte) []string {
+	var out []string
+	for line := range strings.Lines(string(mountinfo)) {
+		if f := strings.Fields(line); len(f) >= 5 {
+			out = append(out, unescapeMountPath(f[4]))
+		}
+	}
+	return out
 }
 
 // unescapeMountPath undoes the kernel's octal escapes in mountinfo (\040 for a space, \011, \012, \134).
@@ -353,12 +399,79 @@ func (e *BusyError) Error() string {
 // Unwrap returns the system call's error.
 func (e *BusyError) Unwrap() error { return e.Err }
 
-// Unload removes the loaded NVIDIA modules in UnloadOrder and returns the ones it removed. A module in use stops
-// it with a *BusyError naming the module's holders and the processes that have the GPUs open.
+// CheckUnload says, before anything is removed, whether every loaded NVIDIA module can go: a module held by a
+// module that is not removed with it, a use count above what the removed modules account for, or a process with a
+// /dev/nvidia* device open makes it a *BusyError naming the module and what is in the way; nil when all can go.
+// Removing them one by one and finding the last one busy would leave the node with half a driver.
+func (h Host) CheckUnload() error {
+	mods, err := h.Loaded()
+	if err != nil {
+		return err
+	}
+	removed := map[string]bool{}
+	for _, m := range mods {
+		removed[m.Name] = h.removable(m.Name)
+	}
+	procs, err := h.DeviceUsers()
+	if err != nil {
+		return err
+	}
+	for _, m := range mods {
+		if !removed[m.Name] {
+			continue
+		}
+		inside, outside := 0, false
+		for _, holder := range m.Holders {
+			if removed[holder] {
+				inside++
+			} else {
+				outside = true
+			}
+		}
+		switch {
+		case outside:
+			return &BusyError{Module: m.Name, Refcnt: m.Refcnt, Holders: m.Holders, Processes: procs, Err: unix.EAGAIN}
+		case m.Refcnt > inside:
+			return &BusyError{Module: m.Name, Refcnt: m.Refcnt, Holders: m.Holders, Processes: procs, Err: unix.EBUSY}
+		}
+	}
+	if len(procs) > 0 {
+		// open device files hold their module; a use count that does not show it is not to be trusted
+		name := deviceModule(procs[0].Device)
+		return &BusyError{Module: name, Refcnt: h.refcnt(name), Holders: h.holders(name), Processes: procs, Err: unix.EBUSY}
+	}
+	return nil
+}
+
+// deviceModule is the module a /dev/nvidia* device file belongs to.
+func deviceModule(dev string) string {
+	switch {
+	case strings.HasPrefix(dev, "/dev/nvidia-uvm"):
+		return "nvidia_uvm"
+	case strings.HasPrefix(dev, "/dev/nvidia-modeset"):
+		return "nvidia_modeset"
+	}
+	return "nvidia"
+}
+
+// removable: only a loadable module (one with a sys/module/<m>/refcnt) is removed.
+func (h Host) removable(name string) bool {
+	_, err := os.Stat(h.host("sys", "module", name, "refcnt"))
+	return err == nil
+}
+
+// Unload removes the loaded NVIDIA modules in UnloadOrder and returns the ones it removed. It removes nothing
+// when CheckUnload finds one in use (a *BusyError). Should a removal still fail midway (a user arrived meanwhile,
+// the kernel refused), it loads back what it had removed, through Kernel.LoadModule, and returns the failure with
+// no module removed; when that reload fails too, a *PartialUnloadError lists the modules the node is left without,
+// and those are what Unload returns.
 func (h Host) Unload() ([]string, error) {
+	if err := h.CheckUnload(); err != nil {
+		return nil, err
+	}
 	var done []string
 	for _, name := range UnloadOrder {
-		if _, err := os.Stat(h.host("sys", "module", name, "refcnt")); err != nil {
+		if !h.removable(name) {
 			continue
 		}
 		err := h.Kernel.DeleteModule(name)
@@ -369,22 +482,81 @@ func (h Host) Unload() ([]string, error) {
 			// gone meanwhile
 		case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
 			procs, _ := h.DeviceUsers()
-			return done, &BusyError{Module: name, Refcnt: h.refcnt(name), Holders: h.holders(name), Processes: procs, Err: err}
+			return h.reload(done, &BusyError{Module: name, Refcnt: h.refcnt(name), Holders: h.holders(name), Processes: procs, Err: err})
 		default:
-			return done, fmt.Errorf("unload kernel module %s: %w", name, err)
+			return h.reload(done, fmt.Errorf("unload kernel module %s: %w", name, err))
 		}
 	}
 	return done, nil
 }
 
+// reload loads back, in reverse, the modules a failed Unload removed before it failed with cause.
+func (h Host) reload(removed []string, cause error) ([]string, error) {
+	if len(removed) == 0 {
+		return nil, cause
+	}
+	root := h.moduleRoot()
+	for i := len(removed) - 1; i >= 0; i-- {
+		if err := h.Kernel.LoadModule(root, removed[i]); err != nil {
+			missing := slices.Clone(removed[:i+1])
+			slices.Reverse(missing)
+			return missing, &PartialUnloadError{Err: cause, Missing: missing, ReloadErr: err}
+		}
+	}
+	return nil, fmt.Errorf("%w (the modules removed before it, %s, were loaded back)", cause, strings.Join(removed, ", "))
+}
+
+// moduleRoot is where the loaded driver's modules and modprobe are: the containerized driver's root while it is
+// still mounted, else the host's root.
+func (h Host) moduleRoot() string {
+	if _, _, err := hostfs.Root(h.own(h.DriverRoot)).FindExecutable("modprobe", modprobeDirs); err == nil {
+		return h.own(h.DriverRoot)
+	}
+	return h.Root
+}
+
+// PartialUnloadError is an unload that failed midway and could not load back what it had removed: the node is
+// left with part of a driver.
+type PartialUnloadError struct {
+	// Err is why the unload failed (a *BusyError when a module turned out to be in use).
+	Err error
+	// Missing are the modules removed and not loaded back.
+	Missing []string
+	// ReloadErr is why loading them back failed.
+	ReloadErr error
+}
+
+// Error names the modules the node lacks.
+func (e *PartialUnloadError) Error() string {
+	return fmt.Sprintf("%v; kernel modules %s were already removed and loading them back failed (%v): the node is left without a working NVIDIA driver",
+		e.Err, strings.Join(e.Missing, ", "), e.ReloadErr)
+}
+
+// Unwrap returns the unload's and the reload's errors.
+func (e *PartialUnloadError) Unwrap() []error { return []error{e.Err, e.ReloadErr} }
+
 // Process is a host process.
 type Process struct {
 	PID  int
 	Comm string
+	// Device is the first /dev/nvidia* device it has open.
+	Device string
+	// PodUID is the UID of the pod it runs in, read from its cgroup ("" for none); Pod, when the caller found
+	// that pod, is its namespace/name.
+	PodUID, Pod string
 }
 
-// String is "pid 1234 (nv-hostengine)".
-func (p Process) String() string { return fmt.Sprintf("pid %d (%s)", p.PID, p.Comm) }
+// String is "pid 1234 (nv-hostengine)", followed by its pod when it runs in one.
+func (p Process) String() string {
+	s := fmt.Sprintf("pid %d (%s)", p.PID, p.Comm)
+	switch {
+	case p.Pod != "":
+		s += " of pod " + p.Pod
+	case p.PodUID != "":
+		s += " of pod UID " + p.PodUID
+	}
+	return s
+}
 
 // DeviceUsers returns the host processes that have a /dev/nvidia* device open, by their proc/<pid>/fd links.
 // Processes that exit or cannot be read meanwhile are skipped.
@@ -406,7 +578,7 @@ func (h Host) DeviceUsers() ([]Process, error) {
 		for _, fd := range fds {
 			target, err := os.Readlink(h.host("proc", e.Name(), "fd", fd.Name()))
 			if err == nil && strings.HasPrefix(target, "/dev/nvidia") {
-				out = append(out, Process{PID: pid, Comm: h.comm(e.Name())})
+				out = append(out, Process{PID: pid, Comm: h.comm(e.Name()), Device: target, PodUID: h.podUID(e.Name())})
 				break
 			}
 		}
@@ -426,4 +598,36 @@ func (h Host) comm(pid string) string {
 		return s.Text()
 	}
 	return "?"
+}
+
+// podUID reads the pod UID from a process's cgroup path, as the kubelet names the pod's cgroup: ".../kubepods/
+// burstable/pod<uid>/<container>" (cgroupfs) or ".../kubepods-burstable-pod<uid_with_underscores>.slice/..." (systemd).
+func (h Host) podUID(pid string) string {
+	b, err := os.ReadFile(h.host("proc", pid, "cgroup"))
+	if err != nil {
+		return ""
+	}
+	return PodUIDFromCgroup(string(b))
+}
+
+// PodUIDFromCgroup returns the pod UID in a /proc/<pid>/cgroup file's paths, "" when there is none.
+func PodUIDFromCgroup(cgroup string) string {
+	for line := range strings.Lines(cgroup) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3) // hierarchy-ID:controllers:path
+		if len(f) < 3 {
+			continue
+		}
+		for el := range strings.SplitSeq(f[2], "/") {
+			el = strings.TrimSuffix(el, ".slice")
+			i := strings.LastIndex(el, "pod")
+			if i < 0 || !strings.Contains(el, "kubepods") && i != 0 {
+				continue
+			}
+			uid := strings.ReplaceAll(el[i+len("pod"):], "_", "-")
+			if len(uid) == 36 && strings.Count(uid, "-") == 4 {
+				return uid
+			}
+		}
+	}
+	return ""
 }

@@ -137,12 +137,7 @@ func (h Host) MOFEDReady(hostMOFED bool) (bool, string, error) {
 		if err != nil {
 			return false, what, fmt.Errorf("read loaded modules: %w", err)
 		}
-		for line := range strings.Lines(string(b)) {
-			if f := strings.Fields(line); len(f) > 0 && f[0] == "mlx5_core" {
-				return true, what, nil
-			}
-		}
-		return false, what, nil
+		return slices.Contains(ModuleNames(b), "mlx5_core"), what, nil
 	}
 	p := h.own(MOFEDReadyFile)
 	what := p + " (the MOFED driver container)"

@@ -20,7 +20,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
@@ -48,6 +47,11 @@ type Options struct {
 func (o *Options) Validate() error {
 	if o.Client == nil || o.Namespace == "" || o.Release == "" {
 		return errors.New("need a client, --namespace and --release")
+	}
+	for _, p := range o.Pools {
+		if err := p.CheckMaxUnavailable(); err != nil {
+			return err
+		}
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -155,7 +159,10 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	}
 	for _, dsName := range slices.Sorted(maps.Keys(dsNodes)) {
 		members, pool := dsNodes[dsName], dsPool[dsName]
-		maxUnavailable := resolve(pool.MaxUnavailable, len(members))
+		maxUnavailable, err := pool.MaxUnavailableNodes(len(members))
+		if err != nil {
+			return nil, err
+		}
 		var batch []NodePlan
 		for _, np := range plan.Nodes {
 			if np.DaemonSet != dsName {
@@ -210,19 +217,6 @@ func podDigest(pod *corev1.Pod) string {
 		}
 	}
 	return ""
-}
-
-// resolve turns maxUnavailable into a node count, rounding a percentage up and never below 1 (as the DaemonSet
-// controller does for its rolling update).
-func resolve(v *intstr.IntOrString, total int) int {
-	if v == nil {
-		return 1
-	}
-	n, err := intstr.GetScaledValueFromIntOrPercent(v, total, true)
-	if err != nil || n < 1 {
-		return 1
-	}
-	return n
 }
 
 func unavailable(n *corev1.Node) bool {

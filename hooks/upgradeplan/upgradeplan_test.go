@@ -72,6 +72,25 @@ func TestFirstInstallHasNothingToDo(t *testing.T) {
 	}
 }
 
+// A malformed maxUnavailable fails the plan naming the key, changing nothing; it is never read as 1.
+func TestMalformedMaxUnavailableIsAnError(t *testing.T) {
+	for _, v := range []intstr.IntOrString{intstr.FromString("abc"), intstr.FromString("150%"), intstr.FromInt32(-1)} {
+		plan, _, err, client := run(t, pool("new", v), readyNode("a", nil), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+		if err == nil || !strings.Contains(err.Error(), "driver pool default: upgradePolicy.maxUnavailable") {
+			t.Errorf("maxUnavailable %s: plan %+v, err %v; want an error naming the key", v.String(), plan, err)
+		}
+		for _, a := range client.Actions() {
+			if a.GetVerb() == "patch" || a.GetVerb() == "update" {
+				t.Errorf("maxUnavailable %s: the plan wrote %s %s", v.String(), a.GetVerb(), a.GetResource().Resource)
+			}
+		}
+		o := Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pool("new", v)}
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "upgradePolicy.maxUnavailable") {
+			t.Errorf("maxUnavailable %s: Validate = %v", v.String(), err)
+		}
+	}
+}
+
 func TestPlansChangedNodesInBatchesAndMarksThem(t *testing.T) {
 	plan, out, err, client := run(t, pool("new", intstr.FromString("50%")),
 		readyNode("a", nil), readyNode("b", nil), readyNode("c", nil), readyNode("d", map[string]string{nodestate.UpgradeSkipLabel: "true"}),

@@ -1,7 +1,6 @@
 package validation
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 )
 
@@ -121,28 +121,29 @@ func (o *Options) driverCheck() check {
 }
 
 // findDriver locates the driver (a host install first, as the driver DaemonSet stands down on such nodes) and
-// probes it with nvidia-smi and NVML.
+// probes it with nvidia-smi and NVML. A host driver is what hostdriver.Lookup says, the driver manager's own
+// lookup: an nvidia-smi under the host root that runs (here chrooted into it, through Runner). One that fails is
+// a leftover of an uninstalled driver, and the driver container's driver is looked for instead.
 func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, result) {
 	host := hostfs.Root(o.HostRoot)
-	dir, _, err := host.FindExecutable("nvidia-smi", hostfs.BinDirs)
-	if err == nil {
-		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: dir,
-			consumerRoot: ConsumerHostRoot, consumerDevRoot: ConsumerHostRoot}
-		return o.probeDriver(ctx, p, d)
+	hd, err := hostdriver.Lookup(ctx, host, o.runIn, o.smiArgs()...)
+	if err != nil {
+		return nil, failed("%v", err)
 	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, failed("look for a host driver: %v", err)
+	if hd.Present() {
+		d := &driverInfo{host: true, root: host, rootHostPath: "/", devRootHostPath: "/", devRootCtr: o.HostRoot, smiDir: hd.Dir,
+			consumerRoot: ConsumerHostRoot, consumerDevRoot: ConsumerHostRoot}
+		return o.probeNVML(p, d)
 	}
 	ctrReady, err := hostfs.Root(o.OutputDir).Exists(DriverCtrReadyFile)
 	if err != nil {
 		return nil, failed("%v", err)
 	}
 	if !ctrReady {
-		return nil, waiting("no host driver (no nvidia-smi under %s in %s) and the driver container is not ready (no %s in %s)",
-			o.HostRoot, strings.Join(hostfs.BinDirs, ", "), DriverCtrReadyFile, o.OutputDir)
+		return nil, waiting("no host driver (%s) and the driver container is not ready (no %s in %s)", hd, DriverCtrReadyFile, o.OutputDir)
 	}
 	drv := hostfs.Root(o.DriverInstallDir)
-	dir, _, err = drv.FindExecutable("nvidia-smi", hostfs.BinDirs)
+	dir, _, err := drv.FindExecutable("nvidia-smi", hostfs.BinDirs)
 	if err != nil {
 		return nil, waiting("the driver container is ready (%s) but its root has no nvidia-smi: %v", DriverCtrReadyFile, err)
 	}
@@ -155,15 +156,30 @@ func (o *Options) findDriver(ctx context.Context, p progress) (*driverInfo, resu
 	return o.probeDriver(ctx, p, d)
 }
 
-func (o *Options) probeDriver(ctx context.Context, p progress, d *driverInfo) (*driverInfo, result) {
-	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi"}
+// runIn runs a program of root chrooted in it, through Runner (hostdriver.RunFunc).
+func (o *Options) runIn(ctx context.Context, root hostfs.Root, path string, args []string) ([]byte, error) {
+	return o.Runner.Run(ctx, Command{Root: root.String(), Path: path, Args: args})
+}
+
+// smiArgs are nvidia-smi's arguments: none (it queries every GPU), or only --version with SkipGPUInit.
+func (o *Options) smiArgs() []string {
 	if o.SkipGPUInit {
-		smi.Args = []string{"--version"}
+		return []string{"--version"}
 	}
+	return nil
+}
+
+func (o *Options) probeDriver(ctx context.Context, p progress, d *driverInfo) (*driverInfo, result) {
+	smi := Command{Root: d.root.String(), Path: "/" + d.smiDir + "/nvidia-smi", Args: o.smiArgs()}
 	out, err := o.Runner.Run(ctx, smi)
 	if err != nil {
 		return nil, waiting("nvidia-smi under %s failed: %s", filepath.Join(d.root.String(), d.smiDir), describeRun(out, err))
 	}
+	return o.probeNVML(p, d)
+}
+
+// probeNVML counts the GPUs and reads the driver version through the driver's NVML, once its nvidia-smi answered.
+func (o *Options) probeNVML(p progress, d *driverInfo) (*driverInfo, result) {
 	if o.SkipGPUInit { // no GPU is touched: NVML would initialise them
 		return d, result{}
 	}
@@ -247,19 +263,58 @@ func (o *Options) moduleCheck(component string) check {
 	}
 }
 
-// parseEnv reads KEY=VALUE lines (optionally "export ", optionally quoted), as the driver container writes them.
+// parseEnv reads KEY=VALUE lines (optionally "export "), as the driver container writes .driver-ctr-ready and
+// the driver check writes driver-ready; comments, blank lines and lines without a key are skipped. A value reads
+// as `sh` assigns it (shellWord), so what shellQuote wrote comes back as it was.
 func parseEnv(raw []byte) map[string]string {
 	env := map[string]string{}
-	s := bufio.NewScanner(bytes.NewReader(raw))
-	for s.Scan() {
-		line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(s.Text()), "export "))
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || strings.HasPrefix(line, "#") {
+	for line := range strings.Lines(string(raw)) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		env[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
+		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if k = strings.TrimSpace(k); !ok || k == "" || strings.ContainsAny(k, " \t") {
+			continue
+		}
+		env[k] = shellWord(strings.TrimSpace(v))
 	}
 	return env
+}
+
+// shellWord reads an assignment's value as `sh` does: '...' literally, "..." with \ escaping $ ` " and \, and
+// unquoted text with \ escaping the next character, up to unquoted white space; an unterminated quote runs to
+// the end of the line.
+func shellWord(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'':
+			j := strings.IndexByte(s[i+1:], '\'')
+			if j < 0 {
+				return b.String() + s[i+1:]
+			}
+			b.WriteString(s[i+1 : i+1+j])
+			i += j + 1
+		case '"':
+			for i++; i < len(s) && s[i] != '"'; i++ {
+				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte("$`\"\\", s[i+1]) >= 0 {
+					i++
+				}
+				b.WriteByte(s[i])
+			}
+		case '\\':
+			if i+1 < len(s) {
+				i++
+				b.WriteByte(s[i])
+			}
+		case ' ', '\t':
+			return b.String()
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // shellQuote leaves plain paths as they are and single-quotes anything else.

@@ -3,6 +3,7 @@
 package validation
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -83,11 +84,39 @@ func TestDriverCheck(t *testing.T) {
 	}, {
 		name: "nvidia-smi cannot talk to the driver",
 		setup: func(e *env, o *Options) {
-			installDriver(e.t, e.host)
+			installDriver(e.t, e.driver)
+			writeFile(e.t, e.out, DriverCtrReadyFile, "GDS_ENABLED=false\n", 0o644)
 			e.runner.answers["/usr/bin/nvidia-smi"] = smiFailure
 		},
-		want:   "failed: nvidia-smi under @host/usr/bin failed: exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
+		want:   "failed: nvidia-smi under @driver/usr/bin failed: exit 9: NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.",
 		absent: []string{"driver-ready"},
+	}, {
+		// the driver manager's lookup: a host nvidia-smi that fails is a leftover, and the containerized driver is
+		// the node's
+		name: "a host nvidia-smi that fails is no host driver",
+		setup: func(e *env, o *Options) {
+			installDriver(e.t, e.host)
+			e.runner.answers[filepath.Join(e.host, "usr/bin/nvidia-smi")] = smiFailure
+			installDriver(e.t, e.driver)
+			e.runner.answers["/usr/bin/nvidia-smi"] = answer{}
+			writeFile(e.t, e.out, DriverCtrReadyFile, "GDS_ENABLED=false\n", 0o644)
+		},
+		want: "ready",
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=false\nNVIDIA_DRIVER_ROOT=@driver\nDRIVER_ROOT_CTR_PATH=/driver-root\n" +
+			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"},
+	}, {
+		name: "Flatcar host driver in /opt/bin",
+		setup: func(e *env, o *Options) {
+			installDriver(e.t, e.host)
+			writeFile(e.t, e.host, "opt/bin/nvidia-smi", "#!/bin/sh\n", 0o755)
+			if err := os.Remove(filepath.Join(e.host, "usr/bin/nvidia-smi")); err != nil {
+				e.t.Fatal(err)
+			}
+			e.runner.answers[filepath.Join(e.host, "opt/bin/nvidia-smi")] = answer{}
+		},
+		want: "ready",
+		files: map[string]string{"driver-ready": "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\n" +
+			"NVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"},
 	}, {
 		name: "NVML sees no GPU",
 		setup: func(e *env, o *Options) {

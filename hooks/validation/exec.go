@@ -3,12 +3,13 @@ package validation
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostdriver"
 )
 
 // Command is a program run by a Runner.
@@ -60,20 +61,7 @@ func (ExecRunner) Run(ctx context.Context, c Command) ([]byte, error) {
 }
 
 // describeRun turns a failed run into a reason: "exit 9: <first line of output>" or the start error.
-func describeRun(out []byte, err error) string {
-	line := firstLine(out)
-	var exit interface{ ExitCode() int } // *exec.ExitError, or a test's fake
-	if errors.As(err, &exit) {
-		if line == "" {
-			return fmt.Sprintf("exit %d", exit.ExitCode())
-		}
-		return fmt.Sprintf("exit %d: %s", exit.ExitCode(), line)
-	}
-	if line != "" {
-		return fmt.Sprintf("%v: %s", err, line)
-	}
-	return err.Error()
-}
+func describeRun(out []byte, err error) string { return hostdriver.Describe(out, err) }
 
 func firstLine(out []byte) string {
 	for l := range strings.SplitSeq(string(out), "\n") {

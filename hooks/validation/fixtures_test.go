@@ -33,7 +33,7 @@ func (e exitError) ExitCode() int { return int(e) }
 // fakeRunner answers commands by path and records them.
 type fakeRunner struct {
 	mu      sync.Mutex
-	answers map[string]answer // by Command.Path
+	answers map[string]answer // by Command.Root+Command.Path, else by Command.Path
 	calls   []Command
 }
 
@@ -46,7 +46,10 @@ func (f *fakeRunner) Run(_ context.Context, c Command) ([]byte, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, c)
-	a, ok := f.answers[c.Path]
+	a, ok := f.answers[c.Root+c.Path] // a program of one root
+	if !ok {
+		a, ok = f.answers[c.Path]
+	}
 	if !ok {
 		return nil, fmt.Errorf("exec: %q: executable file not found in $PATH", c.Path)
 	}

@@ -68,27 +68,9 @@ func (f *Fixture) write(p, content string) {
 // LoadModule loads name, using the modules in deps (each gets name as a holder and one more use).
 func (f *Fixture) LoadModule(name string, deps ...string) {
 	f.t.Helper()
-	f.mkdir("sys", "module", name, "holders")
-	f.write(filepath.Join("sys/module", name, "refcnt"), "0\n")
-	for _, d := range deps {
-		if err := os.Symlink("../../"+name, f.path("sys", "module", d, "holders", name)); err != nil {
-			f.t.Fatal(err)
-		}
-		f.addRefcnt(d, 1)
+	if err := f.Kernel.fixture.Load(name, deps...); err != nil {
+		f.t.Fatal(err)
 	}
-	// proc/modules as Linux writes it: name, size, use count, the modules using it ("used by"), state, address
-	b, _ := os.ReadFile(f.path("proc", "modules"))
-	var lines []string
-	for line := range strings.Lines(string(b)) {
-		if fl := strings.Fields(line); len(fl) > 3 && slices.Contains(deps, fl[0]) {
-			c, _ := strconv.Atoi(fl[2])
-			fl[2] = strconv.Itoa(c + 1)
-			fl[3] = strings.TrimPrefix(fl[3], "-") + name + ","
-			line = strings.Join(fl, " ") + "\n"
-		}
-		lines = append(lines, line)
-	}
-	f.write("proc/modules", strings.Join(lines, "")+fmt.Sprintf("%s 1234 0 - Live 0x0000000000000000\n", name))
 }
 
 // LoadDriver loads the modules a containerized driver loads: nvidia, nvidia_modeset, nvidia_uvm and
@@ -127,8 +109,30 @@ func (f *Fixture) OpenDevice(pid int, comm, dev string) {
 	}
 }
 
-// HostNvidiaSMI installs nvidia-smi on the host under dir (e.g. usr/bin).
-func (f *Fixture) HostNvidiaSMI(dir string) { f.write(filepath.Join(dir, "nvidia-smi"), "#!/bin/sh\n") }
+// Cgroup writes host process pid's cgroup file (proc/<pid>/cgroup).
+func (f *Fixture) Cgroup(pid int, content string) {
+	f.write(filepath.Join("proc", strconv.Itoa(pid), "cgroup"), content)
+}
+
+// HostNvidiaSMI installs a working nvidia-smi on the host under dir (e.g. usr/bin): a host driver.
+func (f *Fixture) HostNvidiaSMI(dir string) {
+	f.executable(filepath.Join(dir, "nvidia-smi"), "#!/bin/sh\necho 'NVIDIA-SMI 550.54.15  Driver Version: 550.54.15'\n")
+}
+
+// LeftoverNvidiaSMI installs an nvidia-smi on the host under dir that fails as the real one does with no driver
+// loaded: what an uninstalled host driver leaves behind.
+func (f *Fixture) LeftoverNvidiaSMI(dir string) {
+	f.executable(filepath.Join(dir, "nvidia-smi"),
+		"#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\nexit 9\n")
+}
+
+func (f *Fixture) executable(p, content string) {
+	f.t.Helper()
+	f.write(p, content)
+	if err := os.Chmod(f.path(p), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+}
 
 // DriverState records digest as the running containerized driver does.
 func (f *Fixture) DriverState(digest string) { f.write("run/nvidia/nvidia-driver.state", digest+"\n") }
@@ -188,7 +192,8 @@ type Kernel struct {
 	f       *Fixture
 	fixture *kmod.FixtureKernel
 	mu      sync.Mutex
-	// Calls are "delete_module NAME", "umount PATH" (PATH as given, under the fixture root) and "unbind ADDRESS".
+	// Calls are "delete_module NAME", "modprobe NAME", "umount PATH" (PATH as given, under the fixture root) and
+	// "unbind ADDRESS".
 	Calls []string
 	// Fail, when set, is consulted before each call; a non-nil error fails it.
 	Fail func(call string) error
@@ -210,6 +215,21 @@ func (k *Kernel) record(call string) error {
 		return fail(call)
 	}
 	return nil
+}
+
+// FailUnload makes the n-th delete_module call fail with EBUSY, as if a user had come between the check and the
+// removal (kmod.FixtureKernel.FailUnload).
+func (k *Kernel) FailUnload(n int) { k.fixture.FailUnload = n }
+
+// FailLoad makes every LoadModule fail, as modprobe does without the module files.
+func (k *Kernel) FailLoad() { k.fixture.FailLoad = true }
+
+// LoadModule loads back a module as kmod.FixtureKernel does.
+func (k *Kernel) LoadModule(root, name string) error {
+	if err := k.record("modprobe " + name); err != nil {
+		return err
+	}
+	return k.fixture.LoadModule(root, name)
 }
 
 // DeleteModule removes a module as kmod.FixtureKernel does.

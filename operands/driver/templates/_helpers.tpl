@@ -8,6 +8,23 @@
 {{- end -}}
 {{- end }}
 
+{{/*
+driver.checkMaxUnavailable: a maxUnavailable the driver DaemonSets' rolling update cannot run with fails the render,
+naming the key, rather than reaching the API server or the upgrade plan: a whole number of nodes of at least 1 (the
+driver DaemonSets do not surge, so 0 never starts), or a percentage from 1% to 100%. A pool's upgradePolicy is not
+checked by the schema. dict "value" VALUE "key" KEY
+*/}}
+{{- define "driver.checkMaxUnavailable" -}}
+{{- $v := .value -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- $number := or (kindIs "float64" $v) (kindIs "int" $v) (kindIs "int64" $v) -}}
+{{- $ok := or (and $number (ge (float64 $v) 1.0) (eq (float64 $v) (float64 (int64 $v)))) (and (kindIs "string" $v) (regexMatch "^(100|[1-9][0-9]?)%$" $v)) -}}
+{{- if not $ok -}}
+{{- fail (printf "%s.upgradePolicy.maxUnavailable %v: want a number of nodes of at least 1, or a percentage from 1%% to 100%% such as \"25%%\"" .key (toJson $v)) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
 {{/* driver.kernelModuleType: the module type to install; nvidia-fs needs the open modules, so auto is open with GDS */}}
 {{- define "driver.kernelModuleType" -}}
 {{- if and .Values.gds.enabled (eq .Values.kernelModuleType "auto") }}open{{ else }}{{ .Values.kernelModuleType }}{{ end -}}
@@ -51,6 +68,7 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- if eq $pool.source "container" }}
 {{- $v := $pool.values | default $.Values -}}
 {{- $key := ternary "driver" (printf "driver.pools[%s]" $pool.name) (eq $pool.name "default") -}}
+{{- include "driver.checkMaxUnavailable" (dict "value" ($v.upgradePolicy | default dict).maxUnavailable "key" $key) -}}
 {{- $kernels := list "" -}}
 {{- if $v.usePrecompiled -}}
 {{- if not $v.kernels }}{{ fail (printf "%s.kernels: usePrecompiled needs the kernels of the pool's nodes (their feature.node.kubernetes.io/kernel-version.full), one DaemonSet each" $key) }}{{ end -}}
