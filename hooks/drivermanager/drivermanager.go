@@ -1,7 +1,8 @@
 // Package drivermanager is the node-local work before a driver pod (re)installs the NVIDIA driver: the init
 // container `driver-manager uninstall-driver` of every driver and vGPU-manager pod.
 //
-// One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
+// One run holds the node's Lease (lease.go: two driver pods on one node take turns) and walks these steps, writing
+// nodestate.UpgradeStateLabel as it goes:
 //
 //	detect        host driver (nvidia-smi on the host, no driver-pod files) -> mark pre-installed, hold, fail
 //	              (the driver container never starts; the DaemonSet lets go of the node)
