@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -98,7 +99,13 @@ func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(con
 		Client:     o.Client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
 	}
-	if rec, _, err := lock.Get(ctx); err == nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.Identity {
+	rec, _, err := lock.Get(ctx)
+	if apierrors.IsForbidden(err) {
+		// the elector would retry a refusal for ever: say at once what is missing
+		return fmt.Errorf("node %s: may not read the driver-manager lease %s/%s (the chart's Role grants leases get, create and update in the release namespace); nothing changed: %w",
+			o.NodeName, o.Namespace, lock.LeaseMeta.Name, err)
+	}
+	if err == nil && rec.HolderIdentity != "" && rec.HolderIdentity != l.Identity {
 		log.Info("another driver manager holds the node's lease: waiting for it to end or expire",
 			"lease", o.Namespace+"/"+lock.LeaseMeta.Name, "holder", rec.HolderIdentity, "duration", l.Duration)
 	}
@@ -108,7 +115,6 @@ func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(con
 	var mu sync.Mutex
 	started, abandoned := false, false
 	ended := make(chan struct{})
-	var err error
 	le, lerr := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		Name:            lock.LeaseMeta.Name,

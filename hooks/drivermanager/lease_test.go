@@ -10,6 +10,7 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
@@ -221,5 +222,23 @@ func TestLeaseName(t *testing.T) {
 	long := strings.Repeat("n", 253)
 	if got := LeaseName(long); len(got) != 253 || LeaseName(long+"x") == got {
 		t.Fatalf("%d %q", len(got), got)
+	}
+}
+
+// TestLeaseRefusedFailsAtOnce: a manager whose account may not read Leases says so at once, touching nothing,
+// instead of retrying for ever.
+func TestLeaseRefusedFailsAtOnce(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	e.client.PrependReactor("get", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(coordinationv1.Resource("leases"), LeaseName(nodeName), errors.New("RBAC: access denied"))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := e.leasedOptions("driver-pod-a").Run(ctx, &bytes.Buffer{})
+	if err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "leases get, create and update") || ctx.Err() != nil {
+		t.Fatalf("err = %v (after the deadline: %v)", err, ctx.Err() != nil)
+	}
+	if got := e.mutatingActions(); len(got) != 0 {
+		t.Fatalf("writes: %v", got)
 	}
 }
