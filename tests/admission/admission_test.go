@@ -263,7 +263,8 @@ func TestDriverManagerPatchesOnlyItsOwnNode(t *testing.T) {
 }
 
 // TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods: the validator records on its own node only, and
-// may create pods only with the no-rights workload account: never one running as the driver's account.
+// may create pods only with the no-rights workload account (never one running as the driver's account), bound to
+// its own node.
 func TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods(t *testing.T) {
 	install(t)
 	v := clientAs(t, validatorSA, podOn(t, validatorSA, nodeB))
@@ -286,6 +287,15 @@ func TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods(t *testing.T) 
 		if !strings.Contains(err.Error(), "may create only pods of service account "+workloadSA) {
 			t.Fatalf("refusal of a pod of %s: %v", sa, err)
 		}
+	}
+	elsewhere := pod(workloadSA)
+	elsewhere.Spec.NodeName = nodeA
+	err := refusedByPolicy(t, func(ctx context.Context) error {
+		_, err := v.CoreV1().Pods(ns).Create(ctx, elsewhere, metav1.CreateOptions{})
+		return err
+	})
+	if !strings.Contains(err.Error(), "may create pods only bound to its own node ("+nodeB+"), not to "+nodeA) {
+		t.Fatalf("refusal of a workload pod on another node: %v", err)
 	}
 	created, err := v.CoreV1().Pods(ns).Create(t.Context(), pod(workloadSA), metav1.CreateOptions{})
 	if err != nil {
