@@ -64,6 +64,15 @@ func runAsync(o *Options) <-chan result {
 // starting a second drain over it.
 func TestTwoManagersOnOneNodeTakeTurns(t *testing.T) {
 	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	// reactors are set before any run (the fake's chain is not safe to change while in use)
+	var counting atomic.Bool
+	var nodeReads atomic.Int32
+	e.client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if counting.Load() {
+			nodeReads.Add(1)
+		}
+		return false, nil, nil
+	})
 	atCordon, hold := make(chan struct{}), make(chan struct{})
 	first := e.leasedOptions("driver-pod-a")
 	first.AfterStep = func(step string) error {
@@ -79,11 +88,7 @@ func TestTwoManagersOnOneNodeTakeTurns(t *testing.T) {
 		t.Fatalf("lease holder %q while the first manager runs, want driver-pod-a", ptr.Deref(l.Spec.HolderIdentity, ""))
 	}
 	writes := len(e.mutatingActions())
-	var nodeReads atomic.Int32
-	e.client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-		nodeReads.Add(1)
-		return false, nil, nil
-	})
+	counting.Store(true)
 	secondDone := runAsync(e.leasedOptions("driver-pod-b"))
 	// several retry periods and more than the Lease's duration: the first renews, so the second keeps waiting
 	select {
@@ -91,6 +96,7 @@ func TestTwoManagersOnOneNodeTakeTurns(t *testing.T) {
 		t.Fatalf("the second manager ran while the first held the lease: %v %s", r.err, r.out)
 	case <-time.After(3 * time.Second):
 	}
+	counting.Store(false)
 	if got := len(e.mutatingActions()); got != writes || nodeReads.Load() != 0 {
 		t.Fatalf("the second manager touched the node while waiting: %d writes, %d node reads", got-writes, nodeReads.Load())
 	}
@@ -162,6 +168,13 @@ func TestKilledHoldersLeaseExpires(t *testing.T) {
 // to resume.
 func TestLosingTheLeaseIsAStop(t *testing.T) {
 	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
+	var refuse atomic.Bool
+	e.client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if refuse.Load() {
+			return true, nil, errors.New("etcdserver: request timed out")
+		}
+		return false, nil, nil
+	})
 	atPause, hold := make(chan struct{}), make(chan struct{})
 	o := e.leasedOptions("driver-pod-a")
 	o.AfterStep = func(step string) error {
@@ -173,9 +186,7 @@ func TestLosingTheLeaseIsAStop(t *testing.T) {
 	}
 	done := runAsync(o)
 	<-atPause
-	e.client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("etcdserver: request timed out")
-	})
+	refuse.Store(true)
 	time.Sleep(2 * time.Second) // past the renew deadline
 	close(hold)
 	r := <-done
