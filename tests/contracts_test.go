@@ -216,6 +216,9 @@ func contractViolations(t *testing.T, stream string) ([]string, int) {
 			}
 			out = append(out, what+": "+v)
 		}
+		if row.NoAPI && contracts.GetsToken(*x.spec, x.c) {
+			out = append(out, what+": the image never calls the Kubernetes API but gets the pod's service-account token; set automountServiceAccountToken: false and mount it only into the containers that need it (gpu-stack-lib.apiAccessMount)")
+		}
 		if contracts.HasProgram(row, x.c, "nvidia-device-plugin") {
 			for _, name := range slices.Sorted(func(yield func(string) bool) {
 				for k := range enabled {

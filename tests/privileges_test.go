@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -73,4 +74,100 @@ func orImage(u any) any {
 		return "65532 (the image's)"
 	}
 	return u
+}
+
+// TestDriverManagerTokenOnlyInOurContainers: a pod running the driver manager (driver, vGPU manager, VFIO manager)
+// runs a third-party container beside it with the same ServiceAccount, whose rights (cordon, evict, pause) are the
+// driver manager's. So the pod automounts no token; our own containers (the project's image) mount the pod's
+// token, CA and namespace at the standard path from one projected volume, and no other container mounts it. The
+// driver manager also names itself (POD_NAME) in the node's Lease.
+func TestDriverManagerTokenOnlyInOurContainers(t *testing.T) {
+	checked := 0
+	for _, p := range profiles(t) {
+		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+			for where, ps := range podSpecs(o) {
+				cs := containersOf(ps)
+				runsManager := slices.ContainsFunc(cs, func(c map[string]any) bool {
+					cmd, _ := c["command"].([]any)
+					return len(cmd) > 0 && cmd[0] == "driver-manager"
+				})
+				if !runsManager {
+					continue
+				}
+				checked++
+				name := p.name + ": " + where
+				if auto, ok := ps["automountServiceAccountToken"].(bool); !ok || auto {
+					t.Errorf("%s runs the driver manager beside third-party containers but automounts its token", name)
+				}
+				volumes, _ := ps["volumes"].([]any)
+				var token map[string]any
+				for _, v := range volumes {
+					if m, _ := v.(map[string]any); m["name"] == "kube-api-access" {
+						token = m
+					}
+				}
+				if !projectsToken(token) {
+					t.Errorf("%s: volume kube-api-access %v is not the projected token, CA and namespace", name, token)
+				}
+				for _, c := range cs {
+					img, _ := c["image"].(string)
+					ours := strings.Contains(img, "/"+projectImageRepo)
+					mounts := mountsAt(c, "kube-api-access", "/var/run/secrets/kubernetes.io/serviceaccount")
+					switch {
+					case ours && !mounts:
+						t.Errorf("%s: our container %s does not mount the pod's token at the standard path", name, c["name"])
+					case !ours && mountsVolume(c, "kube-api-access"):
+						t.Errorf("%s: third-party container %s (%s) mounts the driver manager's token", name, c["name"], img)
+					}
+					cmd, _ := c["command"].([]any)
+					if len(cmd) > 1 && cmd[0] == "driver-manager" && cmd[1] == "uninstall-driver" && !hasEnvFrom(c, "POD_NAME", "metadata.name") {
+						t.Errorf("%s: container %s holds the node's Lease but has no POD_NAME from metadata.name to name itself", name, c["name"])
+					}
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no pod running the driver manager found")
+	}
+}
+
+func projectsToken(v map[string]any) bool {
+	proj, _ := v["projected"].(map[string]any)
+	sources, _ := proj["sources"].([]any)
+	var token, ca, ns bool
+	for _, s := range sources {
+		m, _ := s.(map[string]any)
+		if sat, ok := m["serviceAccountToken"].(map[string]any); ok && sat["path"] == "token" && sat["audience"] == nil {
+			token = true
+		}
+		if cm, ok := m["configMap"].(map[string]any); ok && cm["name"] == "kube-root-ca.crt" {
+			ca = true
+		}
+		if d, ok := m["downwardAPI"].(map[string]any); ok && strings.Contains(fmt.Sprint(d), "metadata.namespace") {
+			ns = true
+		}
+	}
+	return token && ca && ns
+}
+
+func mountsVolume(c map[string]any, volume string) bool {
+	ms, _ := c["volumeMounts"].([]any)
+	return slices.ContainsFunc(ms, func(m any) bool { mm, _ := m.(map[string]any); return mm["name"] == volume })
+}
+
+func mountsAt(c map[string]any, volume, path string) bool {
+	ms, _ := c["volumeMounts"].([]any)
+	return slices.ContainsFunc(ms, func(m any) bool {
+		mm, _ := m.(map[string]any)
+		return mm["name"] == volume && mm["mountPath"] == path && mm["readOnly"] == true
+	})
+}
+
+func hasEnvFrom(c map[string]any, name, fieldPath string) bool {
+	env, _ := c["env"].([]any)
+	return slices.ContainsFunc(env, func(e any) bool {
+		m, _ := e.(map[string]any)
+		return m["name"] == name && strings.Contains(fmt.Sprint(m["valueFrom"]), fieldPath)
+	})
 }

@@ -1,10 +1,30 @@
 package tests
 
 import (
+	"bytes"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 )
 
 // TestValidatorChecksMayRecordOnTheirNode: a validator check that knows its node (NODE_NAME) records its outcome
@@ -93,4 +113,329 @@ func nodeVerbsByServiceAccount(objs []object) map[string]map[string]bool {
 func has(list any, want string) bool {
 	l, _ := list.([]any)
 	return slices.ContainsFunc(l, func(x any) bool { return strings.EqualFold(fmt.Sprint(x), want) || fmt.Sprint(x) == "*" })
+}
+
+// rule is one granted (API group, resource[/subresource], verb), and where: "" for a ClusterRole, else the Role's
+// namespace.
+type rule struct{ namespace, group, resource, verb string }
+
+// rulesOf returns what the rendered chart grants ServiceAccount sa of the release namespace, through ClusterRole
+// and Role bindings.
+func rulesOf(objs []object, sa string) map[rule]bool {
+	roles := map[string][]any{} // kind/name -> rules
+	for _, o := range objs {
+		if k := o.kind(); k == "ClusterRole" || k == "Role" {
+			roles[k+"/"+o.name()], _ = o.Raw["rules"].([]any)
+		}
+	}
+	out := map[rule]bool{}
+	for _, o := range objs {
+		k := o.kind()
+		if k != "ClusterRoleBinding" && k != "RoleBinding" {
+			continue
+		}
+		subjects, _ := o.Raw["subjects"].([]any)
+		if !slices.ContainsFunc(subjects, func(s any) bool {
+			m, _ := s.(map[string]any)
+			return m["kind"] == "ServiceAccount" && m["name"] == sa && m["namespace"] == chartrender.Namespace
+		}) {
+			continue
+		}
+		ref, _ := o.Raw["roleRef"].(map[string]any)
+		ns := ""
+		if k == "RoleBinding" {
+			ns = chartrender.Namespace
+		}
+		for _, r := range roles[fmt.Sprint(ref["kind"])+"/"+fmt.Sprint(ref["name"])] {
+			m, _ := r.(map[string]any)
+			for _, g := range m["apiGroups"].([]any) {
+				for _, res := range m["resources"].([]any) {
+					for _, v := range m["verbs"].([]any) {
+						out[rule{ns, fmt.Sprint(g), fmt.Sprint(res), fmt.Sprint(v)}] = true
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// grants: a request (namespace "" for cluster-scoped or all namespaces) is granted by the rules.
+func grants(rules map[rule]bool, r rule) bool {
+	for g := range rules {
+		if (g.namespace == "" || g.namespace == r.namespace) && g.group == r.group && g.resource == r.resource && g.verb == r.verb {
+			return true
+		}
+	}
+	return false
+}
+
+// driverManagerAccounts are the ServiceAccounts of the pods that run driver-manager (its init container and,
+// for the driver and the vGPU manager, its gate sidecar).
+var driverManagerAccounts = []string{"nvidia-driver", "nvidia-vgpu-manager", "nvidia-vfio-manager"}
+
+// TestDriverManagerRBACIsWhatItCalls runs the driver manager through a driver change on a node with a GPU pod to
+// evict (a DaemonSet's pod and a pod with a resource claim beside it), then the gate that uncordons it, against a
+// fake API whose every request is checked against what the rendered chart grants the driver's ServiceAccount: the
+// chart grants everything the code calls. And it grants nothing the code never calls: no nodes update (it patches),
+// no pods delete (it evicts), no pods get; Leases only in the release namespace.
+func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
+	// mixed: the driver, the vGPU manager and the VFIO manager all render
+	objs := objects(t, render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml")}))
+	for _, sa := range driverManagerAccounts {
+		if len(rulesOf(objs, sa)) == 0 {
+			t.Fatalf("no rules rendered for ServiceAccount %s", sa)
+		}
+	}
+	granted := rulesOf(objs, "nvidia-driver")
+	if len(granted) == 0 {
+		t.Fatal("no rules rendered for ServiceAccount nvidia-driver")
+	}
+	const node, ns = "gpu-1", chartrender.Namespace
+	gpuPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "ml",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "train", UID: "r", Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}}}
+	claimPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "dra", Namespace: "ml"},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c"}},
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To("other-driver-claim")}}}}
+	dsPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "agent-x", Namespace: "kube-system",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "u", Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c"}}}}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "agent", Namespace: "kube-system"}}
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
+		Labels: map[string]string{"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}}},
+		gpuPod, claimPod, dsPod, ds)
+	client.Resources = []*metav1.APIResourceList{
+		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods"}, {Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}},
+		{GroupVersion: "policy/v1", APIResources: []metav1.APIResource{{Name: "poddisruptionbudgets", Kind: "PodDisruptionBudget"}}},
+	}
+	var mu sync.Mutex
+	used := map[rule]bool{}
+	var denied []string
+	recording := false // only the driver manager's and the gate's requests, not the test's own
+	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r := rule{a.GetNamespace(), a.GetResource().Group, a.GetResource().Resource, a.GetVerb()}
+		if s := a.GetSubresource(); s != "" {
+			r.resource += "/" + s
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !recording || r.resource == "resource" { // discovery: every authenticated user may
+			return false, nil, nil
+		}
+		used[r] = true
+		if !grants(granted, r) {
+			denied = append(denied, fmt.Sprintf("%s %s %s (namespace %q)", r.verb, r.group, r.resource, r.namespace))
+		}
+		if r.resource == "pods/eviction" { // the pod goes, as the API server's eviction deletes it
+			ev := a.(k8stesting.CreateAction).GetObject().(*policyv1.Eviction)
+			return true, nil, client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ev.Namespace, ev.Name)
+		}
+		return false, nil, nil
+	})
+	client.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		r := rule{a.GetNamespace(), a.GetResource().Group, a.GetResource().Resource, "watch"}
+		mu.Lock()
+		defer mu.Unlock()
+		if !recording {
+			return false, nil, nil
+		}
+		used[r] = true
+		if !grants(granted, r) {
+			denied = append(denied, fmt.Sprintf("watch %s %s (namespace %q)", r.group, r.resource, r.namespace))
+		}
+		return false, nil, nil
+	})
+
+	host := kmodtest.New(t)
+	host.LoadDriver()
+	host.DriverState(strings.Repeat("1", 64))
+	at := time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+	o := &drivermanager.Options{Client: client, NodeName: node, Namespace: ns, Host: host.Host(), Digest: strings.Repeat("2", 64),
+		Eviction: drivermanager.Eviction{Enabled: true, Timeout: 10 * time.Second}, OperandTimeout: 5 * time.Second,
+		Now: func() time.Time { return at }, Lease: drivermanager.Lease{Identity: "nvidia-driver-daemonset-x"}}
+	o.Complete()
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	record := func(on bool) { mu.Lock(); recording = on; mu.Unlock() }
+	var out bytes.Buffer
+	record(true)
+	if err := o.Run(t.Context(), &out); err != nil {
+		t.Fatalf("driver manager: %v\n%s", err, out.String())
+	}
+	record(false)
+	if _, err := client.CoreV1().Pods("ml").Get(t.Context(), "train", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the GPU pod was not evicted: %v", err)
+	}
+	if _, err := client.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-operator-validator-x", Namespace: ns, Labels: map[string]string{drivermanager.ComponentLabel: drivermanager.DefaultValidatorComponent}},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue,
+			LastTransitionTime: metav1.NewTime(at.Add(5 * time.Second))}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gate := drivermanager.UncordonOptions{Client: client, NodeName: node, Namespace: ns, Timeout: 5 * time.Second, Now: func() time.Time { return at.Add(10 * time.Second) }}
+	gate.Complete()
+	record(true)
+	if err := gate.Run(t.Context(), &out); err != nil {
+		t.Fatalf("gate: %v\n%s", err, out.String())
+	}
+	record(false)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(denied) > 0 {
+		t.Errorf("the driver manager calls what ServiceAccount nvidia-driver is not granted:\n%s", strings.Join(denied, "\n"))
+	}
+	for _, want := range []rule{{"", "", "nodes", "patch"}, {"ml", "", "pods/eviction", "create"}, {ns, "coordination.k8s.io", "leases", "update"},
+		{"kube-system", "apps", "daemonsets", "get"}, {"ml", "resource.k8s.io", "resourceclaims", "list"}} {
+		if !used[want] {
+			t.Errorf("the run never called %s %s %s in %q: is the scenario still exercising it?", want.verb, want.group, want.resource, want.namespace)
+		}
+	}
+
+	// nothing more, for every account that runs the driver manager
+	called := map[rule]bool{} // what the run called, wherever
+	for u := range used {
+		called[rule{"", u.group, u.resource, u.verb}] = true
+	}
+	for _, sa := range driverManagerAccounts {
+		for r := range rulesOf(objs, sa) {
+			switch {
+			case r.resource == "nodes" && r.verb == "update", r.resource == "pods" && r.verb != "list" && r.verb != "watch":
+				t.Errorf("%s is granted %s %s: the driver manager never calls it", sa, r.verb, r.resource)
+			case r.resource == "leases":
+				if r.namespace == "" || !slices.Contains([]string{"get", "create", "update"}, r.verb) {
+					t.Errorf("%s is granted leases %s %s: want get, create and update in the release namespace only", sa, r.verb, orCluster(r.namespace))
+				}
+			case r.group == "policy" && r.resource == "poddisruptionbudgets",
+				r.resource == "nodes" && (r.verb == "list" || r.verb == "watch"):
+				// budgets are watched only once one refuses an eviction (gpudrain), the node only while it is
+				// labelled to skip driver upgrades (the manager waits for the label to go): paths this run does not take
+			case !called[rule{"", r.group, r.resource, r.verb}]:
+				t.Errorf("%s is granted %s %s/%s %s, which the driver manager never called", sa, r.verb, r.group, r.resource, orCluster(r.namespace))
+			}
+		}
+	}
+}
+
+func orCluster(ns string) string {
+	if ns == "" {
+		return "cluster-wide"
+	}
+	return "in " + ns
+}
+
+// TestValidatorRBACIsWhatItCalls: the validator creates, lists, watches and deletes its workload pods in the
+// release namespace and nothing else there; its workload pods' account is granted nothing.
+func TestValidatorRBACIsWhatItCalls(t *testing.T) {
+	objs := objects(t, render(t, newestKube, nil))
+	var ns []string
+	for r := range rulesOf(objs, "nvidia-operator-validator") {
+		if r.namespace != "" {
+			ns = append(ns, r.verb+" "+r.group+"/"+r.resource)
+		}
+	}
+	slices.Sort(ns)
+	if want := []string{"create /pods", "delete /pods", "list /pods", "watch /pods"}; !slices.Equal(ns, want) {
+		t.Errorf("validator's namespaced rights %v, want %v", ns, want)
+	}
+	if got := rulesOf(objs, "nvidia-validator-workload"); len(got) != 0 {
+		t.Errorf("the validator's workload account is granted %v, want nothing", got)
+	}
+	found := false
+	for _, o := range objs {
+		if o.kind() == "ServiceAccount" && o.name() == "nvidia-validator-workload" {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no ServiceAccount nvidia-validator-workload rendered")
+	}
+}
+
+// nodeLocalAccounts: the ServiceAccounts of the rendered pods that run the driver manager or a validator check
+// recording on its Node, with the command that makes them node-local.
+func nodeLocalAccounts(objs []object) map[string]string {
+	out := map[string]string{}
+	for _, o := range objs {
+		for where, ps := range podSpecs(o) {
+			sa, _ := ps["serviceAccountName"].(string)
+			for _, c := range containersOf(ps) {
+				cmd, _ := c["command"].([]any)
+				if recordsOnNode(c) || len(cmd) > 0 && cmd[0] == "driver-manager" {
+					out[sa] = fmt.Sprintf("%s container %s", where, c["name"])
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestNodeLocalAccountsAreHeldToTheirNode: the rendered admission policy matches every ServiceAccount whose pods
+// run the driver manager or a recording validator check (each may patch Nodes, and only its own is meant), and
+// keeps the validator's pods on the account its workload env names. It is rendered only where the API is served
+// and admissionPolicy.enabled is true.
+func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
+	policyOf := func(objs []object) (policy map[string]any, bound bool) {
+		for _, o := range objs {
+			switch o.kind() {
+			case "ValidatingAdmissionPolicy":
+				policy = o.Raw
+			case "ValidatingAdmissionPolicyBinding":
+				spec, _ := o.Raw["spec"].(map[string]any)
+				bound = fmt.Sprint(spec["validationActions"]) == "[Deny]"
+			}
+		}
+		return policy, bound
+	}
+	checked := 0
+	for _, p := range profiles(t) {
+		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		policy, bound := policyOf(objs)
+		if policy == nil || !bound {
+			t.Errorf("%s: no ValidatingAdmissionPolicy with a Deny binding rendered", p.name)
+			continue
+		}
+		text := fmt.Sprint(policy["spec"])
+		for sa, why := range nodeLocalAccounts(objs) {
+			checked++
+			if !strings.Contains(text, "'system:serviceaccount:"+chartrender.Namespace+":"+sa+"'") {
+				t.Errorf("%s: %s runs as %s, which the admission policy does not hold to its node", p.name, why, sa)
+			}
+		}
+		for _, o := range objs {
+			for where, ps := range podSpecs(o) {
+				for _, c := range containersOf(ps) {
+					env, _ := c["env"].([]any)
+					for _, e := range env {
+						m, _ := e.(map[string]any)
+						if m["name"] == "VALIDATOR_WORKLOAD_SERVICE_ACCOUNT" && !strings.Contains(text, "object.spec.serviceAccountName == '"+fmt.Sprint(m["value"])+"'") {
+							t.Errorf("%s: %s container %s runs workload pods as %v, which the admission policy does not allow", p.name, where, c["name"], m["value"])
+						}
+					}
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no node-local ServiceAccount found: are the commands matched?")
+	}
+	// off by the values key, and where the API server does not serve the API
+	if policy, _ := policyOf(objects(t, render(t, newestKube, nil, "admissionPolicy.enabled=false"))); policy != nil {
+		t.Error("admissionPolicy.enabled=false still renders the policy")
+	}
+	// (a render assumes chartrender.APIVersions; this test is not parallel, so none renders meanwhile)
+	served := chartrender.APIVersions
+	chartrender.APIVersions = slices.DeleteFunc(slices.Clone(served), func(v string) bool { return strings.HasPrefix(v, "admissionregistration.k8s.io/") })
+	stream, err := renderErr(t, newestKube, nil)
+	chartrender.APIVersions = served
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(stream, "kind: ValidatingAdmissionPolicy") {
+		t.Error("the policy renders although the API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy")
+	}
 }

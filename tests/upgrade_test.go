@@ -13,6 +13,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
 )
@@ -278,8 +279,10 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 				if fields["NODE_NAME"] != "spec.nodeName" || fields["OPERATOR_NAMESPACE"] != "metadata.namespace" {
 					t.Errorf("%s: the sidecar's field env %v", where, fields)
 				}
-				if len(gate.VolumeMounts) != 1 || gate.VolumeMounts[0].MountPath != dir {
-					t.Errorf("%s: the sidecar mounts %v, want one volume at %s", where, gate.VolumeMounts, dir)
+				// its ready file's directory, and the pod's API token (the pod automounts none: gpu-stack-lib.apiAccessMount)
+				if len(gate.VolumeMounts) != 2 || gate.VolumeMounts[0].MountPath != dir ||
+					gate.VolumeMounts[1].Name != "kube-api-access" || gate.VolumeMounts[1].MountPath != contracts.TokenDir {
+					t.Errorf("%s: the sidecar mounts %v, want one volume at %s and the API token at %s", where, gate.VolumeMounts, dir, contracts.TokenDir)
 				} else {
 					vol := gate.VolumeMounts[0].Name
 					if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == vol && v.EmptyDir != nil }) {

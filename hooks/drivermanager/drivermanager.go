@@ -1,7 +1,8 @@
 // Package drivermanager is the node-local work before a driver pod (re)installs the NVIDIA driver: the init
 // container `driver-manager uninstall-driver` of every driver and vGPU-manager pod.
 //
-// One run walks these steps, writing nodestate.UpgradeStateLabel as it goes:
+// One run holds the node's Lease (lease.go: two driver pods on one node take turns) and walks these steps, writing
+// nodestate.UpgradeStateLabel as it goes:
 //
 //	detect        host driver (no driver-pod files, and a host nvidia-smi that runs: hostdriver) -> mark
 //	              pre-installed, hold, fail
@@ -129,6 +130,8 @@ type Options struct {
 	GPUDirectRDMA, HostMOFED bool
 	// MOFEDTimeout bounds that wait (default DefaultMOFEDTimeout); MOFEDInterval is its poll (default 5s).
 	MOFEDTimeout, MOFEDInterval time.Duration
+	// Lease is the node's Lease the run holds, so that two managers on one node take turns (lease.go).
+	Lease Lease
 	// HostDriverHold is how long the run holds a driver pod on a host-driver node before it fails, so the pod
 	// does not restart in a tight loop while its DaemonSet lets go of the node (default DefaultHostDriverHold).
 	HostDriverHold time.Duration
@@ -173,6 +176,7 @@ func (o *Options) Complete() {
 	if o.APITimeout <= 0 {
 		o.APITimeout = apiretry.DefaultTimeout
 	}
+	o.Lease.complete()
 }
 
 // scopeErrors names what is missing of the node-local scope every command here needs: a client, this node, and
@@ -197,18 +201,23 @@ func (o *Options) Validate() error {
 	if _, err := labels.Parse(o.Drain.PodSelector); err != nil {
 		errs = append(errs, fmt.Errorf("DRAIN_POD_SELECTOR_LABEL %q: %w", o.Drain.PodSelector, err))
 	}
-	errs = append(errs, o.Host.Validate())
+	errs = append(errs, o.Host.Validate(), o.Lease.validate())
 	return errors.Join(errs...)
 }
 
 // Run does the node's work and writes one summary line to out. On failure it restores the node (see the package
 // comment) and returns an error that says what is in the way. ctx is the pod's stop context: once it ends, any
-// error is the stop's (context.Cause says why), and the node is left for the next driver pod.
+// error is the stop's (context.Cause says why), and the node is left for the next driver pod. The whole run,
+// from its first read of the node, holds the node's Lease; losing it stops the run like SIGTERM does.
 func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(out, nil))
 	}
+	return o.withLease(ctx, log, func(ctx context.Context) error { return o.run(ctx, log, out) })
+}
+
+func (o *Options) run(ctx context.Context, log *slog.Logger, out io.Writer) error {
 	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out}
 	gctx, cancel := context.WithTimeout(ctx, o.APITimeout)
 	node, err := nodestate.Get(gctx, o.Client, o.NodeName)

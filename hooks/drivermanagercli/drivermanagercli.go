@@ -47,6 +47,9 @@ Before the new driver installs: unload nouveau, release NVIDIA functions left on
 GPU_DIRECT_RDMA_ENABLED=true on a node with a Mellanox device wait for MOFED (USE_HOST_MOFED=true: mlx5_core on
 the host). A host-installed driver marks the node pre-installed and fails, so the driver container never starts.
 Stopped (SIGTERM), it leaves the node as it got it (cordon, paused operands, state) for the next driver pod.
+Two driver pods on one node take turns: each run holds the Lease kube-gpu-stack-driver-<node> in
+OPERATOR_NAMESPACE (POD_NAME names the holder); a killed holder's Lease expires after 15s. Losing it mid-run stops
+the run as SIGTERM does.
 Timeouts are Go durations ("300s"; a bare number is seconds; "0s" means the 5m default bound).
 DRIVER_MANAGER_KERNEL=fixture is for tests only: every change goes to the fixture host tree at HOST_ROOT.`,
 		Args: cobra.NoArgs,
@@ -157,6 +160,7 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 		Namespace:      getenv("OPERATOR_NAMESPACE"),
 		Digest:         strings.TrimSpace(getenv("DRIVER_CONFIG_DIGEST")),
 		ForceReinstall: e.bool("FORCE_REINSTALL", false),
+		Lease:          drivermanager.Lease{Identity: getenv("POD_NAME")},
 		Host:           kmod.Host{Root: getenv("HOST_ROOT"), DriverRoot: getenv("DRIVER_ROOT")},
 		GPUDirectRDMA:  e.bool("GPU_DIRECT_RDMA_ENABLED", false),
 		HostMOFED:      e.bool("USE_HOST_MOFED", false),

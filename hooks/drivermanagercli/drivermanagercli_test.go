@@ -19,7 +19,7 @@ func getenv(m map[string]string) func(string) string { return func(k string) str
 // The environment the chart renders (operands/driver: driver.managerEnv, gpu-stack-lib.driverManagerContainer).
 func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 	o, err := OptionsFromEnv(getenv(map[string]string{
-		"NODE_NAME": "gpu-1", "OPERATOR_NAMESPACE": "gpu-system", "HOST_ROOT": "/host", "DRIVER_ROOT": "/run/nvidia/driver",
+		"NODE_NAME": "gpu-1", "OPERATOR_NAMESPACE": "gpu-system", "POD_NAME": "nvidia-driver-daemonset-x7k2p", "HOST_ROOT": "/host", "DRIVER_ROOT": "/run/nvidia/driver",
 		"DRIVER_CONFIG_DIGEST":    " abc \n",
 		"ENABLE_GPU_POD_EVICTION": "true", "EVICTION_USE_FORCE": "false", "EVICTION_TIMEOUT_SECONDS": "300s",
 		"EVICTION_DELETE_EMPTYDIR_DATA": "false", "ENABLE_AUTO_DRAIN": "true", "DRAIN_USE_FORCE": "true",
@@ -28,7 +28,7 @@ func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.NodeName != "gpu-1" || o.Namespace != "gpu-system" || o.Digest != "abc" || o.Host.Root != "/host" {
+	if o.NodeName != "gpu-1" || o.Namespace != "gpu-system" || o.Digest != "abc" || o.Host.Root != "/host" || o.Lease.Identity != "nvidia-driver-daemonset-x7k2p" {
 		t.Fatalf("%+v", o)
 	}
 	if !o.Eviction.Enabled || o.Eviction.Force || o.Eviction.Timeout != 300*time.Second {

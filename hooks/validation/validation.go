@@ -96,6 +96,10 @@ type Options struct {
 	PullPolicy   string
 	PullSecrets  []string
 	RuntimeClass string
+	// WorkloadServiceAccount runs the workload pods: an account with no rights (the chart's admission policy lets
+	// the validator create pods only with it), so a pod the validator creates never holds another operand's token.
+	// Empty: the namespace's default account.
+	WorkloadServiceAccount string
 
 	// DefaultWorkloadConfig is the node's role when it has no valid WorkloadConfigLabel (default container).
 	DefaultWorkloadConfig string

@@ -322,6 +322,7 @@ func (o *Options) workloadPod(w workload) *corev1.Pod {
 	if o.RuntimeClass != "" {
 		pod.Spec.RuntimeClassName = ptr.To(o.RuntimeClass)
 	}
+	pod.Spec.ServiceAccountName = o.WorkloadServiceAccount
 	for _, s := range o.PullSecrets {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}

@@ -83,6 +83,7 @@ func TestCUDACheckRunsTheSampleOnThisNode(t *testing.T) {
 	o := e.options("cuda")
 	o.RuntimeClass, o.PullSecrets, o.PullPolicy = "nvidia", []string{"regcred", "mirror"}, "IfNotPresent"
 	o.WorkloadImage, o.WorkloadCommand = "registry.local/cuda-sample:vectoradd", []string{"/vectorAdd", "-quiet"}
+	o.WorkloadServiceAccount = "nvidia-validator-workload"
 	created := e.kubelet(succeeded)
 	if err := e.run(o); err != nil {
 		t.Fatalf("%v\n%s", err, e.log.String())
@@ -98,6 +99,8 @@ func TestCUDACheckRunsTheSampleOnThisNode(t *testing.T) {
 	switch {
 	case s.NodeName != testNode || s.RestartPolicy != corev1.RestartPolicyNever || ptr.Deref(s.RuntimeClassName, "") != "nvidia":
 		t.Fatalf("pod spec %+v", s)
+	case s.ServiceAccountName != "nvidia-validator-workload" || ptr.Deref(s.AutomountServiceAccountToken, true):
+		t.Fatalf("the workload pod runs as %q (token mounted: %v), want the no-rights workload account without a token", s.ServiceAccountName, ptr.Deref(s.AutomountServiceAccountToken, true))
 	case !slices.Equal(s.ImagePullSecrets, []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "mirror"}}):
 		t.Fatalf("pull secrets %v", s.ImagePullSecrets)
 	case len(s.Tolerations) != 1 || s.Tolerations[0].Operator != corev1.TolerationOpExists || s.Tolerations[0].Key != "":

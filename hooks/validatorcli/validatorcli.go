@@ -140,6 +140,7 @@ const envHelp = `Environment (as the chart sets it):
   VALIDATOR_IMAGE_PULL_POLICY      cuda, plugin: pull policy of the workload image
   VALIDATOR_IMAGE_PULL_SECRETS     cuda, plugin: comma-separated pull secret names
   VALIDATOR_RUNTIME_CLASS          cuda, plugin: runtime class of the workload pods
+  VALIDATOR_WORKLOAD_SERVICE_ACCOUNT  cuda, plugin: service account of the workload pods (default: the namespace's default)
   DEFAULT_GPU_WORKLOAD_CONFIG      vfio-pci, vgpu-*: role of a node without a valid nvidia.com/gpu.workload.config (default container)
   METRICS_PORT                     metrics: port to serve /metrics on (default 8000)`
 
@@ -159,6 +160,7 @@ func fromEnv(component, dir string) (validation.Options, error) {
 		WorkloadCommand:          strings.Fields(os.Getenv("CUDA_WORKLOAD_COMMAND")),
 		PullPolicy:               os.Getenv("VALIDATOR_IMAGE_PULL_POLICY"),
 		RuntimeClass:             os.Getenv("VALIDATOR_RUNTIME_CLASS"),
+		WorkloadServiceAccount:   os.Getenv("VALIDATOR_WORKLOAD_SERVICE_ACCOUNT"),
 		DefaultWorkloadConfig:    os.Getenv("DEFAULT_GPU_WORKLOAD_CONFIG"),
 	}
 	for s := range strings.SplitSeq(os.Getenv("VALIDATOR_IMAGE_PULL_SECRETS"), ",") {

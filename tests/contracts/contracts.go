@@ -80,6 +80,10 @@ type Contract struct {
 	ReadsFiles []File
 	// HostPaths are the host paths it needs mounted.
 	HostPaths []HostPath
+	// NoAPI: the image never talks to the Kubernetes API (no client library, no kubectl, no read of a
+	// service-account token), so a container of it must get no token: its pod does not automount one (our own
+	// containers there mount theirs, gpu-stack-lib.apiAccessMount) and it mounts none itself.
+	NoAPI bool
 	// Unverified lists what could not be read from the upstream source at the tag, and why. Checks that rest on
 	// an unverified fact are skipped: EnvUnverified skips the env checks.
 	Unverified    string
@@ -101,6 +105,24 @@ var RuntimeEnv = map[string]string{
 // DriverReadyEnv are the variables of /run/nvidia/validations/driver-ready, the file the validator writes and the
 // chart's wrappers source (`set -a; . driver-ready`) before exec'ing an operand (hooks/validation/driver.go).
 var DriverReadyEnv = []string{"IS_HOST_DRIVER", "NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH", "NVIDIA_DEV_ROOT", "DEV_ROOT_CTR_PATH"}
+
+// TokenDir is where a pod's service-account token is mounted (client-go's in-cluster config reads it there).
+const TokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// GetsToken: a container of the pod holds the pod's service-account token, automounted or mounted by name.
+func GetsToken(pod corev1.PodSpec, c corev1.Container) bool {
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		return true
+	}
+	// the token's directory or one above it (a container's / is not a mount that could hold it)
+	for _, m := range c.VolumeMounts {
+		p := path.Clean(m.MountPath)
+		if p == TokenDir || p != "/" && strings.HasPrefix(TokenDir, p+"/") {
+			return true
+		}
+	}
+	return false
+}
 
 // DriverReadyFile is where the validator writes driver-ready.
 const DriverReadyFile = "/run/nvidia/validations/driver-ready"

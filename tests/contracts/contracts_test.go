@@ -145,3 +145,26 @@ func TestContractCheck(t *testing.T) {
 	d.Env = append(d.Env, corev1.EnvVar{Name: "GPU_DIRECT_RDMA_ENABLED", Value: "true"})
 	wants(t, driver.Check(d, nil), "mounts nothing at /run/mellanox/drivers")
 }
+
+func TestGetsToken(t *testing.T) {
+	no := false
+	mount := func(p string) corev1.Container {
+		return corev1.Container{VolumeMounts: []corev1.VolumeMount{{Name: "v", MountPath: p}}}
+	}
+	for _, tc := range []struct {
+		pod  corev1.PodSpec
+		c    corev1.Container
+		want bool
+	}{
+		{corev1.PodSpec{}, corev1.Container{}, true}, // automounted by default
+		{corev1.PodSpec{AutomountServiceAccountToken: &no}, corev1.Container{}, false},
+		{corev1.PodSpec{AutomountServiceAccountToken: &no}, mount(TokenDir), true},
+		{corev1.PodSpec{AutomountServiceAccountToken: &no}, mount("/var/run/secrets/"), true},
+		{corev1.PodSpec{AutomountServiceAccountToken: &no}, mount("/"), false},
+		{corev1.PodSpec{AutomountServiceAccountToken: &no}, mount("/var/run/secrets/kubernetes.io/serviceaccount-other"), false},
+	} {
+		if got := GetsToken(tc.pod, tc.c); got != tc.want {
+			t.Errorf("GetsToken(automount %v, mounts %v) = %v, want %v", tc.pod.AutomountServiceAccountToken != nil, tc.c.VolumeMounts, got, tc.want)
+		}
+	}
+}

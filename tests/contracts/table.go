@@ -71,6 +71,8 @@ var Table = []Contract{
 			"DISABLE_VGPU_VERSION_CHECK"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
 		ReadsFiles: driverFiles,
 		HostPaths:  driverHostPaths,
+		// no kubectl, client or token read anywhere under ubuntu*/ rhel9/ vgpu-manager/ (only tests/scripts use kubectl)
+		NoAPI:      true,
 		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17), which the 570/595 images may predate",
 	},
 	{
@@ -89,6 +91,8 @@ var Table = []Contract{
 			"GDS_ENABLED", "GDRCOPY_ENABLED", "OPENSHIFT_VERSION", "RHEL_VERSION"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
 		ReadsFiles: driverFiles,
 		HostPaths:  driverHostPaths,
+		// no kubectl, client or token read anywhere under ubuntu*/ rhel9/ vgpu-manager/ (only tests/scripts use kubectl)
+		NoAPI:      true,
 		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17)",
 	},
 	{
@@ -105,6 +109,8 @@ var Table = []Contract{
 		Env:        vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_BRANCH", "DRIVER_VERSION", "KERNEL_VERSION", "TARGETARCH"),
 		ReadsFiles: driverFiles,
 		HostPaths:  driverHostPaths,
+		// no kubectl, client or token read anywhere under ubuntu*/ rhel9/ vgpu-manager/ (only tests/scripts use kubectl)
+		NoAPI:      true,
 		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17)",
 	},
 	{
@@ -278,6 +284,8 @@ var Table = []Contract{
 			// vfio-manage binds through sysfs (/sys/bus/pci) and loads vfio-pci from HOST_ROOT's /lib/modules.
 			{Container: "/sys", Host: "/sys", Why: "PCI driver binding through sysfs"},
 		},
+		// cmd/vfio-manage imports no Kubernetes client (only cmd/driver-manager uses internal/kubernetes).
+		NoAPI:      true,
 		Unverified: "driver-manager's own env (the k8s driver manager binary) is not listed: the chart runs only vfio-manage from this image",
 	},
 	{

@@ -33,6 +33,8 @@ nodeSelector under the global one under the operand's (operand wins), operand pr
 {{- $pod = omit $pod "runtimeClass" "volumes" "initContainers" -}}
 {{- with $inits }}{{ $_ := set $pod "initContainers" . }}{{ end -}}
 {{- with $volumes }}{{ $_ := set $pod "volumes" . }}{{ end -}}
+{{- /* containers that need the API mount its token themselves (gpu-stack-lib.apiAccessMount): no other gets it */ -}}
+{{- range $volumes }}{{ if eq .name "kube-api-access" }}{{ $_ := set $pod "automountServiceAccountToken" false }}{{ end }}{{ end -}}
 {{- if .operand -}}
 {{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (dict "nodeAffinity" (include "gpu-stack-lib.nodeAffinity" . | fromYaml))) -}}
 {{- end -}}

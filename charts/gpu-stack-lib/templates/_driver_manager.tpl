@@ -15,14 +15,18 @@ loaded NVIDIA modules, keeping them when DRIVER_CONFIG_DIGEST matches the loaded
                 DRIVER_CONFIG_DIGEST, ...); they win over the base env below
   volumeMounts  optional extra mounts (e.g. /run/mellanox/drivers to wait for MOFED)
 It runs privileged as root: delete_module(2), umount2(2) and the sysfs writes need capabilities that the image's
-user (65532) does not get, even in a privileged container.
+user (65532) does not get, even in a privileged container. It mounts the pod's API token itself
+(gpu-stack-lib.apiAccessMount): the pod does not automount it, so the operand's third-party container never holds
+the driver manager's rights.
 */}}
 {{- define "gpu-stack-lib.driverManagerContainer" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
 {{- /* DRIVER_ROOT is where a containerized driver mounts its root: under /run/nvidia, which the driver images fix */ -}}
+{{- /* POD_NAME names the holder of the node's driver-manager Lease */ -}}
 {{- $env := dict
   "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
   "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))
+  "POD_NAME" (dict "fieldRef" (dict "fieldPath" "metadata.name"))
   "HOST_ROOT" "/host"
   "DRIVER_ROOT" "/run/nvidia/driver"
   "NVIDIA_VISIBLE_DEVICES" "void"
@@ -37,7 +41,8 @@ user (65532) does not get, even in a privileged container.
   "volumeMounts" (concat (list
     (dict "name" "run-nvidia" "mountPath" "/run/nvidia" "mountPropagation" "Bidirectional")
     (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
-    (dict "name" "host-sys" "mountPath" "/sys"))
+    (dict "name" "host-sys" "mountPath" "/sys")
+    (include "gpu-stack-lib.apiAccessMount" . | fromJson))
     (.volumeMounts | default list))
   "securityContext" (dict "privileged" true "runAsUser" 0)
 ) -}}
@@ -72,7 +77,8 @@ upgrade-done; on an upgrade-failed node it waits, never Ready, until the node is
 nothing to wait for. Then it writes its ready file, which its readiness probe waits on: the pod, and with it the DaemonSet's rolling update, counts a node as available only once
 it validated with the new driver, so no more than maxUnavailable nodes are ever in flight. It runs the driver
 manager's image (gpu-stack-lib.driverManagerImage: pinned, so a chart-only release changes no pod template), with
-the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, pods list/watch). dict:
+the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, pods list/watch) and mounts the pod's
+API token itself (gpu-stack-lib.apiAccessMount). dict:
   ctx                 the operand chart's context
   image               as gpu-stack-lib.driverManagerContainer (the operand's manager.image)
   validatorComponent  optional app.kubernetes.io/component of the node's validator pods (the binary's default is
@@ -96,7 +102,7 @@ the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, po
   "env" (dict
     "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
     "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
-  "volumeMounts" (list (dict "name" "driver-upgrade-gate" "mountPath" $dir))
+  "volumeMounts" (list (dict "name" "driver-upgrade-gate" "mountPath" $dir) (include "gpu-stack-lib.apiAccessMount" . | fromJson))
   "securityContext" (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")))
   "spec" (dict
     "readinessProbe" (dict
@@ -109,31 +115,45 @@ the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, po
 {{- end }}
 
 {{/*
-gpu-stack-lib.driverManagerRules: the ClusterRole rules of a pod running the driver manager: pause operands
-through node labels and cordon (nodes), wait for operand pods, see DRA claims and, with `evict`, evict GPU pods
-(PDB-aware) and drain. dict "evict" BOOL; renders a YAML list.
+gpu-stack-lib.driverManagerRules: the ClusterRole rules of a pod running the driver manager, each what its code
+calls and nothing more (tests/rbac_nodes_test.go runs it against the rendered rules): its node read, watched
+(kwatch.Node) and patched (cordon, labels, annotations; never updated); operand and validator pods listed and
+watched on the node; with `evict` (gpudrain): GPU pods evicted, PodDisruptionBudgets watched, DaemonSets read
+(kubectl's drain checks a DaemonSet pod's owner) and DRA claims listed (gpupods). No pods delete:
+gpudrain deletes only where the API server has no Eviction API, which every supported Kubernetes serves.
+dict "evict" BOOL; renders a YAML list.
 */}}
 {{- define "gpu-stack-lib.driverManagerRules" -}}
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: {{ ternary "[get, list, watch, delete]" "[get, list, watch]" (.evict | default false) }}
+  verbs: [list, watch]
 {{- if .evict }}
 - apiGroups: [""]
   resources: [pods/eviction]
   verbs: [create]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch]
-{{- end }}
+  verbs: [list, watch]
 - apiGroups: [apps]
   resources: [daemonsets]
-  verbs: [get, list, watch]
+  verbs: [get]
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaims]
-  verbs: [get, list]
+  verbs: [list]
+{{- end }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.driverManagerLeaseRules: the Role rules (release namespace) of a pod running the driver manager: the
+per-node Lease it holds while it runs (client-go's LeaseLock: get, create, update), nothing more.
+*/}}
+{{- define "gpu-stack-lib.driverManagerLeaseRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
 {{- end }}
 
 {{/*
@@ -410,4 +430,15 @@ gpu-stack-lib.poolDaemonSetName: the DaemonSet name of one pool's OS (and kernel
 {{- define "gpu-stack-lib.poolDaemonSetName" -}}
 {{- $pool := ternary "daemonset" .pool (eq .pool "default") -}}
 {{- include "gpu-stack-lib.objectName" (printf "%s-%s-%s" .prefix $pool (join "-" .parts)) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver manager (driver, vGPU manager, VFIO
+manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
+(gpu-stack-lib.driverManagerLeaseRules). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL
+*/}}
+{{- define "gpu-stack-lib.driverManagerRbac" -}}
+{{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name
+  "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict) | fromYamlArray)
+  "rules" (include "gpu-stack-lib.driverManagerLeaseRules" . | fromYamlArray)) -}}
 {{- end }}

@@ -26,7 +26,34 @@ toolkit-install-dir: {path: {{ $hp.toolkitInstallDir | quote }}, type: Directory
 nfd-features-d: {path: /etc/kubernetes/node-feature-discovery/features.d, type: DirectoryOrCreate}
 {{- end }}
 
-{{/* gpu-stack-lib.volumes: the pod's own volumes, the well-known host volumes its containers mount, and extraVolumes */}}
+{{/*
+gpu-stack-lib.apiAccessMount: the mount of the pod's service-account token, CA and namespace at the standard path
+(client-go's in-cluster config reads them there), for the containers of a pod that must not hand its token to every
+container: a pod whose third-party container runs next to our own with the pod's service account (driver, vGPU
+manager, VFIO manager). gpu-stack-lib.volumes adds the volume (gpu-stack-lib.apiAccessVolume) and
+gpu-stack-lib.podTemplate sets automountServiceAccountToken: false on any pod a container of which mounts it, so
+only the containers that mount it get the token.
+*/}}
+{{- define "gpu-stack-lib.apiAccessMount" -}}
+{{- toJson (dict "name" "kube-api-access" "mountPath" "/var/run/secrets/kubernetes.io/serviceaccount" "readOnly" true) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.apiAccessVolume: the projected volume gpu-stack-lib.apiAccessMount mounts: what the kubelet projects
+for an automounted token (a token bound to the pod, so it carries the pod's node name, which the admission policy
+checks; the cluster CA; the namespace).
+*/}}
+{{- define "gpu-stack-lib.apiAccessVolume" -}}
+{{- toJson (dict "name" "kube-api-access" "projected" (dict
+  "defaultMode" 420
+  "sources" (list
+    (dict "serviceAccountToken" (dict "path" "token" "expirationSeconds" 3607))
+    (dict "configMap" (dict "name" "kube-root-ca.crt" "items" (list (dict "key" "ca.crt" "path" "ca.crt"))))
+    (dict "downwardAPI" (dict "items" (list (dict "path" "namespace" "fieldRef" (dict "apiVersion" "v1" "fieldPath" "metadata.namespace")))))))) -}}
+{{- end }}
+
+{{/* gpu-stack-lib.volumes: the pod's own volumes, the well-known host volumes its containers mount, the API access
+volume when a container mounts it (gpu-stack-lib.apiAccessMount), and extraVolumes */}}
 {{- define "gpu-stack-lib.volumes" -}}
 {{- $known := include "gpu-stack-lib.hostVolumes" .ctx | fromYaml -}}
 {{- $volumes := .volumes | default list -}}
@@ -40,6 +67,9 @@ nfd-features-d: {path: /etc/kubernetes/node-feature-discovery/features.d, type: 
 {{- if and (hasKey $known $name) (not (has $name $declared)) -}}
 {{- $volumes = append $volumes (dict "name" $name "hostPath" (get $known $name)) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (has "kube-api-access" $used) (not (has "kube-api-access" $declared)) -}}
+{{- $volumes = append $volumes (include "gpu-stack-lib.apiAccessVolume" . | fromJson) -}}
 {{- end -}}
 {{- toYaml (concat $volumes (.ctx.Values.extraVolumes | default list)) -}}
 {{- end }}

@@ -1,0 +1,343 @@
+// Package admission proves, on a real local API server, what the chart grants the node-local service accounts:
+// their RBAC as rendered, and the ValidatingAdmissionPolicy that keeps each to its own node (the node claim of a
+// token bound to its pod) and keeps the validator's pods on its no-rights workload account.
+//
+//	go test ./tests/admission/
+package admission
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+)
+
+var kube *cluster.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink()})
+	switch {
+	case skip:
+		fmt.Println("SKIP admission:", err)
+		return 0
+	case err != nil:
+		fmt.Println("admission:", err)
+		return 1
+	}
+	defer c.Stop()
+	kube = c
+	return m.Run()
+}
+
+const (
+	ns            = chartrender.Namespace
+	driverSA      = "nvidia-driver"
+	validatorSA   = "nvidia-operator-validator"
+	workloadSA    = "nvidia-validator-workload"
+	nodeA, nodeB  = "gpu-a", "gpu-b"
+	nodeNameClaim = "authentication.kubernetes.io/node-name"
+)
+
+// installed: the rendered chart's objects this package checks, applied once: the node-local accounts and their
+// roles, and the admission policy with its binding.
+var installed = false
+
+func install(t *testing.T) {
+	t.Helper()
+	if installed {
+		return
+	}
+	ctx := t.Context()
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := chartrender.Render(ctx, chrt, map[string]any{}, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := kube.Client
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true}
+	policies := 0
+	for _, doc := range strings.Split(stream, "\n---") {
+		if strings.TrimSpace(doc) == "" || !strings.Contains(doc, "kind:") {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			continue // kinds client-go does not know (CRDs' objects)
+		}
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			if ours[o.Name] {
+				_, err = c.CoreV1().ServiceAccounts(ns).Create(ctx, o, metav1.CreateOptions{})
+			}
+		case *rbacv1.ClusterRoleBinding:
+			if boundTo(o.Subjects, ours) {
+				if _, err = c.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{}); err == nil {
+					_, err = c.RbacV1().ClusterRoles().Create(ctx, clusterRole(t, stream, o.RoleRef.Name), metav1.CreateOptions{})
+				}
+			}
+		case *rbacv1.RoleBinding:
+			if boundTo(o.Subjects, ours) {
+				if _, err = c.RbacV1().RoleBindings(ns).Create(ctx, o, metav1.CreateOptions{}); err == nil {
+					_, err = c.RbacV1().Roles(ns).Create(ctx, role(t, stream, o.RoleRef.Name), metav1.CreateOptions{})
+				}
+			}
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			policies++
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatalf("apply %T: %v", obj, err)
+		}
+	}
+	if policies != 1 {
+		t.Fatalf("%d ValidatingAdmissionPolicies rendered, want 1", policies)
+	}
+	for _, n := range []string{nodeA, nodeB} {
+		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	installed = true
+}
+
+func boundTo(subjects []rbacv1.Subject, names map[string]bool) bool {
+	for _, s := range subjects {
+		if s.Kind == "ServiceAccount" && s.Namespace == ns && names[s.Name] {
+			return true
+		}
+	}
+	return false
+}
+
+func decodeAll[T runtime.Object](t *testing.T, stream string, keep func(T) bool) T {
+	t.Helper()
+	for _, doc := range strings.Split(stream, "\n---") {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			continue
+		}
+		if o, ok := obj.(T); ok && keep(o) {
+			return o
+		}
+	}
+	var zero T
+	t.Fatalf("no %T found in the render", zero)
+	return zero
+}
+
+func clusterRole(t *testing.T, stream, name string) *rbacv1.ClusterRole {
+	return decodeAll(t, stream, func(r *rbacv1.ClusterRole) bool { return r.Name == name })
+}
+
+func role(t *testing.T, stream, name string) *rbacv1.Role {
+	return decodeAll(t, stream, func(r *rbacv1.Role) bool { return r.Name == name })
+}
+
+// podOn creates a pod of account sa bound to node (no kubelet runs it: a token only needs it to exist).
+func podOn(t *testing.T, sa, node string) *corev1.Pod {
+	t.Helper()
+	p, err := kube.Client.CoreV1().Pods(ns).Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: sa + "-", Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{Name: "c", Image: "example.invalid/none"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// clientAs is a client with a token of account sa, bound to pod (as the kubelet projects it) or, with pod nil,
+// bound to nothing.
+func clientAs(t *testing.T, sa string, pod *corev1.Pod) kubernetes.Interface {
+	t.Helper()
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
+	if pod != nil {
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	}
+	tok, err := kube.Client.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), sa, req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(kube.Config)
+	cfg.BearerToken = tok.Status.Token
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func patchLabel(ctx context.Context, c kubernetes.Interface, node string) error {
+	_, err := c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"metadata":{"labels":{"kube-gpu-stack.io/admission-test":"x"}}}`), metav1.PatchOptions{})
+	return err
+}
+
+// refusedByPolicy waits until the policy refuses try (the API server loads a new policy within seconds) and
+// returns that refusal.
+func refusedByPolicy(t *testing.T, try func(context.Context) error) error {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = try(ctx)
+		return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "ValidatingAdmissionPolicy"), nil
+	})
+	if err != nil {
+		t.Fatalf("not refused by the admission policy within 30s: last answer %v", last)
+	}
+	return last
+}
+
+// TestTokenOfAPodCarriesItsNode: the local API server issues tokens bound to a pod with the pod's node
+// (ServiceAccountTokenPodNodeInfo, GA in Kubernetes 1.32), and the node reaches admission as the user's extra
+// authentication.kubernetes.io/node-name: what the policy checks.
+func TestTokenOfAPodCarriesItsNode(t *testing.T) {
+	install(t)
+	c := clientAs(t, driverSA, podOn(t, driverSA, nodeA))
+	r, err := c.AuthenticationV1().SelfSubjectReviews().Create(t.Context(), &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := r.Status.UserInfo
+	if u.Username != "system:serviceaccount:"+ns+":"+driverSA {
+		t.Fatalf("user %q", u.Username)
+	}
+	if got := u.Extra[nodeNameClaim]; len(got) != 1 || got[0] != nodeA {
+		t.Fatalf("extra %s = %v, want [%s]: this API server does not put the pod's node in bound tokens (ServiceAccountTokenPodNodeInfo)", nodeNameClaim, got, nodeA)
+	}
+}
+
+// TestDriverManagerPatchesOnlyItsOwnNode: a token of the driver's account bound to a pod on node A may patch A
+// and no other node; a token bound to no pod may patch none.
+func TestDriverManagerPatchesOnlyItsOwnNode(t *testing.T) {
+	install(t)
+	onA := clientAs(t, driverSA, podOn(t, driverSA, nodeA))
+	err := refusedByPolicy(t, func(ctx context.Context) error { return patchLabel(ctx, onA, nodeB) })
+	if !strings.Contains(err.Error(), "may change only the node its pod runs on ("+nodeA+"), not node "+nodeB) {
+		t.Fatalf("refusal does not say why: %v", err)
+	}
+	if err := patchLabel(t.Context(), onA, nodeA); err != nil {
+		t.Fatalf("patching its own node: %v", err)
+	}
+	unbound := clientAs(t, driverSA, nil)
+	err = refusedByPolicy(t, func(ctx context.Context) error { return patchLabel(ctx, unbound, nodeA) })
+	if !strings.Contains(err.Error(), "its token names no node") {
+		t.Fatalf("refusal of an unbound token: %v", err)
+	}
+	// the admin is not matched
+	if err := patchLabel(t.Context(), kube.Client, nodeB); err != nil {
+		t.Fatalf("admin patch: %v", err)
+	}
+}
+
+// TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods: the validator records on its own node only, and
+// may create pods only with the no-rights workload account (never one running as the driver's account), bound to
+// its own node.
+func TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods(t *testing.T) {
+	install(t)
+	v := clientAs(t, validatorSA, podOn(t, validatorSA, nodeB))
+	refusedByPolicy(t, func(ctx context.Context) error { return patchLabel(ctx, v, nodeA) })
+	if err := patchLabel(t.Context(), v, nodeB); err != nil {
+		t.Fatalf("patching its own node: %v", err)
+	}
+	pod := func(sa string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "nvidia-cuda-validator-", Namespace: ns},
+			Spec: corev1.PodSpec{NodeName: nodeB, ServiceAccountName: sa, AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "cuda-validation", Image: "example.invalid/cuda"}}},
+		}
+	}
+	for _, sa := range []string{driverSA, "default"} {
+		err := refusedByPolicy(t, func(ctx context.Context) error {
+			_, err := v.CoreV1().Pods(ns).Create(ctx, pod(sa), metav1.CreateOptions{})
+			return err
+		})
+		if !strings.Contains(err.Error(), "may create only pods of service account "+workloadSA) {
+			t.Fatalf("refusal of a pod of %s: %v", sa, err)
+		}
+	}
+	elsewhere := pod(workloadSA)
+	elsewhere.Spec.NodeName = nodeA
+	err := refusedByPolicy(t, func(ctx context.Context) error {
+		_, err := v.CoreV1().Pods(ns).Create(ctx, elsewhere, metav1.CreateOptions{})
+		return err
+	})
+	if !strings.Contains(err.Error(), "may create pods only bound to its own node ("+nodeB+"), not to "+nodeA) {
+		t.Fatalf("refusal of a workload pod on another node: %v", err)
+	}
+	created, err := v.CoreV1().Pods(ns).Create(t.Context(), pod(workloadSA), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a workload pod: %v", err)
+	}
+	if err := v.CoreV1().Pods(ns).Delete(t.Context(), created.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting its workload pod: %v", err)
+	}
+}
+
+// TestDriverAccountHasOnlyWhatItCalls: the rendered RBAC, as the API server applies it: the driver manager may
+// patch but not update nodes, evict but not delete pods, and hold Leases in the release namespace only.
+func TestDriverAccountHasOnlyWhatItCalls(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	c := clientAs(t, driverSA, podOn(t, driverSA, nodeA))
+	node, err := c.CoreV1().Nodes().Get(ctx, nodeA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("nodes update: %v, want Forbidden", err)
+	}
+	victim := podOn(t, validatorSA, nodeA)
+	if err := c.CoreV1().Pods(ns).Delete(ctx, victim.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("pods delete: %v, want Forbidden", err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Get(ctx, victim.Name, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("pods get: %v, want Forbidden (it lists and watches)", err)
+	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-gpu-stack-driver-" + nodeA}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("p")}}
+	got, err := c.CoordinationV1().Leases(ns).Create(ctx, lease, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("lease create in %s: %v", ns, err)
+	}
+	if _, err := c.CoordinationV1().Leases(ns).Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("lease update: %v", err)
+	}
+	if err := c.CoordinationV1().Leases(ns).Delete(ctx, got.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("lease delete: %v, want Forbidden", err)
+	}
+	if _, err := c.CoordinationV1().Leases("kube-system").Create(ctx, lease, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("lease create in kube-system: %v, want Forbidden", err)
+	}
+}
