@@ -426,7 +426,7 @@ func equalJSON(a, b any) bool { return mustJSON(a) == mustJSON(b) }
 // TestCleanupDeletesExactlyWhatHooksLeave: the pre-delete cleanup's --delete list is exactly the hook objects Helm
 // leaves behind (every hook without hook-succeeded in its delete policy: the gate's Job and RBAC, the test Pod, the
 // NodeFeatureRule), plus the gate's report ConfigMap; its roles allow deleting exactly those names, stopping the
-// release's DaemonSets first, and patching nodes. With nfd.mode=none there is no NodeFeatureRule to name (nor its API).
+// release's DaemonSets first, removing the driver managers' Leases, and patching nodes. With nfd.mode=none there is no NodeFeatureRule to name (nor its API).
 func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 	profile := filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")
 	for _, tc := range []struct {
@@ -468,7 +468,7 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 				"clusterrolebindings": "clusterrolebinding", "nodefeaturerules": "nodefeaturerule"}
 			clusterScoped := map[string]bool{"clusterrole": true, "clusterrolebinding": true, "nodefeaturerule": true}
 			var deletable []string
-			nodePatch, stopRules := false, 0
+			nodePatch, stopRules, leaseRule := false, 0, false
 			for _, h := range hooks {
 				var rules []rbacv1.PolicyRule
 				switch {
@@ -484,6 +484,12 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 					if h.kind() == "Role" && (slices.Equal(r.Resources, []string{"daemonsets"}) && slices.Equal(r.Verbs, []string{"list", "deletecollection"}) ||
 						slices.Equal(r.Resources, []string{"pods"}) && slices.Equal(r.Verbs, []string{"list", "watch"})) && len(r.ResourceNames) == 0 {
 						stopRules++
+						continue
+					}
+					// then removing the driver managers' Leases (found by their label): list+delete, in the namespace
+					if h.kind() == "Role" && slices.Equal(r.APIGroups, []string{"coordination.k8s.io"}) &&
+						slices.Equal(r.Resources, []string{"leases"}) && slices.Equal(r.Verbs, []string{"list", "delete"}) && len(r.ResourceNames) == 0 {
+						leaseRule = true
 						continue
 					}
 					if slices.Equal(r.Resources, []string{"nodes"}) && h.kind() == "ClusterRole" {
@@ -505,6 +511,9 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 			}
 			if !nodePatch {
 				t.Error("the cleanup's ClusterRole does not allow exactly get/list/watch/patch on nodes")
+			}
+			if !leaseRule {
+				t.Error("the cleanup's Role does not allow listing and deleting Leases in the release namespace (the driver managers')")
 			}
 			if stopRules != 2 {
 				t.Errorf("the cleanup's Role has %d of the 2 rules that stop the operands first", stopRules)

@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
 // Two driver managers meet on one node when a pool's node selector changes (the old pool's pod is still stopping
@@ -96,6 +98,7 @@ func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(con
 	l := o.Lease
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: LeaseName(o.NodeName)},
+		Labels:     map[string]string{nodestate.DriverManagerLeaseLabel: "true"},
 		Client:     o.Client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
 	}

@@ -18,6 +18,9 @@ import (
 )
 
 const (
+	// DriverManagerLeaseLabel marks the per-node Leases the driver managers take in the release namespace, so the
+	// pre-delete cleanup can find and remove them (their names derive from node names it may no longer see).
+	DriverManagerLeaseLabel = "kube-gpu-stack.io/driver-manager-lease"
 	// DeployLabelPrefix prefixes the per-operand switches nvidia.com/gpu.deploy.<operand>.
 	DeployLabelPrefix = "nvidia.com/gpu.deploy."
 	// DriverDeployLabel is the driver's switch; PreInstalled there means a host driver was found.

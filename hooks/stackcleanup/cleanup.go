@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -129,7 +130,34 @@ func ownedByDaemonSet(p *corev1.Pod) bool {
 	return false
 }
 
-// Run cleans every node, then deletes the named objects (absent ones are fine: a rerun converges). It reports one
+// deleteLeases removes the driver managers' per-node Leases from the release namespace (after stopOperands, so no
+// manager takes one again) and returns how many it deleted.
+func deleteLeases(ctx context.Context, o Options) (int, error) {
+	leases := o.Client.CoordinationV1().Leases(o.Namespace)
+	var list *coordinationv1.LeaseList
+	err := apiretry.Do(ctx, func(ctx context.Context) error {
+		var err error
+		list, err = leases.List(ctx, metav1.ListOptions{LabelSelector: nodestate.DriverManagerLeaseLabel + "=true"})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list the driver managers' leases: %w", err)
+	}
+	deleted := 0
+	var errs []error
+	for _, l := range list.Items {
+		err := apiretry.Do(ctx, func(ctx context.Context) error { return leases.Delete(ctx, l.Name, metav1.DeleteOptions{}) })
+		switch {
+		case err == nil:
+			deleted++
+		case !apierrors.IsNotFound(err):
+			errs = append(errs, fmt.Errorf("delete lease %s: %w", l.Name, err))
+		}
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// Run cleans every node, removes the driver managers' Leases, then deletes the named objects (absent ones are fine: a rerun converges). It reports one
 // line per node it changed and a summary line.
 func Run(ctx context.Context, o Options, out io.Writer) error {
 	if err := stopOperands(ctx, o, out); err != nil {
@@ -164,6 +192,10 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 		changed++
 		fmt.Fprintf(out, "node %s: removed the stack's marks: %s\n", n.Name, p.JSON())
 	}
+	leases, err := deleteLeases(ctx, o)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	deleted := 0
 	background := metav1.DeletePropagationBackground
 	for _, obj := range o.Delete {
@@ -184,6 +216,6 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleanup incomplete (rerun `helm uninstall` once fixed): %w", err)
 	}
-	fmt.Fprintf(out, "cleanup: %d of %d nodes changed, %d hook objects deleted\n", changed, len(nodes.Items), deleted)
+	fmt.Fprintf(out, "cleanup: %d of %d nodes changed, %d hook objects and %d driver-manager leases deleted\n", changed, len(nodes.Items), deleted, leases)
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -51,5 +53,40 @@ func TestCleanupKeepsAnAdminsChangeAfterTheList(t *testing.T) {
 	}
 	if _, ok := n.Annotations[nodestate.PausedLabelsAnnotation]; ok || n.Labels[nodestate.UpgradeStateLabel] != "" {
 		t.Fatalf("the stack's marks are left: %v %v", n.Labels, n.Annotations)
+	}
+}
+
+// The driver managers' per-node Leases are the stack's too: the cleanup removes them (and only them) from the
+// release namespace, so `helm uninstall` leaves nothing behind.
+func TestCleanupRemovesTheDriverManagersLeases(t *testing.T) {
+	lease := func(ns, name string, labels map[string]string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}}
+	}
+	ours := map[string]string{nodestate.DriverManagerLeaseLabel: "true"}
+	client := fake.NewClientset(
+		lease("gpu", "kube-gpu-stack-driver-gpu-1", ours),
+		lease("gpu", "kube-gpu-stack-driver-gone-node", ours),
+		lease("gpu", "someone-elses-leader-election", nil),
+		lease("other", "kube-gpu-stack-driver-gpu-1", ours), // another release's namespace
+	)
+	o := Options{Client: client, Namespace: "gpu", Release: "rel"}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Run(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	left, err := client.CoordinationV1().Leases(metav1.NamespaceAll).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range left.Items {
+		names = append(names, l.Namespace+"/"+l.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"gpu/someone-elses-leader-election", "other/kube-gpu-stack-driver-gpu-1"}; !slices.Equal(names, want) {
+		t.Fatalf("leases left %v, want %v\n%s", names, want, out.String())
 	}
 }

@@ -319,6 +319,14 @@ func TestRollingDriverUpgrade(t *testing.T) {
 	if changes := cluster.NodeChanges(before, after); changes != "" {
 		t.Errorf("uninstall left nodes changed:\n%s", changes)
 	}
+	// the driver managers took a Lease per node; the cleanup removes them with the rest
+	leases, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: nodestate.DriverManagerLeaseLabel})
+	switch {
+	case err != nil:
+		t.Error(err)
+	case len(leases.Items) > 0:
+		t.Errorf("uninstall left %d driver-manager leases, e.g. %s", len(leases.Items), leases.Items[0].Name)
+	}
 	if t.Failed() {
 		logRuns(t, start)
 	}
