@@ -42,3 +42,18 @@ they are the nodes of the pools that have it. dict "driver" DRIVER_VALUES "mode"
 {{- toJson (dict "nowhere" true) -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+gpu-stack-lib.allocationNodeSelector: an allocationScope as a node selector, JSON {"nodeSelectorTerms": [...]} (one
+term per alternative, each with nvidia.com/gpu.present), for binaries that decide per node (the validator's plugin
+check skips DRA nodes); empty when the scope is nowhere. dict "scope" SCOPE
+*/}}
+{{- define "gpu-stack-lib.allocationNodeSelector" -}}
+{{- if not .scope.nowhere -}}
+{{- $terms := list -}}
+{{- range .scope.matchAny | default (list list) -}}
+{{- $terms = append $terms (dict "matchExpressions" (prepend . (dict "key" "nvidia.com/gpu.present" "operator" "In" "values" (list "true")))) -}}
+{{- end -}}
+{{- toJson (dict "nodeSelectorTerms" $terms) -}}
+{{- end -}}
+{{- end }}
