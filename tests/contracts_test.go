@@ -67,7 +67,7 @@ func TestContracts(t *testing.T) {
 	checked := 0
 	t.Run("render", func(t *testing.T) {
 		for _, p := range profiles(t) {
-			for _, kv := range chartrender.KubeVersions {
+			for _, kv := range p.kubeVersions() {
 				sets := map[string][]string{"alone": nil, "every-optional-operand": everythingOn}
 				for name, extra := range contractRenders {
 					sets[name] = extra

@@ -17,7 +17,7 @@ import (
 // to review; UPDATE_GOLDEN=1 rewrites the files.
 func TestGolden(t *testing.T) {
 	for _, p := range profiles(t) {
-		for _, kv := range chartrender.KubeVersions {
+		for _, kv := range p.kubeVersions() {
 			t.Run(p.name+"/"+kv, func(t *testing.T) {
 				got := render(t, kv, []string{p.file})
 				minor := kv[:strings.LastIndex(kv, ".")]

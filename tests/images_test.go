@@ -37,7 +37,7 @@ func TestImages(t *testing.T) {
 	// One parallel subtest per render: the renders are independent and take most of the time.
 	t.Run("render", func(t *testing.T) {
 		for _, p := range profiles(t) {
-			for _, kv := range chartrender.KubeVersions {
+			for _, kv := range p.kubeVersions() {
 				for _, set := range [][]string{nil, everythingOn} {
 					where := p.name + "/" + kv + "/alone"
 					if set != nil {

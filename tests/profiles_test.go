@@ -3,10 +3,12 @@ package tests
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
+	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
@@ -15,8 +17,24 @@ import (
 // updateGolden rewrites golden files (and generated schemas) instead of comparing: UPDATE_GOLDEN=1 go test ./tests/...
 var updateGolden = os.Getenv("UPDATE_GOLDEN") == "1"
 
-// profile is one values file under values/: one cluster shape.
-type profile struct{ name, file string }
+// profile is one values file under values/: one cluster shape. minKube is the oldest Kubernetes minor it supports
+// ("1.34"), from a "Needs Kubernetes >= 1.NN" line in its header comment; empty when it runs on every supported one.
+type profile struct{ name, file, minKube string }
+
+// needsKube is how a profile's header says which Kubernetes it needs (the DRA profiles: resource.k8s.io/v1).
+var needsKube = regexp.MustCompile(`(?m)^#.*Needs Kubernetes >= (1\.[0-9]+)`)
+
+// kubeVersions are the supported Kubernetes versions the profile renders for: chartrender.KubeVersions from its
+// minKube on.
+func (p profile) kubeVersions() []string {
+	var out []string
+	for _, kv := range chartrender.KubeVersions {
+		if p.minKube == "" || version.MustParseGeneric(kv).AtLeast(version.MustParseGeneric(p.minKube)) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
 
 func profiles(t *testing.T) []profile {
 	t.Helper()
@@ -26,7 +44,15 @@ func profiles(t *testing.T) []profile {
 	}
 	var out []profile
 	for _, f := range files {
-		out = append(out, profile{strings.TrimSuffix(filepath.Base(f), ".yaml"), f})
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := profile{name: strings.TrimSuffix(filepath.Base(f), ".yaml"), file: f}
+		if m := needsKube.FindSubmatch(b); m != nil {
+			p.minKube = string(m[1])
+		}
+		out = append(out, p)
 	}
 	return out
 }

@@ -57,6 +57,11 @@ func sandboxOff(role string) matrix {
 	for _, n := range nodefixtures.DriverPools() {
 		m[n.Name] = role
 	}
+	// outside the DRA profiles: ordinary GPU nodes; the DRA switch is no container operand's
+	m["dra-legacy"] = role
+	m["dra-legacy-mps-capable"] = role + " mps-control-daemon"
+	m["dra-opted-out"] = role
+	m["dra-paused"] = role
 	return m
 }
 
@@ -100,7 +105,7 @@ func sandboxOn(def, container, passthrough, vgpu string) matrix {
 		"mps-capable", "device-plugin-off", "device-plugin-empty", "paused-for-driver-upgrade", "container-tainted"} {
 		m[n] = d
 	}
-	for _, n := range nodefixtures.DriverPools() {
+	for _, n := range slices.Concat(nodefixtures.DriverPools(), nodefixtures.DRA()) {
 		m[n.Name] = d // unlabelled GPU nodes
 	}
 	return m

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
@@ -86,6 +87,9 @@ type Options struct {
 	WithWorkload bool
 	// MIGStrategy is the device plugin's: single or none (nvidia.com/gpu), mixed (nvidia.com/mig-*).
 	MIGStrategy string
+	// DRANodes selects the nodes whose driver pool allocates GPUs through DRA (no device plugin runs there): the
+	// plugin check skips them. nil: every node has the device plugin.
+	DRANodes *corev1.NodeSelector
 	// Namespace receives the workload pods (the validator's own namespace).
 	Namespace string
 	// WorkloadImage runs the CUDA sample of the cuda and plugin workload pods (default DefaultWorkloadImage).

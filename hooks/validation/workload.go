@@ -18,6 +18,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
 
 // Workload pod labels (app=<value>): the checks delete their earlier pods on the node by them.
@@ -57,6 +58,20 @@ func (o *Options) pluginCheck() check {
 		name: "plugin",
 		owns: []string{"plugin-ready"},
 		attempt: func(ctx context.Context, p progress) result {
+			if o.DRANodes != nil {
+				// a DRA node has no device plugin and never advertises nvidia.com/gpu: waiting would never end
+				node, err := o.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+				if err != nil {
+					return waiting("get node %s: %v", o.NodeName, err)
+				}
+				dra, err := schedule.Selects(o.DRANodes, node)
+				if err != nil {
+					return failed("DRA_NODE_SELECTOR: %v", err)
+				}
+				if dra {
+					return skipped(fmt.Sprintf("node %s allocates GPUs through DRA (its driver pool's gpuAllocation): no device plugin to check", o.NodeName), file{name: "plugin-ready"})
+				}
+			}
 			res, n, r := o.gpuCapacity(ctx, p)
 			if n == 0 {
 				return r

@@ -195,6 +195,8 @@ func TestPluginCheck(t *testing.T) {
 		kubelet      func(*corev1.Pod) corev1.PodStatus
 		want         string
 		resource     corev1.ResourceName // requested by the workload pod; "" when none may run
+		labels       map[string]string
+		draNodes     *corev1.NodeSelector // the nodes whose pool allocates GPUs through DRA
 	}{{
 		name:        "capacity only",
 		allocatable: gpus(4),
@@ -246,9 +248,21 @@ func TestPluginCheck(t *testing.T) {
 		kubelet:      succeeded,
 		want:         "ready",
 		resource:     "nvidia.com/mig-1g.10gb",
+	}, {
+		name:         "DRA node: no device plugin there, nothing to wait for",
+		labels:       map[string]string{"nvidia.com/driver.pool": "moved"},
+		draNodes:     draPool("moved"),
+		withWorkload: true,
+		want:         "skipped: node " + testNode + " allocates GPUs through DRA (its driver pool's gpuAllocation): no device plugin to check",
+	}, {
+		name:        "device-plugin node of a cluster with DRA pools: checked as before",
+		labels:      map[string]string{"nvidia.com/driver.pool": "legacy"},
+		draNodes:    draPool("moved"),
+		allocatable: gpus(1),
+		want:        "ready",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, nodeWith(nil, tc.allocatable))
+			e := newEnv(t, nodeWith(tc.labels, tc.allocatable))
 			for _, p := range tc.pods {
 				if _, err := e.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -256,6 +270,7 @@ func TestPluginCheck(t *testing.T) {
 			}
 			o := e.options("plugin")
 			o.WithWorkload, o.Timeout = tc.withWorkload, 300*time.Millisecond
+			o.DRANodes = tc.draNodes
 			if tc.strategy != "" {
 				o.MIGStrategy = tc.strategy
 			}
@@ -312,6 +327,13 @@ func TestPluginCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// draPool selects the GPU nodes of one driver pool, as the chart renders DRA_NODE_SELECTOR.
+func draPool(name string) *corev1.NodeSelector {
+	return &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "nvidia.com/driver.pool", Operator: corev1.NodeSelectorOpIn, Values: []string{name}},
+	}}}}
 }
 
 func TestPodRequestCountsLikeTheScheduler(t *testing.T) {

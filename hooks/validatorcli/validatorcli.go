@@ -4,6 +4,7 @@
 package validatorcli
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -134,6 +136,8 @@ const envHelp = `Environment (as the chart sets it):
   DISABLE_DEV_CHAR_SYMLINK_CREATION  driver: do not create /dev/char/<major>:<minor> links to the GPUs (default false)
   WITH_WORKLOAD                    plugin: also run a pod that requests one GPU (default false)
   MIG_STRATEGY                     plugin: none, single (nvidia.com/gpu) or mixed (nvidia.com/mig-*) (default single)
+  DRA_NODE_SELECTOR                plugin: the nodes that allocate GPUs through DRA, a node selector as JSON
+                                   ({"nodeSelectorTerms": [...]}); the check skips them (default: none)
   OPERATOR_NAMESPACE               cuda, plugin: namespace of the workload pods
   CUDA_WORKLOAD_IMAGE              cuda, plugin: image of the workload pods (default ` + validation.DefaultWorkloadImage + `)
   CUDA_WORKLOAD_COMMAND            cuda, plugin: its command, split on spaces (default ` + validation.DefaultWorkloadCommand + `)
@@ -182,6 +186,12 @@ func fromEnv(component, dir string) (validation.Options, error) {
 	} {
 		if *dst, err = envSeconds(name); err != nil {
 			return o, err
+		}
+	}
+	if sel := os.Getenv("DRA_NODE_SELECTOR"); sel != "" {
+		o.DRANodes = &corev1.NodeSelector{}
+		if err := json.Unmarshal([]byte(sel), o.DRANodes); err != nil || len(o.DRANodes.NodeSelectorTerms) == 0 {
+			return o, fmt.Errorf("DRA_NODE_SELECTOR=%q: want a node selector as JSON, {\"nodeSelectorTerms\": [...]}", sel)
 		}
 	}
 	if port := os.Getenv("METRICS_PORT"); port != "" {

@@ -99,6 +99,7 @@ func TestBadEnvironmentNamesTheVariable(t *testing.T) {
 		"METRICS_PORT":                      `METRICS_PORT="sometimes": want a port number`,
 		"DISABLE_DEV_CHAR_SYMLINK_CREATION": `DISABLE_DEV_CHAR_SYMLINK_CREATION="sometimes": want true or false`,
 		"DEFAULT_GPU_WORKLOAD_CONFIG":       `DEFAULT_GPU_WORKLOAD_CONFIG "sometimes"`,
+		"DRA_NODE_SELECTOR":                 `DRA_NODE_SELECTOR="sometimes": want a node selector as JSON`,
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv("NODE_NAME", "")

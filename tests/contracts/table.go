@@ -194,6 +194,54 @@ var Table = []Contract{
 		},
 	},
 	{
+		Repository: "dra-driver-nvidia/dra-driver-nvidia-gpu",
+		Tags:       regexp.MustCompile(`^v0\.4\.1$`),
+		Source:     "github.com/kubernetes-sigs/dra-driver-nvidia-gpu@v0.4.1 (764900e)",
+		// deployments/container/Dockerfile: gcr.io/distroless/cc:debug (busybox under /busybox, on PATH) plus a
+		// static /bin/bash; USER root; the binaries, scripts and nvidia-cdi-hook in /usr/bin. One image for the
+		// kubelet plugins, the ComputeDomain controller and daemon, and the webhook. ENV NVIDIA_VISIBLE_DEVICES=all,
+		// so every pod sets void.
+		Binaries: []string{"/usr/bin/gpu-kubelet-plugin", "/usr/bin/compute-domain-kubelet-plugin",
+			"/usr/bin/compute-domain-controller", "/usr/bin/compute-domain-daemon", "/usr/bin/webhook",
+			"/usr/bin/nvidia-cdi-hook", "/usr/bin/kubelet-plugin-prestart.sh", "/usr/bin/bind_to_driver.sh",
+			"/usr/bin/unbind_from_driver.sh"},
+		Shell:     "/bin/bash (static) and /busybox/sh (busybox-static of distroless cc:debug, applets on PATH)",
+		User:      "0",
+		NeedsRoot: true,
+		// the controller and the webhook only talk to the API server
+		Rootless: []string{"compute-domain-controller", "webhook"},
+		// cmd/gpu-kubelet-plugin/main.go, cmd/compute-domain-kubelet-plugin/main.go,
+		// cmd/compute-domain-controller/main.go (flags with EnvVars), pkg/flags/{kubeclient,utils}.go (KUBECONFIG,
+		// KUBE_API_QPS/BURST; --feature-gates as FEATURE_GATES), the chart's kubeletplugin.yaml and controller.yaml.
+		Env: with(vars("HOST_DRIVER_ROOT", "NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH", "CDI_ROOT", "NVIDIA_CDI_HOOK_PATH",
+			"FEATURE_GATES", "KUBELET_REGISTRAR_DIRECTORY_PATH", "KUBELET_PLUGINS_DIRECTORY_PATH", "HEALTHCHECK_PORT",
+			"HTTP_ENDPOINT", "METRICS_PATH", "PPROF_PATH", "MASK_NVIDIA_DRIVER_PARAMS", "ALT_PROC_DEVICES_PATH",
+			"ADDITIONAL_XIDS_TO_IGNORE", "SERVICE_ACCOUNT_NAME", "IMAGE_NAME", "POD_NAME", "LOG_VERBOSITY",
+			"LOG_VERBOSITY_CD_DAEMON", "CD_DAEMON_IMAGE_PULL_SECRET_NAMES", "LEADER_ELECTION_ENABLED",
+			"LEADER_ELECTION_LEASE_LOCK_NAME", "LEADER_ELECTION_LEASE_LOCK_NAMESPACE", "LEADER_ELECTION_LEASE_DURATION",
+			"LEADER_ELECTION_RENEW_DEADLINE", "LEADER_ELECTION_RETRY_PERIOD", "MAX_NODES_PER_IMEX_DOMAIN",
+			"ADDITIONAL_NAMESPACES", "KUBECONFIG", "KUBE_API_QPS", "KUBE_API_BURST"),
+			map[string]EnvVar{
+				// the plugins publish their node's ResourceSlices and label their node: NODE_NAME names it; both
+				// plugins and the controller work in NAMESPACE (cliques, MPS daemons, ComputeDomain daemons)
+				"NODE_NAME": {Required: true, Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin"}},
+				"NAMESPACE": {Required: true, Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin", "compute-domain-controller"}},
+				// the controller starts ComputeDomain daemons from its own image
+				"IMAGE_NAME": {Required: true, Binaries: []string{"compute-domain-controller"}},
+			}),
+		HostPaths: []HostPath{
+			// kubeletplugin.RegistrarDirectoryPath / PluginDataDirectoryPath: <driver>-reg.sock and
+			// <driver>/dra.sock, at the host paths the kubelet reads (its root varies by distribution)
+			{Container: "/var/lib/kubelet/plugins_registry", Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin"}, Why: "plugin registration sockets the kubelet watches"},
+			{Container: "/var/lib/kubelet/plugins", Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin"}, Why: "the DRA sockets and checkpoints (Bidirectional), and the nvidia-cdi-hook copy"},
+			// CDI_ROOT: the CDI specs of prepared claims, read by the container runtime on the host
+			{Container: "/var/run/cdi", Host: "/var/run/cdi", Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin"}, Why: "CDI specs of prepared devices, read by the host's container runtime"},
+			// --container-driver-root default /driver-root: the driver's libraries and nvidia-smi
+			{Container: "/driver-root", Binaries: []string{"gpu-kubelet-plugin", "compute-domain-kubelet-plugin"}, Why: "the driver root (NVML, nvidia-smi)"},
+		},
+		Unverified: "the image's ENTRYPOINT/CMD were not recorded (the chart always renders a command); whether the binaries need NODE_NAME and NAMESPACE or only use them is read from the chart, which always sets them",
+	},
+	{
 		Repository: "nvidia/cloud-native/dcgm",
 		Tags:       regexp.MustCompile(`^4\.6\.0-1-(ubuntu24\.04|ubuntu22\.04|ubi9)$`),
 		Source:     "none readable: the DCGM container's Dockerfile is not in a public repository the index holds",

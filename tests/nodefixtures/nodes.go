@@ -6,6 +6,7 @@ package nodefixtures
 import (
 	"fmt"
 	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -112,7 +113,7 @@ func RoleMatrix() []Node {
 		gpuNode("vm-passthrough-cc-resumed", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", ccResumed),
 		gpuNode("role-unknown", Ubuntu2204, "NVIDIA-L40S", map[string]string{"nvidia.com/gpu.workload.config": "bogus"}),
 		noGPU,
-	}, DriverPools()...)
+	}, slices.Concat(DriverPools(), DRA())...)
 }
 
 // CCManagerSwitches are the gpu.deploy.* switches (suffixes) the CC manager (k8s-cc-manager v0.4.3,
@@ -138,6 +139,23 @@ func DriverPools() []Node {
 		pool("pool-precompiled-k5-15", Ubuntu2204, "5.15.0-140-generic", "precompiled"),
 		pool("pool-precompiled-k6-8", Ubuntu2204, "6.8.0-60-generic", "precompiled"),
 		pool("pool-host", Ubuntu2204, "6.8.0-60-generic", "host"),
+	}
+}
+
+// DRALegacyPool is the pool of values/dra-mixed.yaml that stays on the device plugin (nvidia.com/driver.pool value).
+const DRALegacyPool = "legacy"
+
+// DRA are GPU nodes for the DRA profiles: two nodes of the pool values/dra-mixed.yaml keeps on the device plugin
+// (one MPS-capable), and two nodes whose DRA switch nvidia.com/gpu.deploy.dra-driver is off: opted out by the admin,
+// and paused as the reference driver manager pauses it. In every other profile they are ordinary unlabelled
+// (default-role) GPU nodes, the legacy ones MPS-capable or not.
+func DRA() []Node {
+	legacy := map[string]string{DriverPoolLabel: DRALegacyPool}
+	return []Node{
+		gpuNode("dra-legacy", Ubuntu2204, "NVIDIA-L40S", legacy),
+		gpuNode("dra-legacy-mps-capable", Ubuntu2204, "NVIDIA-L40S", map[string]string{DriverPoolLabel: DRALegacyPool, "nvidia.com/mps.capable": "true"}),
+		gpuNode("dra-opted-out", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.deploy.dra-driver": "false"}),
+		gpuNode("dra-paused", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.deploy.dra-driver": "paused-for-driver-upgrade"}),
 	}
 }
 

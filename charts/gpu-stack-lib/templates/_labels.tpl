@@ -43,3 +43,23 @@ namespace: {{ .ctx.Release.Namespace }}
 labels:
   {{- include "gpu-stack-lib.labels" . | nindent 2 }}
 {{- end }}
+
+{{/*
+gpu-stack-lib.crds: the chart's CRDs (files/crds/*.yaml), rendered as templates so that `helm upgrade`, Argo CD and
+Flux update them with the chart, with the chart's labels, and kept on uninstall (helm.sh/resource-policy: keep;
+Argo CD's Delete=false): deleting a CRD deletes every object of its kind in the cluster. A CRD has one owner: the
+calling chart decides when it renders them (never in its external mode). dict "ctx" . "component" COMPONENT
+*/}}
+{{- define "gpu-stack-lib.crds" -}}
+{{- $ctx := .ctx -}}
+{{- $component := .component -}}
+{{- range $path, $_ := $ctx.Files.Glob "files/crds/*.yaml" }}
+{{- $crd := $ctx.Files.Get $path | fromYaml }}
+{{- $_ := set $crd "metadata" (dict
+  "name" $crd.metadata.name
+  "labels" (include "gpu-stack-lib.labels" (dict "ctx" $ctx "name" $crd.metadata.name "component" $component) | fromYaml)
+  "annotations" (dict "helm.sh/resource-policy" "keep" "argocd.argoproj.io/sync-options" "Delete=false")) }}
+---
+{{ toYaml $crd }}
+{{- end }}
+{{- end }}

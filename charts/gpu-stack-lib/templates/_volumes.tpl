@@ -18,6 +18,8 @@ var-log: {path: /var/log}
 dev-log: {path: /dev/log}
 device-plugins: {path: {{ printf "%s/device-plugins" $kubelet | quote }}}
 pod-resources: {path: {{ printf "%s/pod-resources" $kubelet | quote }}}
+kubelet-plugins: {path: {{ printf "%s/plugins" $kubelet | quote }}, type: DirectoryOrCreate}
+kubelet-plugins-registry: {path: {{ printf "%s/plugins_registry" $kubelet | quote }}, type: DirectoryOrCreate}
 cdi-root: {path: /var/run/cdi, type: DirectoryOrCreate}
 dev-vfio: {path: /dev/vfio}
 run-nvidia-mps: {path: /run/nvidia/mps, type: DirectoryOrCreate}

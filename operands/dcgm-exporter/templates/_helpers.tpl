@@ -1,6 +1,6 @@
-{{/* dcgm-exporter.podAPI: "true" when the exporter reads pods from the API (pod labels or pod UIDs), else "" */}}
+{{/* dcgm-exporter.podAPI: "true" when the exporter reads the API (pod labels or UIDs, DRA ResourceSlices), else "" */}}
 {{- define "dcgm-exporter.podAPI" -}}
-{{- if or .Values.enablePodLabels .Values.enablePodUID }}true{{ end -}}
+{{- if or .Values.enablePodLabels .Values.enablePodUID .Values.kubernetesDRA }}true{{ end -}}
 {{- end }}
 
 {{/* dcgm-exporter.env: environment of the exporter */}}
@@ -22,6 +22,10 @@ DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX: {{ join "," . | quote }}
 {{- end }}
 {{- if .Values.enablePodUID }}
 DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID: "true"
+{{- end }}
+{{- if .Values.kubernetesDRA }}
+{{- /* --kubernetes-enable-dra (dcgm-exporter pkg/cmd/app.go) */}}
+KUBERNETES_ENABLE_DRA: "true"
 {{- end }}
 {{- if .Values.hpcJobMapping.enabled }}
 DCGM_HPC_JOB_MAPPING_DIR: {{ .Values.hpcJobMapping.directory | quote }}
