@@ -1,0 +1,430 @@
+package dra
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v3/pkg/release"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+)
+
+const (
+	namespace = "gpu-operator"
+	workloads = "ml"
+	// trainers is how many single-GPU claim pods the workload runs.
+	trainers = 3
+)
+
+var (
+	// draNodes are the default pool's nodes (on DRA in dra-mixed); legacyNodes the pool kept on the device plugin.
+	draNodes    = []string{"gpu-01", "gpu-02"}
+	legacyNodes = []string{"dra-legacy", "dra-legacy-mps-capable"}
+)
+
+func target() install.Target {
+	return install.Target{Kubeconfig: kube.Kubeconfig, Release: "gpu", Namespace: namespace, Timeout: 2 * time.Minute}
+}
+
+// TestDRAMixedAllocationPoolSwitchUninstall: in values/dra-mixed.yaml, claims from a ResourceClaimTemplate are
+// allocated by the scheduler on the DRA pool's nodes only while the device-plugin pool keeps its device plugin and
+// gets no slice or claim; `helm upgrade` moving that pool to DRA swaps its device plugin for the DRA kubelet plugin
+// and leaves every other node's operand pods as they were; uninstall leaves no DeviceClass, no slice and no node
+// change, and keeps the ComputeDomain CRDs.
+func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
+	start := time.Now()
+	ctx := t.Context()
+	profile := filepath.Join(chartrender.RepoRoot(), "values", "dra-mixed.yaml")
+	before, err := cluster.SnapshotNodes(ctx, kube.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	plugin, stopPlugin := context.WithCancel(ctx)
+	defer stopPlugin()
+	pluginErrs := make(chan error, 1)
+	go playPlugin(plugin, kube.Client, namespace, pluginErrs)
+
+	rel, err := target().Install(ctx, []string{profile})
+	if err != nil {
+		logHooks(t)
+		t.Fatal(err)
+	}
+	uninstalled := false
+	defer func() {
+		if !uninstalled {
+			_ = target().Uninstall()
+		}
+	}()
+	waitForPlacement(t, expected(t, rel))
+	waitForSlices(t, draNodes, pluginErrs)
+	t.Logf("installed, rolled out and sliced in %s", time.Since(start).Round(time.Millisecond))
+
+	// 1. allocation on DRA nodes only
+	step := time.Now()
+	startWorkload(t)
+	claimNodes := waitForTrainers(t)
+	for pod, node := range claimNodes {
+		if !slices.Contains(draNodes, node) {
+			t.Errorf("claim pod %s runs on %s, not a DRA node %v", pod, node, draNodes)
+		}
+	}
+	checkClaims(t, claimNodes)
+	running, err := target().Running(ctx, kube.Client, nodeNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range legacyNodes {
+		if _, ok := running[n]["device-plugin"]; !ok {
+			t.Errorf("device-plugin node %s runs no device plugin: %v", n, running.Operands(n))
+		}
+		if _, ok := running[n]["dra-driver"]; ok {
+			t.Errorf("device-plugin node %s runs the DRA kubelet plugin", n)
+		}
+	}
+	if got, _ := slicedNodes(ctx, kube.Client); !slices.Equal(got, draNodes) {
+		t.Errorf("gpu.nvidia.com slices on %v, want exactly the DRA nodes %v", got, draNodes)
+	}
+	t.Logf("claims allocated and pods running on %v in %s", claimNodes, time.Since(step).Round(time.Millisecond))
+
+	// 2. the legacy pool moves to DRA; a device-plugin GPU pod still runs there
+	step = time.Now()
+	holder := startLegacyHolder(t)
+	untouched := operandPods(t, func(n string) bool { return !slices.Contains(legacyNodes, n) })
+	upgradeStart := time.Now()
+	rel, err = target().Upgrade(ctx, []string{profile}, "driver.pools[0].gpuAllocation=dra")
+	if err != nil {
+		logHooks(t)
+		t.Fatal(err)
+	}
+	if r, ok := stand.LastRun("pre-upgrade", upgradeStart); ok {
+		named := strings.Contains(r.Output, holder)
+		t.Logf("pre-upgrade plan (names the nvidia.com/gpu pod %s on the switching pool: %v):\n%s", holder, named, r.Output)
+	}
+	want := expected(t, rel)
+	for _, n := range legacyNodes {
+		if _, ok := want[n]["dra-driver"]; !ok {
+			t.Fatalf("after the switch the DRA kubelet plugin is not expected on %s: %v", n, want.Operands(n))
+		}
+		if _, ok := want[n]["device-plugin"]; ok {
+			t.Fatalf("after the switch the device plugin is still expected on %s", n)
+		}
+	}
+	waitForPlacement(t, want)
+	waitForSlices(t, append(slices.Clone(draNodes), legacyNodes...), pluginErrs)
+	// Outside the switching pool only the two DaemonSets whose pod template carries the pools' allocation scope roll:
+	// the DRA kubelet plugin (its node affinity gains the pool) and the validator (its DRA_NODE_SELECTOR does).
+	// Every other operand pod there stays as it was.
+	moved := operandPods(t, func(n string) bool { return !slices.Contains(legacyNodes, n) })
+	if d := podDiff(withoutScoped(untouched), withoutScoped(moved)); d != "" {
+		t.Errorf("the switch replaced operand pods outside the switching pool:\n%s", d)
+	}
+	t.Logf("rolled outside the switching pool (their templates carry the allocation scope):\n%s", podDiff(untouched, moved))
+	if again := waitForTrainers(t); !maps.Equal(again, claimNodes) {
+		t.Errorf("claim pods moved during the switch: %v -> %v", claimNodes, again)
+	}
+	if p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, strings.TrimPrefix(holder, workloads+"/"), metav1.GetOptions{}); err == nil {
+		t.Logf("after the switch the nvidia.com/gpu pod %s is %s on %s, whose device plugin is gone", holder, p.Status.Phase, p.Spec.NodeName)
+	}
+	t.Logf("pool switched in %s", time.Since(step).Round(time.Millisecond))
+
+	// 3. uninstall
+	step = time.Now()
+	if err := kube.Client.CoreV1().Namespaces().Delete(ctx, workloads, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, "workload namespace "+workloads, func(ctx context.Context) (bool, error) {
+		_, err := kube.Client.CoreV1().Namespaces().Get(ctx, workloads, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err := target().Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	uninstalled = true
+	waitForSlices(t, nil, pluginErrs)
+	classes, err := kube.Client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes.Items {
+		t.Errorf("uninstall left DeviceClass %s", c.Name)
+	}
+	after, err := cluster.SnapshotNodes(ctx, kube.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changes := cluster.NodeChanges(before, after); changes != "" {
+		t.Errorf("uninstall left nodes changed:\n%s", changes)
+	}
+	for _, crd := range []string{"computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"} {
+		if err := crdExists(ctx, crd); err != nil {
+			t.Errorf("CRD %s not kept on uninstall: %v", crd, err)
+		}
+	}
+	t.Logf("uninstalled in %s; whole proof %s", time.Since(step).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+func nodeNames() []string {
+	var out []string
+	for _, n := range nodes {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+func logHooks(t *testing.T) {
+	for _, r := range stand.Runs() {
+		t.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, r.Output)
+	}
+}
+
+func expected(t *testing.T, rel *release.Release) placement.Placement {
+	t.Helper()
+	p, err := install.Expected(t.Context(), kube.Client, rel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// waitForPlacement waits until the running operand pods are exactly want on every node.
+func waitForPlacement(t *testing.T, want placement.Placement) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := target().Running(ctx, kube.Client, nodeNames())
+		if err != nil {
+			return false, err
+		}
+		var b strings.Builder
+		for _, n := range nodeNames() {
+			if g, w := got.Operands(n), want.Operands(n); !slices.Equal(g, w) {
+				fmt.Fprintf(&b, "node %s:\n  running  %v\n  expected %v\n", n, g, w)
+			}
+		}
+		last = b.String()
+		return last == "", nil
+	})
+	if err != nil {
+		t.Fatalf("operand pods never matched the expected placement:\n%s", last)
+	}
+}
+
+// waitForSlices waits until exactly the given nodes have a gpu.nvidia.com slice.
+func waitForSlices(t *testing.T, want []string, errs <-chan error) {
+	t.Helper()
+	slices.Sort(want)
+	var got []string
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-errs:
+			return false, fmt.Errorf("kubelet plugin stand-in: %w", err)
+		default:
+		}
+		var err error
+		got, err = slicedNodes(ctx, kube.Client)
+		return err == nil && slices.Equal(got, want), err
+	})
+	if err != nil {
+		t.Fatalf("gpu.nvidia.com slices on %v, want %v: %v", got, want, err)
+	}
+}
+
+func waitGone(t *testing.T, what string, gone wait.ConditionWithContextFunc) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, gone); err != nil {
+		t.Fatalf("%s never went: %v", what, err)
+	}
+}
+
+// startWorkload creates the workload namespace, a ResourceClaimTemplate for one GPU of class gpu.nvidia.com, and
+// trainers pods each claiming one from it.
+func startWorkload(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	c := kube.Client
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: workloads}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &resourcev1.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: workloads},
+		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
+				DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+			}}},
+		}}},
+	}
+	if _, err := c.ResourceV1().ResourceClaimTemplates(workloads).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range trainers {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("train-%d", i), Namespace: workloads, Labels: map[string]string{"app": "train"}},
+			Spec: corev1.PodSpec{
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}},
+				Containers: []corev1.Container{{Name: "train", Image: "busybox", Resources: corev1.ResourceRequirements{
+					Claims: []corev1.ResourceClaim{{Name: "gpu"}},
+				}}},
+			},
+		}
+		if _, err := c.CoreV1().Pods(workloads).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startLegacyHolder runs a pod holding nvidia.com/gpu from the device plugin on the legacy pool and returns its
+// name once it runs.
+func startLegacyHolder(t *testing.T) string {
+	t.Helper()
+	const name = "legacy-train"
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: workloads},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{nodefixtures.DriverPoolLabel: nodefixtures.DRALegacyPool},
+			Containers: []corev1.Container{{Name: "train", Image: "busybox", Resources: corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
+			}}},
+		},
+	}
+	if _, err := kube.Client.CoreV1().Pods(workloads).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, err
+	})
+	if err != nil {
+		t.Fatalf("device-plugin pod %s never ran: %v", name, err)
+	}
+	return workloads + "/" + name
+}
+
+// waitForTrainers waits until every claim pod runs and returns pod -> node.
+func waitForTrainers(t *testing.T) map[string]string {
+	t.Helper()
+	var out map[string]string
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := kube.Client.CoreV1().Pods(workloads).List(ctx, metav1.ListOptions{LabelSelector: "app=train"})
+		if err != nil {
+			return false, err
+		}
+		out, last = map[string]string{}, ""
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodRunning {
+				last += fmt.Sprintf("%s on %q: %s %v\n", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Conditions)
+				continue
+			}
+			out[p.Name] = p.Spec.NodeName
+		}
+		return len(out) == trainers, nil
+	})
+	if err != nil {
+		t.Fatalf("claim pods never all ran:\n%s", last)
+	}
+	return out
+}
+
+// checkClaims: each claim pod's claim is allocated one gpu.nvidia.com device from its node's pool and reserved for
+// that pod, and no claim is allocated anywhere else.
+func checkClaims(t *testing.T, podNodes map[string]string) {
+	t.Helper()
+	ctx := t.Context()
+	claims, err := kube.Client.ResourceV1().ResourceClaims(workloads).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims.Items) != trainers {
+		t.Errorf("%d claims, want one per claim pod (%d)", len(claims.Items), trainers)
+	}
+	used := map[string]bool{}
+	for _, c := range claims.Items {
+		if c.Status.Allocation == nil || len(c.Status.ReservedFor) != 1 {
+			t.Errorf("claim %s: allocation %v, reserved for %v", c.Name, c.Status.Allocation, c.Status.ReservedFor)
+			continue
+		}
+		pod := c.Status.ReservedFor[0].Name
+		results := c.Status.Allocation.Devices.Results
+		if len(results) != 1 {
+			t.Errorf("claim %s of %s: %d devices, want 1", c.Name, pod, len(results))
+			continue
+		}
+		r := results[0]
+		if r.Driver != gpuDriver || r.Pool != podNodes[pod] {
+			t.Errorf("claim %s of %s (on %s): device %s/%s/%s, want a gpu.nvidia.com device of pool %s",
+				c.Name, pod, podNodes[pod], r.Driver, r.Pool, r.Device, podNodes[pod])
+		}
+		id := r.Pool + "/" + r.Device
+		if used[id] {
+			t.Errorf("device %s allocated twice", id)
+		}
+		used[id] = true
+	}
+}
+
+// operandPods are the stack's running pods on the nodes keep selects: node/component/name -> uid.
+func operandPods(t *testing.T, keep func(node string) bool) map[string]string {
+	t.Helper()
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" && keep(p.Spec.NodeName) && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			out[p.Spec.NodeName+"/"+p.Labels["app.kubernetes.io/component"]+"/"+p.Name] = string(p.UID)
+		}
+	}
+	return out
+}
+
+// scopedComponents are the components whose pod template carries the pools' allocation scope.
+var scopedComponents = []string{"dra-driver", "operator-validator"}
+
+// withoutScoped drops the pods of scopedComponents from operandPods' result.
+func withoutScoped(pods map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range pods {
+		if !slices.Contains(scopedComponents, strings.Split(k, "/")[1]) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func podDiff(a, b map[string]string) string {
+	var out strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(a)) {
+		if b[k] != a[k] {
+			fmt.Fprintf(&out, "  gone or replaced: %s\n", k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(b)) {
+		if _, ok := a[k]; !ok {
+			fmt.Fprintf(&out, "  new: %s\n", k)
+		}
+	}
+	return out.String()
+}
+
+func crdExists(ctx context.Context, name string) error {
+	return kube.Client.Discovery().RESTClient().Get().AbsPath("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", name).Do(ctx).Error()
+}

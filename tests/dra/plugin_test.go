@@ -1,0 +1,143 @@
+package dra
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+const (
+	// gpuDriver is the DRA driver of NVIDIA GPUs; the gpu.nvidia.com DeviceClass selects its devices of type gpu.
+	gpuDriver = "gpu.nvidia.com"
+	// pluginSelector selects the chart's DRA kubelet-plugin pods (the name the reference driver manager waits on).
+	pluginSelector = "app=nvidia-dra-driver-kubelet-plugin"
+	// gpusPerNode is how many GPU devices each node's slice publishes.
+	gpusPerNode = 4
+)
+
+// sliceName is the one ResourceSlice of a node's pool (pool = node name, as the gpus plugin names it).
+func sliceName(node string) string { return node + "-" + gpuDriver }
+
+// gpuSlice is what the gpus kubelet plugin publishes for a node: one pool named after the node, its GPUs with the
+// attributes the DeviceClasses' CEL selectors read (type) and those workloads select on (uuid, productName, ...).
+func gpuSlice(node *corev1.Node) *resourcev1.ResourceSlice {
+	product := node.Labels["nvidia.com/gpu.product"]
+	var devices []resourcev1.Device
+	for i := range gpusPerNode {
+		devices = append(devices, resourcev1.Device{
+			Name: fmt.Sprintf("gpu-%d", i),
+			Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+				"type":          {StringValue: ptr.To("gpu")},
+				"uuid":          {StringValue: ptr.To(fmt.Sprintf("GPU-%s-%d", node.Name, i))},
+				"productName":   {StringValue: ptr.To(product)},
+				"index":         {IntValue: ptr.To(int64(i))},
+				"driverVersion": {VersionValue: ptr.To("580.95.5")},
+			},
+			Capacity: map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{
+				"memory": {Value: resource.MustParse("48Gi")},
+			},
+		})
+	}
+	return &resourcev1.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: sliceName(node.Name),
+			// the kubelet plugin library owns a node's slices by its Node
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
+		},
+		Spec: resourcev1.ResourceSliceSpec{
+			Driver:   gpuDriver,
+			Pool:     resourcev1.ResourcePool{Name: node.Name, Generation: 1, ResourceSliceCount: 1},
+			NodeName: ptr.To(node.Name),
+			Devices:  devices,
+		},
+	}
+}
+
+// playPlugin plays the gpus kubelet plugin and the kubelet's cleanup of it until ctx ends: a node with a Running
+// kubelet-plugin pod gets its slice; a node without one loses it (the kubelet deletes a driver's slices once its
+// plugin has unregistered). It reports each reconcile error on errs, without blocking.
+func playPlugin(ctx context.Context, client kubernetes.Interface, namespace string, errs chan<- error) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := reconcileSlices(ctx, client, namespace); err != nil && ctx.Err() == nil {
+			select {
+			case errs <- err:
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace string) error {
+	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: pluginSelector})
+	if err != nil {
+		return err
+	}
+	var serving []string
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			serving = append(serving, p.Spec.NodeName)
+		}
+	}
+	have, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	published := map[string]bool{}
+	for _, s := range have.Items {
+		if s.Spec.Driver != gpuDriver || s.Spec.NodeName == nil {
+			continue
+		}
+		if !slices.Contains(serving, *s.Spec.NodeName) {
+			if err := client.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+			continue
+		}
+		published[*s.Spec.NodeName] = true
+	}
+	for _, n := range serving {
+		if published[n] {
+			continue
+		}
+		node, err := client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, err := client.ResourceV1().ResourceSlices().Create(ctx, gpuSlice(node), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// slicedNodes are the nodes with a gpu.nvidia.com slice now.
+func slicedNodes(ctx context.Context, client kubernetes.Interface) ([]string, error) {
+	have, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, s := range have.Items {
+		if s.Spec.Driver == gpuDriver && s.Spec.NodeName != nil {
+			out = append(out, *s.Spec.NodeName)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
