@@ -29,8 +29,9 @@ import (
 const (
 	namespace = "gpu-operator"
 	workloads = "ml"
-	// trainers is how many single-GPU claim pods the workload runs.
-	trainers = 3
+	// trainers is how many single-GPU claim pods the workload runs: one more than the DRA pool's GPUs, so one waits
+	// for a GPU rather than land on a device-plugin node, and gets one when that pool moves to DRA.
+	trainers = 2*gpusPerNode + 1
 )
 
 var (
@@ -44,10 +45,11 @@ func target() install.Target {
 }
 
 // TestDRAMixedAllocationPoolSwitchUninstall: in values/dra-mixed.yaml, claims from a ResourceClaimTemplate are
-// allocated by the scheduler on the DRA pool's nodes only while the device-plugin pool keeps its device plugin and
-// gets no slice or claim; `helm upgrade` moving that pool to DRA swaps its device plugin for the DRA kubelet plugin
-// and leaves every other node's operand pods as they were; uninstall leaves no DeviceClass, no slice and no node
-// change, and keeps the ComputeDomain CRDs.
+// allocated by the scheduler on the DRA pool's nodes only (the one pod more than they have GPUs waits) while the
+// device-plugin pool keeps its device plugin and gets no slice or claim; `helm upgrade` moving that pool to DRA
+// swaps its device plugin for the DRA kubelet plugin, the waiting pod gets a GPU there, and on every other node only
+// the DaemonSets carrying the allocation scope roll; uninstall leaves no DeviceClass, no slice and no node change,
+// and keeps the ComputeDomain CRDs.
 func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 	start := time.Now()
 	ctx := t.Context()
@@ -80,7 +82,7 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 	// 1. allocation on DRA nodes only
 	step := time.Now()
 	startWorkload(t)
-	claimNodes := waitForTrainers(t)
+	claimNodes := waitForTrainers(t, len(draNodes)*gpusPerNode)
 	for pod, node := range claimNodes {
 		if !slices.Contains(draNodes, node) {
 			t.Errorf("claim pod %s runs on %s, not a DRA node %v", pod, node, draNodes)
@@ -137,8 +139,15 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 		t.Errorf("the switch replaced operand pods outside the switching pool:\n%s", d)
 	}
 	t.Logf("rolled outside the switching pool (their templates carry the allocation scope):\n%s", podDiff(untouched, moved))
-	if again := waitForTrainers(t); !maps.Equal(again, claimNodes) {
-		t.Errorf("claim pods moved during the switch: %v -> %v", claimNodes, again)
+	// the trainer left waiting now gets a GPU of the switched pool; the others stay where they were
+	again := waitForTrainers(t, trainers)
+	checkClaims(t, again)
+	for pod, node := range again {
+		if was, ok := claimNodes[pod]; ok && was != node {
+			t.Errorf("claim pod %s moved from %s to %s during the switch", pod, was, node)
+		} else if !ok && !slices.Contains(legacyNodes, node) {
+			t.Errorf("the waiting claim pod %s runs on %s, not on the switched pool %v", pod, node, legacyNodes)
+		}
 	}
 	if p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, strings.TrimPrefix(holder, workloads+"/"), metav1.GetOptions{}); err == nil {
 		t.Logf("after the switch the nvidia.com/gpu pod %s is %s on %s, whose device plugin is gone", holder, p.Status.Phase, p.Spec.NodeName)
@@ -317,8 +326,9 @@ func startLegacyHolder(t *testing.T) string {
 	return workloads + "/" + name
 }
 
-// waitForTrainers waits until every claim pod runs and returns pod -> node.
-func waitForTrainers(t *testing.T) map[string]string {
+// waitForTrainers waits until running claim pods run and every other one is unschedulable (pending, on no node),
+// and returns the running ones: pod -> node.
+func waitForTrainers(t *testing.T, running int) map[string]string {
 	t.Helper()
 	var out map[string]string
 	var last string
@@ -328,23 +338,29 @@ func waitForTrainers(t *testing.T) map[string]string {
 			return false, err
 		}
 		out, last = map[string]string{}, ""
+		unschedulable := 0
 		for _, p := range pods.Items {
-			if p.Status.Phase != corev1.PodRunning {
-				last += fmt.Sprintf("%s on %q: %s %v\n", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Conditions)
+			if p.Status.Phase == corev1.PodRunning {
+				out[p.Name] = p.Spec.NodeName
 				continue
 			}
-			out[p.Name] = p.Spec.NodeName
+			last += fmt.Sprintf("%s on %q: %s %v\n", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.Conditions)
+			for _, c := range p.Status.Conditions {
+				if p.Spec.NodeName == "" && c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					unschedulable++
+				}
+			}
 		}
-		return len(out) == trainers, nil
+		return len(out) == running && unschedulable == trainers-running, nil
 	})
 	if err != nil {
-		t.Fatalf("claim pods never all ran:\n%s", last)
+		t.Fatalf("want %d of %d claim pods running and the rest unschedulable; running: %v\n%s", running, trainers, out, last)
 	}
 	return out
 }
 
-// checkClaims: each claim pod's claim is allocated one gpu.nvidia.com device from its node's pool and reserved for
-// that pod, and no claim is allocated anywhere else.
+// checkClaims: each running claim pod's claim is allocated one gpu.nvidia.com device from its node's pool and
+// reserved for that pod, no device twice, and the claims of the other (unschedulable) pods are not allocated.
 func checkClaims(t *testing.T, podNodes map[string]string) {
 	t.Helper()
 	ctx := t.Context()
@@ -357,6 +373,9 @@ func checkClaims(t *testing.T, podNodes map[string]string) {
 	}
 	used := map[string]bool{}
 	for _, c := range claims.Items {
+		if c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0 {
+			continue // a waiting pod's claim; counted below
+		}
 		if c.Status.Allocation == nil || len(c.Status.ReservedFor) != 1 {
 			t.Errorf("claim %s: allocation %v, reserved for %v", c.Name, c.Status.Allocation, c.Status.ReservedFor)
 			continue
@@ -377,6 +396,9 @@ func checkClaims(t *testing.T, podNodes map[string]string) {
 			t.Errorf("device %s allocated twice", id)
 		}
 		used[id] = true
+	}
+	if len(used) != len(podNodes) {
+		t.Errorf("%d claims allocated, want one per running claim pod (%d)", len(used), len(podNodes))
 	}
 }
 
