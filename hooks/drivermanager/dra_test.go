@@ -173,11 +173,11 @@ func TestDRAClaimHolderLeftFailsWithThePluginRunning(t *testing.T) {
 	}
 }
 
-// TestDRAStopBetweenTheStepsResumes: SIGTERM after the other operands are paused (plugin still running) or after
-// the plugin is paused (its pod gone) leaves the node as it is; the next driver pod goes on from there, pauses the
+// TestDRAStopBetweenTheStepsResumes: SIGTERM after the eviction, after the other operands are paused (plugin still
+// running) or after their pods and then the plugin's are gone (its switch paused) leaves the node as it is; the next driver pod goes on from there, pauses the
 // plugin if it still runs, unloads, and restores every switch.
 func TestDRAStopBetweenTheStepsResumes(t *testing.T) {
-	for _, step := range []string{"evict", "operands", "dra-plugin"} {
+	for _, step := range []string{"evict", "pause", "operands"} {
 		t.Run(step, func(t *testing.T) {
 			d := newDRANode(t, map[string]string{draSwitch: "true", "nvidia.com/gpu.deploy.dcgm": "false"})
 			o := d.options()
@@ -187,7 +187,7 @@ func TestDRAStopBetweenTheStepsResumes(t *testing.T) {
 				t.Fatalf("stopped run: %v", err)
 			}
 			pausedAtStop := d.node().Labels[draSwitch] == nodestate.Paused
-			if pausedAtStop != (step == "dra-plugin") || d.pluginRuns() == pausedAtStop {
+			if pausedAtStop != (step == "operands") || d.pluginRuns() == pausedAtStop {
 				t.Fatalf("after a stop at %s: plugin switch %q, plugin running %v", step, d.node().Labels[draSwitch], d.pluginRuns())
 			}
 			if _, err := d.run(d.options()); err != nil {

@@ -17,9 +17,9 @@
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
 //	pause         pod-restart-required + operand switches paused; watch until their pods are gone
-//	dra-plugin    on a node whose DRA kubelet plugin runs (Options.DRAPlugin): no pod may still hold a gpu.nvidia.com
-//	              claim (the eviction moved them; one left fails the run with the plugin untouched); then the
-//	              plugin's switch is paused, last, and its pod watched until gone
+//	              then, on a node whose DRA kubelet plugin runs (Options.DRAPlugin), no pod may still hold a
+//	              gpu.nvidia.com claim (the eviction moved them; one left fails the run with the plugin untouched);
+//	              the plugin's switch is paused, last, and its pod watched until gone
 //	unload        check every module (use counts, holders, processes with /dev/nvidia* open) first: one in use
 //	              removes none and names the pod or process in the way (with auto-drain: drain once, retry);
 //	              then delete_module in dependency order, and a removal that still fails loads back what was
@@ -156,7 +156,7 @@ const (
 )
 
 // Steps are the points a run can be stopped at through Options.AfterStep, in order.
-var Steps = []string{"detect", "cordon", "evict", "pause", "operands", "dra-plugin", "unload", "unmount"}
+var Steps = []string{"detect", "cordon", "evict", "pause", "operands", "unload", "unmount"}
 
 // Complete fills defaults.
 func (o *Options) Complete() {
@@ -556,13 +556,11 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.waitOperandsGone(ctx, m.paused(nodestate.PausableOperands)); err != nil {
 		return "", err
 	}
-	if err := m.step(ctx, "operands"); err != nil {
-		return "", err
-	}
+	// the DRA kubelet plugin goes last, within the operands step (a stop after "pause" finds it still running)
 	if err := m.pauseDRAPlugin(ctx); err != nil {
 		return "", err
 	}
-	if err := m.step(ctx, "dra-plugin"); err != nil {
+	if err := m.step(ctx, "operands"); err != nil {
 		return "", err
 	}
 	unloaded, err := m.unload(ctx)

@@ -910,7 +910,7 @@ func finish(t *testing.T, e *env) {
 func TestStopAfterEachStepIsNoFailure(t *testing.T) {
 	reached := map[string]nodestate.UpgradeState{
 		"detect": "", "cordon": nodestate.PodDeletionRequired, "evict": nodestate.PodDeletionRequired,
-		"pause": nodestate.PodRestartRequired, "operands": nodestate.PodRestartRequired, "dra-plugin": nodestate.PodRestartRequired,
+		"pause": nodestate.PodRestartRequired, "operands": nodestate.PodRestartRequired,
 		"unload": nodestate.PodRestartRequired, "unmount": nodestate.PodRestartRequired,
 	}
 	for _, step := range Steps {
