@@ -356,6 +356,26 @@ func TestValidatorRBACIsWhatItCalls(t *testing.T) {
 	}
 }
 
+// TestValidatorDRARightsAreWhatTheDRACheckCalls: with a pool on DRA the validator also lists ResourceSlices
+// cluster-wide and creates and deletes ResourceClaims in the release namespace (the dra check), and nothing more.
+func TestValidatorDRARightsAreWhatTheDRACheckCalls(t *testing.T) {
+	objs := objects(t, render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "dra-mixed.yaml")}))
+	var dra []string
+	for r := range rulesOf(objs, "nvidia-operator-validator") {
+		if r.group == "resource.k8s.io" {
+			where := "cluster"
+			if r.namespace != "" {
+				where = "namespace"
+			}
+			dra = append(dra, where+" "+r.verb+" "+r.resource)
+		}
+	}
+	slices.Sort(dra)
+	if want := []string{"cluster list resourceslices", "namespace create resourceclaims", "namespace delete resourceclaims"}; !slices.Equal(dra, want) {
+		t.Errorf("validator's resource.k8s.io rights %v, want %v", dra, want)
+	}
+}
+
 // nodeLocalAccounts: the ServiceAccounts of the rendered pods that run the driver manager or a validator check
 // recording on its Node, with the command that makes them node-local.
 func nodeLocalAccounts(objs []object) map[string]string {

@@ -17,6 +17,9 @@
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
 //	pause         pod-restart-required + operand switches paused; watch until their pods are gone
+//	              then, on a node whose DRA kubelet plugin runs (Options.DRAPlugin), no pod may still hold a
+//	              gpu.nvidia.com claim (the eviction moved them; one left fails the run with the plugin untouched);
+//	              the plugin's switch is paused, last, and its pod watched until gone
 //	unload        check every module (use counts, holders, processes with /dev/nvidia* open) first: one in use
 //	              removes none and names the pod or process in the way (with auto-drain: drain once, retry);
 //	              then delete_module in dependency order, and a removal that still fails loads back what was
@@ -59,6 +62,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -135,6 +139,11 @@ type Options struct {
 	// HostDriverHold is how long the run holds a driver pod on a host-driver node before it fails, so the pod
 	// does not restart in a tight loop while its DaemonSet lets go of the node (default DefaultHostDriverHold).
 	HostDriverHold time.Duration
+	// DRAPlugin is the operand of the DRA kubelet plugin (DRA_PLUGIN_OPERAND, "dra-driver" on the chart's DRA
+	// pools): its switch nodestate.DeployLabelPrefix+DRAPlugin, its pods labelled ComponentLabel=DRAPlugin. On a
+	// node where one of its pods runs (or its switch is already paused by us) it is paused last, once no pod holds
+	// a gpu.nvidia.com claim. Empty: no DRA plugin is paused.
+	DRAPlugin string
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
@@ -544,7 +553,11 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	if err := m.step(ctx, "pause"); err != nil {
 		return "", err
 	}
-	if err := m.waitOperandsGone(ctx); err != nil {
+	if err := m.waitOperandsGone(ctx, m.paused(nodestate.PausableOperands)); err != nil {
+		return "", err
+	}
+	// the DRA kubelet plugin goes last, within the operands step (a stop after "pause" finds it still running)
+	if err := m.pauseDRAPlugin(ctx); err != nil {
 		return "", err
 	}
 	if err := m.step(ctx, "operands"); err != nil {
@@ -677,14 +690,79 @@ func (m *manager) drain(ctx context.Context, why string) error {
 	return nil
 }
 
-// waitOperandsGone watches until no pod of a paused operand is left on the node.
-func (m *manager) waitOperandsGone(ctx context.Context) error {
+// paused are those of ops whose switch is paused on the node.
+func (m *manager) paused(ops []string) []string {
 	var paused []string
-	for _, op := range nodestate.PausableOperands {
+	for _, op := range ops {
 		if m.node.Labels[nodestate.DeployLabelPrefix+op] == nodestate.Paused {
 			paused = append(paused, op)
 		}
 	}
+	return paused
+}
+
+// pauseDRAPlugin stops the DRA kubelet plugin on a DRA node, after everything else, as the reference driver
+// manager (k8s-driver-manager v0.12.0) does: the plugin unprepares the claims of pods as they leave, so it goes
+// only once no pod holds a gpu.nvidia.com claim. The reference pauses the other operands before it evicts; here
+// the eviction comes first (the GPU Operator's upgrade controller order, which the states follow), so by now the
+// claim holders are gone. One still there (eviction off, a PDB that refused it, a DaemonSet pod, which the eviction
+// skips) fails the run, the plugin untouched: the restore resumes the other operands and no claim is stranded.
+func (m *manager) pauseDRAPlugin(ctx context.Context) error {
+	op := m.o.DRAPlugin
+	if op == "" {
+		return nil
+	}
+	running, err := m.operandPods(ctx, op)
+	if err != nil {
+		return err
+	}
+	// a run stopped after this pause finds the plugin gone and its switch paused: it is a DRA node all the same
+	if len(running) == 0 && len(m.paused([]string{op})) == 0 {
+		return nil
+	}
+	var holders []string
+	err = apiretry.Do(ctx, func(ctx context.Context) error {
+		holders, err = gpupods.ClaimHolders(ctx, m.o.Client, m.o.NodeName)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if len(holders) > 0 {
+		return fmt.Errorf("cannot stop the DRA kubelet plugin (%s%s): pods still hold %s claims: %s (evict them, or let ENABLE_GPU_POD_EVICTION do it)",
+			nodestate.DeployLabelPrefix, op, gpupods.DRADriver, strings.Join(holders, ", "))
+	}
+	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, []string{op}) }
+	if err := m.apply(ctx, pause); err != nil {
+		return err
+	}
+	m.log.Info("no pod holds a GPU claim: DRA kubelet plugin paused", "switch", nodestate.DeployLabelPrefix+op)
+	return m.waitOperandsGone(ctx, m.paused([]string{op}))
+}
+
+// operandPods lists the pods of an operand on the node.
+func (m *manager) operandPods(ctx context.Context, op string) ([]corev1.Pod, error) {
+	var pods *corev1.PodList
+	err := apiretry.Do(ctx, func(ctx context.Context) error {
+		var err error
+		pods, err = m.o.Client.CoreV1().Pods(m.o.Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: ComponentLabel + "=" + op, FieldSelector: "spec.nodeName=" + m.o.NodeName})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the %s pods on the node: %w", op, err)
+	}
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == m.o.NodeName {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// waitOperandsGone watches until no pod of the paused operands is left on the node.
+func (m *manager) waitOperandsGone(ctx context.Context, paused []string) error {
 	if len(paused) == 0 {
 		return nil
 	}

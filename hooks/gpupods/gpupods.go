@@ -142,3 +142,44 @@ func (c *Checker) namespaceClaims(ctx context.Context, ns string) (map[string]*r
 	c.claims[ns] = m
 	return m, nil
 }
+
+// HoldsGPUClaim reports whether pod holds a resource claim allocated by DRADriver (its device plugin resources do
+// not count): while it does, the DRA kubelet plugin that prepared the claim must stay.
+func (c *Checker) HoldsGPUClaim(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	for _, name := range ClaimNames(pod) {
+		claims, err := c.namespaceClaims(ctx, pod.Namespace)
+		if err != nil {
+			return false, err
+		}
+		if cl := claims[name]; cl != nil && AllocatedByGPUDriver(cl) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// ClaimHolders names (namespace/name) the pods on node that hold a claim allocated by DRADriver, terminating ones
+// included (their devices stay prepared until they are gone); finished pods hold nothing. The reference driver
+// manager refuses to stop the DRA kubelet plugin while any is left.
+func ClaimHolders(ctx context.Context, client kubernetes.Interface, node string) ([]string, error) {
+	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return nil, fmt.Errorf("list the pods on node %s: %w", node, err)
+	}
+	c := &Checker{Client: client}
+	var out []string
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Spec.NodeName != node || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		ok, err := c.HoldsGPUClaim(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, p.Namespace+"/"+p.Name)
+		}
+	}
+	return out, nil
+}

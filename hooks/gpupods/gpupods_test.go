@@ -108,3 +108,30 @@ func TestCheckerWithoutDRA(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimHolders: only pods on the node that hold a gpu.nvidia.com claim count, terminating ones too; a
+// device-plugin pod, a pod of another driver's claim, a finished pod and a pod on another node do not.
+func TestClaimHolders(t *testing.T) {
+	on := func(p *corev1.Pod, node string) *corev1.Pod { p.Spec.NodeName = node; return p }
+	terminating := on(claimed("terminating", "c-term"), "n1")
+	now := metav1.Now()
+	terminating.DeletionTimestamp = &now
+	terminating.Finalizers = []string{"keep"}
+	done := on(claimed("done", "c-done"), "n1")
+	done.Status.Phase = corev1.PodSucceeded
+	client := fake.NewClientset(
+		on(claimed("holder", "c-gpu"), "n1"), terminating, done,
+		on(claimed("other-driver", "c-other"), "n1"),
+		on(claimed("elsewhere", "c-else"), "n2"),
+		on(pod("plugin-gpu", corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: one("nvidia.com/gpu")}}}}), "n1"),
+		allocated("c-gpu", DRADriver), allocated("c-term", DRADriver), allocated("c-done", DRADriver),
+		allocated("c-other", "example.com"), allocated("c-else", DRADriver),
+	)
+	got, err := ClaimHolders(context.Background(), client, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ml/holder", "ml/terminating"}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("ClaimHolders = %v, want %v", got, want)
+	}
+}

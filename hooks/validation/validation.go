@@ -1,5 +1,5 @@
 // Package validation holds the node-local checks of the validator: each proves one layer of the GPU stack works on
-// its node (driver, container toolkit, CUDA, device plugin, vfio-pci, vGPU manager and devices, CC manager, kernel
+// its node (driver, container toolkit, CUDA, device plugin or DRA driver, vfio-pci, vGPU manager and devices, CC manager, kernel
 // modules), writes the status file the next operands wait on under the validations directory, and records its
 // outcome on the Node (annotation kube-gpu-stack.io/validation.<check>, see hooks/nodestate) so the cluster-level
 // gate can say per node what works and what does not, and why.
@@ -26,7 +26,7 @@ import (
 
 // Components are the validator's subcommands, in the order the chart runs them.
 var Components = []string{
-	"driver", "toolkit", "cuda", "plugin", "vfio-pci", "vgpu-manager", "vgpu-devices", "cc-manager",
+	"driver", "toolkit", "cuda", "plugin", "dra", "vfio-pci", "vgpu-manager", "vgpu-devices", "cc-manager",
 	"rdma", "gds", "gdrcopy", "ready", "metrics",
 }
 
@@ -83,12 +83,12 @@ type Options struct {
 	// DisableDevCharSymlinks keeps the driver check from creating the /dev/char links.
 	DisableDevCharSymlinks bool
 
-	// WithWorkload makes the plugin check also run a pod that requests one GPU.
+	// WithWorkload makes the plugin check also run a pod that requests one GPU, and the dra check one that claims one.
 	WithWorkload bool
 	// MIGStrategy is the device plugin's: single or none (nvidia.com/gpu), mixed (nvidia.com/mig-*).
 	MIGStrategy string
 	// DRANodes selects the nodes whose driver pool allocates GPUs through DRA (no device plugin runs there): the
-	// plugin check skips them. nil: every node has the device plugin.
+	// plugin check skips them and the dra check checks only them. nil: every node has the device plugin.
 	DRANodes *corev1.NodeSelector
 	// Namespace receives the workload pods (the validator's own namespace).
 	Namespace string
@@ -182,7 +182,7 @@ func (o *Options) Validate() error {
 	default:
 		return fmt.Errorf("MIG_STRATEGY %q: one of none, single, mixed", o.MIGStrategy)
 	}
-	if o.Component == "cuda" || o.Component == "plugin" {
+	if o.Component == "cuda" || o.Component == "plugin" || o.Component == "dra" {
 		var missing []string
 		if o.Client == nil {
 			missing = append(missing, "API access (in-cluster config)")
@@ -232,6 +232,8 @@ func (o *Options) check() (check, error) {
 		return o.cudaCheck(), nil
 	case "plugin":
 		return o.pluginCheck(), nil
+	case "dra":
+		return o.draCheck(), nil
 	case "vfio-pci":
 		return o.vfioPCICheck(), nil
 	case "vgpu-manager":

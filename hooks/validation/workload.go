@@ -203,6 +203,11 @@ type workload struct {
 	// resource, when set, is requested once through the device plugin; otherwise the pod sees every GPU through
 	// the runtime (NVIDIA_VISIBLE_DEVICES=all, privileged so the toolkit honours the variable).
 	resource corev1.ResourceName
+	// claim, when set, names the ResourceClaim the pod takes its GPU from (the dra check); the pod is then placed
+	// by node affinity so that the scheduler allocates the claim.
+	claim string
+	// created, when set, runs once the pod exists (the dra check creates the claim, owned by the pod).
+	created func(context.Context, *corev1.Pod) error
 }
 
 type podResult struct {
@@ -242,6 +247,11 @@ func (o *Options) runWorkload(ctx context.Context, p progress, w workload) podRe
 			p.Logf("could not delete pod %s: %v", pod.Name, err)
 		}
 	}()
+	if w.created != nil {
+		if err := w.created(ctx, pod); err != nil {
+			return podResult{reason: err.Error(), permanent: apierrors.IsForbidden(err)}
+		}
+	}
 
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -287,7 +297,7 @@ func (o *Options) deleteWorkloads(ctx context.Context, app string) error {
 		return fmt.Errorf("list earlier %s pods in %s: %w", app, o.Namespace, err)
 	}
 	for _, old := range list.Items {
-		if old.Spec.NodeName != o.NodeName || old.Labels["app"] != app {
+		if targetNode(&old) != o.NodeName || old.Labels["app"] != app {
 			continue
 		}
 		err := pods.Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
@@ -307,12 +317,16 @@ func (o *Options) workloadPod(w workload) *corev1.Pod {
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 	annotations := map[string]string{}
-	if w.resource == "" {
+	switch {
+	case w.claim != "": // the DRA driver's CDI spec gives the pod the claimed GPU
+		c.Resources.Claims = []corev1.ResourceClaim{{Name: draClaimRequest}}
+		c.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
+	case w.resource == "":
 		c.Env = []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "all"}}
 		c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 		// with the NRI plugin instead of a runtime class, CDI injects the GPUs by this annotation
 		annotations["nvidia.cdi.k8s.io/container."+w.container] = "management.nvidia.com/gpu=all"
-	} else {
+	default:
 		one := resource.MustParse("1")
 		c.Resources.Limits = corev1.ResourceList{w.resource: one}
 		c.SecurityContext = &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)}
@@ -334,6 +348,15 @@ func (o *Options) workloadPod(w workload) *corev1.Pod {
 			Containers:                    []corev1.Container{c},
 		},
 	}
+	if w.claim != "" {
+		pod.Spec.NodeName = ""
+		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{o.NodeName}},
+			}}},
+		}}}
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: draClaimRequest, ResourceClaimName: ptr.To(w.claim)}}
+	}
 	if o.RuntimeClass != "" {
 		pod.Spec.RuntimeClassName = ptr.To(o.RuntimeClass)
 	}
@@ -342,6 +365,23 @@ func (o *Options) workloadPod(w workload) *corev1.Pod {
 		pod.Spec.ImagePullSecrets = append(pod.Spec.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}
 	return pod
+}
+
+// targetNode is the node a workload pod runs on, or, not yet scheduled, the one its node affinity names.
+func targetNode(pod *corev1.Pod) string {
+	if pod.Spec.NodeName != "" {
+		return pod.Spec.NodeName
+	}
+	if a := pod.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, f := range t.MatchFields {
+				if f.Key == "metadata.name" && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) == 1 {
+					return f.Values[0]
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // describePending says what a pod that has not finished is waiting for.

@@ -27,6 +27,7 @@ var componentHelp = map[string]string{
 	"toolkit":      "GPUs are visible in a container of the nvidia runtime: writes toolkit-ready",
 	"cuda":         "A CUDA sample pod runs on this node: writes cuda-ready",
 	"plugin":       "The node advertises GPUs (and, with WITH_WORKLOAD, a pod gets one): writes plugin-ready",
+	"dra":          "On a DRA node, the DRA driver published its ResourceSlices (and, with WITH_WORKLOAD, a pod gets a GPU through a ResourceClaim): writes dra-ready",
 	"vfio-pci":     "On vm-passthrough nodes every NVIDIA GPU is bound to vfio-pci: writes workload-type, vfio-pci-ready",
 	"vgpu-manager": "On vm-vgpu nodes the vGPU manager answers and GPUs offer vGPUs: writes workload-type, (host-)vgpu-manager-ready",
 	"vgpu-devices": "On vm-vgpu nodes a vGPU device exists: writes workload-type, vgpu-devices-ready",
@@ -134,17 +135,17 @@ const envHelp = `Environment (as the chart sets it):
   DRIVER_VALIDATION_SKIP_GPU_INIT  driver: only nvidia-smi --version, no NVML (default false)
   DEV_CHAR_DIR                     driver: the host's /dev/char in this container (default /host-dev-char)
   DISABLE_DEV_CHAR_SYMLINK_CREATION  driver: do not create /dev/char/<major>:<minor> links to the GPUs (default false)
-  WITH_WORKLOAD                    plugin: also run a pod that requests one GPU (default false)
+  WITH_WORKLOAD                    plugin, dra: also run a pod that takes one GPU (device plugin / ResourceClaim) (default false)
   MIG_STRATEGY                     plugin: none, single (nvidia.com/gpu) or mixed (nvidia.com/mig-*) (default single)
-  DRA_NODE_SELECTOR                plugin: the nodes that allocate GPUs through DRA, a node selector as JSON
-                                   ({"nodeSelectorTerms": [...]}); the check skips them (default: none)
-  OPERATOR_NAMESPACE               cuda, plugin: namespace of the workload pods
-  CUDA_WORKLOAD_IMAGE              cuda, plugin: image of the workload pods (default ` + validation.DefaultWorkloadImage + `)
-  CUDA_WORKLOAD_COMMAND            cuda, plugin: its command, split on spaces (default ` + validation.DefaultWorkloadCommand + `)
-  VALIDATOR_IMAGE_PULL_POLICY      cuda, plugin: pull policy of the workload image
-  VALIDATOR_IMAGE_PULL_SECRETS     cuda, plugin: comma-separated pull secret names
-  VALIDATOR_RUNTIME_CLASS          cuda, plugin: runtime class of the workload pods
-  VALIDATOR_WORKLOAD_SERVICE_ACCOUNT  cuda, plugin: service account of the workload pods (default: the namespace's default)
+  DRA_NODE_SELECTOR                plugin, dra: the nodes that allocate GPUs through DRA, a node selector as JSON
+                                   ({"nodeSelectorTerms": [...]}); plugin skips them, dra checks only them (default: none)
+  OPERATOR_NAMESPACE               cuda, plugin, dra: namespace of the workload pods
+  CUDA_WORKLOAD_IMAGE              cuda, plugin, dra: image of the workload pods (default ` + validation.DefaultWorkloadImage + `)
+  CUDA_WORKLOAD_COMMAND            cuda, plugin, dra: its command, split on spaces (default ` + validation.DefaultWorkloadCommand + `)
+  VALIDATOR_IMAGE_PULL_POLICY      cuda, plugin, dra: pull policy of the workload image
+  VALIDATOR_IMAGE_PULL_SECRETS     cuda, plugin, dra: comma-separated pull secret names
+  VALIDATOR_RUNTIME_CLASS          cuda, plugin, dra: runtime class of the workload pods
+  VALIDATOR_WORKLOAD_SERVICE_ACCOUNT  cuda, plugin, dra: service account of the workload pods (default: the namespace's default)
   DEFAULT_GPU_WORKLOAD_CONFIG      vfio-pci, vgpu-*: role of a node without a valid nvidia.com/gpu.workload.config (default container)
   METRICS_PORT                     metrics: port to serve /metrics on (default 8000)`
 

@@ -294,8 +294,35 @@ func TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods(t *testing.T) 
 		_, err := v.CoreV1().Pods(ns).Create(ctx, elsewhere, metav1.CreateOptions{})
 		return err
 	})
-	if !strings.Contains(err.Error(), "may create pods only bound to its own node ("+nodeB+"), not to "+nodeA) {
+	if !strings.Contains(err.Error(), "may create pods only bound or pinned (node affinity on metadata.name) to its own node ("+nodeB+"), not to "+nodeA) {
 		t.Fatalf("refusal of a workload pod on another node: %v", err)
+	}
+	// the dra check's pod is not bound (the scheduler must allocate its claim): every required node affinity term
+	// must pin it to the validator's node
+	pinned := func(nodes ...string) *corev1.Pod {
+		p := pod(workloadSA)
+		p.Spec.NodeName = ""
+		var terms []corev1.NodeSelectorTerm
+		for _, n := range nodes {
+			terms = append(terms, corev1.NodeSelectorTerm{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{n}}}})
+		}
+		if len(terms) > 0 {
+			p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms}}}
+		}
+		return p
+	}
+	for name, p := range map[string]*corev1.Pod{"unplaced": pinned(), "pinned elsewhere": pinned(nodeA), "one term elsewhere": pinned(nodeB, nodeA)} {
+		t.Logf("%s: %v", name, refusedByPolicy(t, func(ctx context.Context) error {
+			_, err := v.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+			return err
+		}))
+	}
+	ownPinned, err := v.CoreV1().Pods(ns).Create(t.Context(), pinned(nodeB), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a workload pod pinned to its own node: %v", err)
+	}
+	if err := v.CoreV1().Pods(ns).Delete(t.Context(), ownPinned.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting its pinned workload pod: %v", err)
 	}
 	created, err := v.CoreV1().Pods(ns).Create(t.Context(), pod(workloadSA), metav1.CreateOptions{})
 	if err != nil {

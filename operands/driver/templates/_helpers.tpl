@@ -144,7 +144,7 @@ the driver image, <kernel>-<os tag> for precompiled drivers]
 {{- if and .Values.rdma.enabled .Values.rdma.useHostMofed }}/usr/src{{ else }}/run/mellanox/drivers/usr/src{{ end -}}
 {{- end }}
 
-{{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations) */}}
+{{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations), and the DRA plugin it pauses on a DRA pool */}}
 {{- define "driver.managerEnv" -}}
 {{- $m := .Values.manager -}}
 ENABLE_GPU_POD_EVICTION: {{ $m.gpuPodDeletion.enabled | quote }}
@@ -159,6 +159,10 @@ DRAIN_DELETE_EMPTYDIR_DATA: {{ $m.drain.deleteEmptyDir | quote }}
 {{- if .Values.rdma.enabled }}
 GPU_DIRECT_RDMA_ENABLED: "true"
 USE_HOST_MOFED: {{ .Values.rdma.useHostMofed | quote }}
+{{- end }}
+{{- /* a DRA pool's nodes run the DRA kubelet plugin: the manager pauses its switch last, once no pod holds a claim */}}
+{{- if eq (.Values.gpuAllocation | default "device-plugin") "dra" }}
+DRA_PLUGIN_OPERAND: dra-driver
 {{- end }}
 {{- end }}
 
