@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 )
 
@@ -109,11 +110,14 @@ func SaveConfigMap(ctx context.Context, client kubernetes.Interface, name string
 		Data: map[string]string{ReportTextKey: r.Table(), ReportJSONKey: string(js), ReportPoolsKey: string(pj), ReportStateKey: r.Verdict()},
 	}
 	cms := client.CoreV1().ConfigMaps(r.Namespace)
-	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err == nil || !apierrors.IsNotFound(err) {
-		return wrap(err, name)
-	}
-	_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-	return wrap(err, name)
+	// retried: a gate that passed must not fail its release over one API error that may pass
+	return wrap(apiretry.Do(ctx, func(ctx context.Context) error {
+		_, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+		}
+		return err
+	}), name)
 }
 
 func wrap(err error, name string) error {
