@@ -61,7 +61,7 @@ livenessProbe:
 dra-driver.pluginMounts: mounts both kubelet plugins share. The kubelet's plugin directories are mounted at their
 host paths, because the plugins register their sockets with the kubelet by those paths; CDI specs go to the host's
 /var/run/cdi; the driver root is at /driver-root (containerized driver) or /host (host driver), as driver-ready
-says. dict "ctx" . "driverRootReadOnly" BOOL
+says (readOnly: false is left out, as the API server leaves it out: no GitOps drift). dict "ctx" . "driverRootReadOnly" BOOL
 */}}
 {{- define "dra-driver.pluginMounts" -}}
 {{- $kubelet := include "gpu-stack-lib.kubeletRootDir" .ctx -}}
@@ -69,6 +69,6 @@ says. dict "ctx" . "driverRootReadOnly" BOOL
 - {name: kubelet-plugins, mountPath: {{ printf "%s/plugins" $kubelet }}, mountPropagation: Bidirectional}
 - {name: cdi-root, mountPath: /var/run/cdi}
 - {name: run-nvidia-validations, mountPath: /run/nvidia/validations, mountPropagation: HostToContainer}
-- {name: driver-install-dir, mountPath: /driver-root, readOnly: {{ .driverRootReadOnly }}, mountPropagation: HostToContainer}
+- {name: driver-install-dir, mountPath: /driver-root,{{ if .driverRootReadOnly }} readOnly: true,{{ end }} mountPropagation: HostToContainer}
 - {name: host-root, mountPath: /host, readOnly: true, mountPropagation: HostToContainer}
 {{- end }}
