@@ -315,18 +315,18 @@ func blockEviction(t *testing.T, node string) string {
 	ctx := t.Context()
 	one := intstr.FromInt32(1)
 	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "train-" + node, Namespace: workloads},
+		ObjectMeta: metav1.ObjectMeta{Name: "train-" + node, Namespace: workloadNS},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &one,
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train", "node": node}}},
 	}
-	if _, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloads).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+	if _, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = kube.Client.PolicyV1().PodDisruptionBudgets(workloads).Delete(context.Background(), pdb.Name, metav1.DeleteOptions{})
+		_ = kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(context.Background(), pdb.Name, metav1.DeleteOptions{})
 	})
 	waitFor(t, 30*time.Second, "the PDB observed", func() (bool, string) {
-		p, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloads).Get(ctx, pdb.Name, metav1.GetOptions{})
+		p, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Get(ctx, pdb.Name, metav1.GetOptions{})
 		if err != nil || p.Status.ExpectedPods != 1 || p.Status.CurrentHealthy != 1 {
 			return false, fmt.Sprintf("PDB status %+v", p.Status)
 		}
@@ -339,7 +339,7 @@ func blockEviction(t *testing.T, node string) string {
 func relax(t *testing.T, pdb string) {
 	t.Helper()
 	patch := []byte(`{"spec":{"minAvailable":0}}`)
-	if _, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloads).Patch(t.Context(), pdb, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Patch(t.Context(), pdb, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -25,12 +23,13 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/workloads"
 )
 
 const (
-	namespace = "gpu-operator"
-	release   = "gpu"
-	workloads = "ml"
+	namespace  = "gpu-operator"
+	release    = "gpu"
+	workloadNS = "ml"
 	// maxUnavailable is the driver pool's rollout bound.
 	maxUnavailable = 2
 	// evictionTimeout bounds the GPU pod eviction, in seconds: long enough for the scenarios that change things
@@ -447,44 +446,17 @@ func startWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	c := kube.Client
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: workloads}}, metav1.CreateOptions{}); err != nil {
+	if err := workloads.Deploy(ctx, c, workloadNS, gpuNodeNames()); err != nil {
 		t.Fatal(err)
-	}
-	for _, n := range gpuNodeNames() {
-		for _, kind := range []string{"train", "web"} {
-			res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}
-			if kind == "train" {
-				res["nvidia.com/gpu"] = resource.MustParse("1")
-			}
-			labels := map[string]string{"app": kind, "node": n}
-			one := int32(1)
-			d := &appsv1.Deployment{
-				ObjectMeta: metav1.ObjectMeta{Name: kind + "-" + n, Namespace: workloads},
-				Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
-					Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
-						NodeSelector: map[string]string{"kubernetes.io/hostname": n},
-						Containers:   []corev1.Container{{Name: kind, Image: "registry.example/" + kind, Resources: corev1.ResourceRequirements{Requests: res, Limits: res}}},
-					}}},
-			}
-			if _, err := c.AppsV1().Deployments(workloads).Create(ctx, d, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 }
 
 // runningGPU says on which nodes a GPU workload pod is running.
 func runningGPU(t *testing.T) map[string]bool {
 	t.Helper()
-	list, err := kube.Client.CoreV1().Pods(workloads).List(context.Background(), metav1.ListOptions{LabelSelector: "app=train"})
+	running, err := workloads.RunningGPU(t.Context(), kube.Client, workloadNS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == p.Labels["node"] {
-			out[p.Spec.NodeName] = true
-		}
-	}
-	return out
+	return running
 }

@@ -12,10 +12,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -30,12 +28,13 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/workloads"
 )
 
 const (
-	namespace = "gpu-operator"
-	release   = "gpu"
-	workloads = "ml"
+	namespace  = "gpu-operator"
+	release    = "gpu"
+	workloadNS = "ml"
 	// maxUnavailable is the driver pool's rollout bound.
 	maxUnavailable = 2
 	// pdbNode's GPU workload has a PodDisruptionBudget that never allows an eviction; adminNode is cordoned by
@@ -290,7 +289,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 
 	// 3. retry once the PDB lets go
 	t.Run("upgrade retry finishes the failed node", func(t *testing.T) {
-		if err := client.PolicyV1().PodDisruptionBudgets(workloads).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil {
+		if err := client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
@@ -565,37 +564,16 @@ func startWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	c := kube.Client
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: workloads}}, metav1.CreateOptions{}); err != nil {
+	if err := workloads.Deploy(ctx, c, workloadNS, gpuNodeNames()); err != nil {
 		t.Fatal(err)
-	}
-	for _, n := range gpuNodeNames() {
-		for _, kind := range []string{"train", "web"} {
-			res := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}
-			if kind == "train" {
-				res["nvidia.com/gpu"] = resource.MustParse("1")
-			}
-			labels := map[string]string{"app": kind, "node": n}
-			one := int32(1)
-			d := &appsv1.Deployment{
-				ObjectMeta: metav1.ObjectMeta{Name: kind + "-" + n, Namespace: workloads},
-				Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
-					Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
-						NodeSelector: map[string]string{"kubernetes.io/hostname": n},
-						Containers:   []corev1.Container{{Name: kind, Image: "registry.example/" + kind, Resources: corev1.ResourceRequirements{Requests: res, Limits: res}}},
-					}}},
-			}
-			if _, err := c.AppsV1().Deployments(workloads).Create(ctx, d, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	one := intstr.FromInt32(1)
 	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "train-" + pdbNode, Namespace: workloads},
+		ObjectMeta: metav1.ObjectMeta{Name: "train-" + pdbNode, Namespace: workloadNS},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &one,
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train", "node": pdbNode}}},
 	}
-	if _, err := c.PolicyV1().PodDisruptionBudgets(workloads).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+	if _, err := c.PolicyV1().PodDisruptionBudgets(workloadNS).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "workloads running and the PDB observed", func() (bool, string) {
@@ -605,7 +583,7 @@ func startWorkloads(t *testing.T) {
 				return false, "no GPU workload running on " + n
 			}
 		}
-		p, err := c.PolicyV1().PodDisruptionBudgets(workloads).Get(ctx, pdb.Name, metav1.GetOptions{})
+		p, err := c.PolicyV1().PodDisruptionBudgets(workloadNS).Get(ctx, pdb.Name, metav1.GetOptions{})
 		if err != nil || p.Status.ExpectedPods != 1 || p.Status.CurrentHealthy != 1 {
 			return false, fmt.Sprintf("PDB status %+v", p.Status)
 		}
@@ -617,7 +595,7 @@ func startWorkloads(t *testing.T) {
 func workloadPods(t *testing.T) (gpu, other map[string]types.UID) {
 	t.Helper()
 	gpu, other = map[string]types.UID{}, map[string]types.UID{}
-	list, err := kube.Client.CoreV1().Pods(workloads).List(t.Context(), metav1.ListOptions{})
+	list, err := kube.Client.CoreV1().Pods(workloadNS).List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,15 +615,9 @@ func workloadPods(t *testing.T) (gpu, other map[string]types.UID) {
 // runningGPU says on which nodes a GPU workload pod is running.
 func runningGPU(t *testing.T) map[string]bool {
 	t.Helper()
-	list, err := kube.Client.CoreV1().Pods(workloads).List(t.Context(), metav1.ListOptions{LabelSelector: "app=train"})
+	running, err := workloads.RunningGPU(t.Context(), kube.Client, workloadNS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	for _, p := range list.Items {
-		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == p.Labels["node"] {
-			out[p.Spec.NodeName] = true
-		}
-	}
-	return out
+	return running
 }

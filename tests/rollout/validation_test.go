@@ -46,7 +46,7 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 		}
 	}
 	// a PodDisruptionBudget left by an earlier test would make the plan refuse
-	if err := client.PolicyV1().PodDisruptionBudgets(workloads).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	before, err := cluster.SnapshotNodes(ctx, client)
