@@ -144,6 +144,11 @@ type Options struct {
 	// node where one of its pods runs (or its switch is already paused by us) it is paused last, once no pod holds
 	// a gpu.nvidia.com claim. Empty: no DRA plugin is paused.
 	DRAPlugin string
+	// Allocation is how the pool's nodes hand GPUs to pods after this run (GPU_ALLOCATION: device-plugin or dra),
+	// written as nodestate.AllocationLabel, which places the device plugin and the DRA kubelet plugin. A node
+	// labelled the other way switches through the driver change path (its GPU pods evicted, both plugins paused,
+	// the driver reloaded) even when the driver config is unchanged. Empty: the label is left alone.
+	Allocation string
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
@@ -209,6 +214,11 @@ func (o *Options) Validate() error {
 	errs := scopeErrors(o.Client, o.NodeName, o.Namespace)
 	if _, err := labels.Parse(o.Drain.PodSelector); err != nil {
 		errs = append(errs, fmt.Errorf("DRAIN_POD_SELECTOR_LABEL %q: %w", o.Drain.PodSelector, err))
+	}
+	switch o.Allocation {
+	case "", nodestate.AllocationDevicePlugin, nodestate.AllocationDRA:
+	default:
+		errs = append(errs, fmt.Errorf("GPU_ALLOCATION %q: want %s or %s", o.Allocation, nodestate.AllocationDevicePlugin, nodestate.AllocationDRA))
 	}
 	errs = append(errs, o.Host.Validate(), o.Lease.validate())
 	return errors.Join(errs...)
@@ -321,18 +331,37 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err := m.step(ctx, "detect"); err != nil {
 		return "", err
 	}
+	switching := m.switchesAllocation()
 	switch {
 	case len(mods) == 0:
 		return m.notLoaded(ctx)
-	case !m.o.ForceReinstall && m.o.Digest != "" && m.o.Digest == recorded:
+	case !m.o.ForceReinstall && !switching && m.o.Digest != "" && m.o.Digest == recorded:
 		return m.keep(ctx)
 	}
 	if err := m.heldBack(ctx, recorded); err != nil {
 		return "", &untouchedError{err}
 	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
-		"digest", nodestate.ShortDigest(m.o.Digest), "recordedDigest", nodestate.ShortDigest(recorded), "forceReinstall", m.o.ForceReinstall)
+		"digest", nodestate.ShortDigest(m.o.Digest), "recordedDigest", nodestate.ShortDigest(recorded), "forceReinstall", m.o.ForceReinstall,
+		"allocation", m.node.Labels[nodestate.AllocationLabel]+" -> "+m.o.Allocation)
 	return m.upgrade(ctx)
+}
+
+// switchesAllocation: the node hands its GPUs out the other way than the pool now wants. A node without the label
+// is new to the stack (or never had a GPU pod placed by it): it takes the pool's way without a switch.
+func (m *manager) switchesAllocation() bool {
+	current := m.node.Labels[nodestate.AllocationLabel]
+	return m.o.Allocation != "" && current != "" && current != m.o.Allocation
+}
+
+// allocation is the change that labels the node with the pool's allocation mode (none without one).
+func (m *manager) allocation() change {
+	return func(n *corev1.Node) (nodestate.Patch, error) {
+		if m.o.Allocation == "" {
+			return nodestate.Patch{}, nil
+		}
+		return nodestate.SetAllocation(n, m.o.Allocation)
+	}
 }
 
 // heldBack keeps a driver change from starting on a node the admin holds back or a failed change left behind.
@@ -378,7 +407,15 @@ func (m *manager) heldBack(ctx context.Context, recorded string) error {
 // the host's driver. Once the mark is set the driver DaemonSet no longer selects the node and removes the pod; the
 // hold keeps the pod from restarting in a tight loop meanwhile.
 func (m *manager) preInstalled(ctx context.Context, smi string) (string, error) {
-	if err := m.apply(ctx, pure(nodestate.MarkPreInstalled)); err != nil {
+	// A host-driver node takes its pool's allocation mode once; this DaemonSet lets go of it, so it never switches
+	// it later (an admin moves such a node by labelling it, after moving its GPU pods).
+	firstAllocation := func(n *corev1.Node) (nodestate.Patch, error) {
+		if n.Labels[nodestate.AllocationLabel] != "" {
+			return nodestate.Patch{}, nil
+		}
+		return m.allocation()(n)
+	}
+	if err := m.apply(ctx, pure(nodestate.MarkPreInstalled), firstAllocation); err != nil {
 		return "", err
 	}
 	m.log.Info("host driver found: node marked; holding this driver pod until its DaemonSet lets go of the node",
@@ -486,7 +523,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		}
 		return nodestate.Patch{}, nil
 	}
-	if err := m.apply(ctx, nodestate.Resume, finish); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, finish, m.allocation()); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
@@ -504,7 +541,13 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now()))); err != nil {
+	if m.switchesAllocation() && m.o.Eviction.Enabled {
+		// no driver, but pods may still hold the node's GPUs the old way (a reboot restarts them): they go first
+		if err := m.evictGPUPods(ctx); err != nil {
+			return "", fmt.Errorf("switch to %s: evict GPU pods: %w", m.o.Allocation, err)
+		}
+	}
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation()); err != nil {
 		return "", err
 	}
 	kept := ""
@@ -591,7 +634,8 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 		return "", err
 	}
 	cleared += prepared
-	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now()))); err != nil {
+	// the new allocation mode goes on with the resume: the plugin of the new mode arrives, the old one stays away
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation()); err != nil {
 		return "", err
 	}
 	cordon := ""

@@ -45,6 +45,9 @@ the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, 
 (ENABLE_AUTO_DRAIN, DRAIN_*), pause the GPU operands, unload the NVIDIA modules and clear the old driver root.
 With DRA_PLUGIN_OPERAND (the DRA kubelet plugin's operand, dra-driver) on a node where that plugin runs, the
 plugin is paused last, once no pod holds a gpu.nvidia.com claim (one left fails the run, the plugin untouched).
+GPU_ALLOCATION (device-plugin or dra) is written as the node label nvidia.com/gpu.allocation, which places the
+device plugin and the DRA kubelet plugin; a node labelled the other way goes through the change path above (its
+GPU pods evicted, both plugins paused, the driver reloaded) even with an unchanged DRIVER_CONFIG_DIGEST.
 Before the new driver installs: unload nouveau, release NVIDIA functions left on vfio-pci, and with
 GPU_DIRECT_RDMA_ENABLED=true on a node with a Mellanox device wait for MOFED (USE_HOST_MOFED=true: mlx5_core on
 the host). A host-installed driver marks the node pre-installed and fails, so the driver container never starts.
@@ -167,6 +170,7 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 		GPUDirectRDMA:  e.bool("GPU_DIRECT_RDMA_ENABLED", false),
 		HostMOFED:      e.bool("USE_HOST_MOFED", false),
 		DRAPlugin:      strings.TrimSpace(getenv("DRA_PLUGIN_OPERAND")),
+		Allocation:     strings.TrimSpace(getenv("GPU_ALLOCATION")),
 		Eviction: drivermanager.Eviction{
 			Enabled:            e.bool("ENABLE_GPU_POD_EVICTION", true),
 			Force:              e.bool("EVICTION_USE_FORCE", false),

@@ -24,7 +24,7 @@ func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 		"ENABLE_GPU_POD_EVICTION": "true", "EVICTION_USE_FORCE": "false", "EVICTION_TIMEOUT_SECONDS": "300s",
 		"EVICTION_DELETE_EMPTYDIR_DATA": "false", "ENABLE_AUTO_DRAIN": "true", "DRAIN_USE_FORCE": "true",
 		"DRAIN_POD_SELECTOR_LABEL": "app!=critical", "DRAIN_TIMEOUT_SECONDS": "0s", "DRAIN_DELETE_EMPTYDIR_DATA": "true",
-		"DRA_PLUGIN_OPERAND": "dra-driver",
+		"DRA_PLUGIN_OPERAND": "dra-driver", "GPU_ALLOCATION": "dra",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -38,8 +38,8 @@ func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 	if !o.Drain.Enabled || !o.Drain.Force || !o.Drain.DeleteEmptyDirData || o.Drain.PodSelector != "app!=critical" {
 		t.Fatalf("drain %+v", o.Drain)
 	}
-	if o.DRAPlugin != "dra-driver" {
-		t.Fatalf("DRA plugin operand %q, want dra-driver", o.DRAPlugin)
+	if o.DRAPlugin != "dra-driver" || o.Allocation != "dra" {
+		t.Fatalf("DRA plugin operand %q, allocation %q, want dra-driver, dra", o.DRAPlugin, o.Allocation)
 	}
 	// "0s" is "no bound" upstream; here it takes the default bound.
 	o.Complete()

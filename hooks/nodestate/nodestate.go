@@ -34,6 +34,14 @@ const (
 	UpgradeStateLabel = "nvidia.com/gpu-driver-upgrade-state"
 	// UpgradeSkipLabel=true (set by the admin) keeps the driver of that node as it is.
 	UpgradeSkipLabel = "nvidia.com/gpu-driver-upgrade.skip"
+	// AllocationLabel says how the node hands its GPUs to pods: AllocationDevicePlugin or AllocationDRA. The
+	// device plugin's and the DRA kubelet plugin's DaemonSets are placed by it, so that moving one driver pool
+	// changes only its own nodes' labels and no DaemonSet template. The driver manager writes it once no pod
+	// holds the node's GPUs the other way (SetAllocation); an admin may write it on nodes no driver manager runs on.
+	AllocationLabel = "nvidia.com/gpu.allocation"
+	// AllocationDevicePlugin and AllocationDRA are AllocationLabel's values.
+	AllocationDevicePlugin = "device-plugin"
+	AllocationDRA          = "dra"
 
 	// AnnotationPrefix prefixes every annotation the stack writes on a Node.
 	AnnotationPrefix = "kube-gpu-stack.io/"
@@ -300,6 +308,25 @@ func Seed(node *corev1.Node, key, value string) (Patch, error) {
 	record[key] = value
 	b, _ := json.Marshal(record)
 	p.label(key, ptr(value))
+	p.annotation(SeededLabelsAnnotation, ptr(string(b)))
+	return p, nil
+}
+
+// SetAllocation returns the patch that sets AllocationLabel to mode, recorded in SeededLabelsAnnotation like a
+// seeded default, so Cleanup removes it unless someone changed it since. Its caller has moved the pods that held the
+// node's GPUs the other way.
+func SetAllocation(node *corev1.Node, mode string) (Patch, error) {
+	var p Patch
+	record, err := seededRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	if node.Labels[AllocationLabel] == mode && record[AllocationLabel] == mode {
+		return p, nil
+	}
+	record[AllocationLabel] = mode
+	b, _ := json.Marshal(record)
+	p.label(AllocationLabel, ptr(mode))
 	p.annotation(SeededLabelsAnnotation, ptr(string(b)))
 	return p, nil
 }

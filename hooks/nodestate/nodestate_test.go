@@ -198,3 +198,36 @@ func TestValidationRoundTrip(t *testing.T) {
 		t.Error("an unknown state parsed")
 	}
 }
+
+// TestSetAllocationIsCleanedUpUnlessChanged: the allocation label the driver manager writes (over an earlier value
+// too: a pool that moved) goes on uninstall; one an admin set (or changed since) stays.
+func TestSetAllocationIsCleanedUpUnlessChanged(t *testing.T) {
+	n := node(map[string]string{AllocationLabel: AllocationDevicePlugin}, false)
+	p, err := SetAllocation(n, AllocationDRA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = apply(n, p)
+	if n.Labels[AllocationLabel] != AllocationDRA {
+		t.Fatalf("allocation %q, want dra", n.Labels[AllocationLabel])
+	}
+	if again, _ := SetAllocation(n, AllocationDRA); !again.Empty() {
+		t.Errorf("a repeated write is not empty: %s", again.JSON())
+	}
+	c, err := Cleanup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := apply(n, c).Labels[AllocationLabel]; ok {
+		t.Errorf("cleanup left %s=%s", AllocationLabel, v)
+	}
+	admin := node(map[string]string{AllocationLabel: AllocationDRA}, false)
+	if c, _ := Cleanup(admin); !c.Empty() {
+		t.Errorf("cleanup touched an admin's allocation label: %s", c.JSON())
+	}
+	n.Labels[AllocationLabel] = AllocationDevicePlugin // changed by the admin after we wrote it
+	c, _ = Cleanup(n)
+	if got := apply(n, c).Labels[AllocationLabel]; got != AllocationDevicePlugin {
+		t.Errorf("cleanup changed the admin's allocation to %q", got)
+	}
+}
