@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
@@ -53,7 +54,9 @@ func TestGPUAllocationNeverBoth(t *testing.T) {
 		sets := map[string][]string{"alone": nil}
 		if !strings.Contains(p.name, "dra") {
 			sets["all-dra"] = []string{"draDriver.enabled=true", "driver.gpuAllocation=dra"}
-			if p.name != "driver-pools" { // its pools select on the same label; pool names would clash
+			// driver-pools: its pools select on the same label, pool names would clash; host-driver: no driver
+			// manager to move a pool (TestGPUAllocationNeedsADriverManagerToMoveAPool)
+			if p.name != "driver-pools" && p.name != "host-driver" {
 				sets["one-pool-dra"] = onePool
 			}
 		}
@@ -124,6 +127,115 @@ func TestGPUAllocationOnePoolMoves(t *testing.T) {
 	}
 	if moved != 2 || stayed == 0 {
 		t.Errorf("%d nodes moved (want the 2 legacy fixtures), %d kept the device plugin (want some)", moved, stayed)
+	}
+}
+
+// TestGPUAllocationNeverBothWhateverTheLabel: whatever a node's allocation label says (absent, either mode, a value
+// an admin mistyped), no node is selected by both the device plugin (or its MPS daemon) and the DRA kubelet plugin,
+// with either default.
+func TestGPUAllocationNeverBothWhateverTheLabel(t *testing.T) {
+	for _, def := range []string{nodestate.AllocationDevicePlugin, nodestate.AllocationDRA} {
+		other := nodestate.AllocationDRA
+		if def == other {
+			other = nodestate.AllocationDevicePlugin
+		}
+		dss, err := placement.DaemonSets(render(t, newestKube, nil, "draDriver.enabled=true", "driver.gpuAllocation="+def,
+			"driver.pools[0].name=moved", "driver.pools[0].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool="+nodefixtures.DRALegacyPool,
+			"driver.pools[0].gpuAllocation="+other))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, label := range []string{"", nodestate.AllocationDevicePlugin, nodestate.AllocationDRA, "DRA"} {
+			runs := map[string]int{}
+			for _, fixture := range nodefixtures.RoleMatrix() {
+				n := fixture.Object()
+				if label != "" {
+					n.Labels[nodestate.AllocationLabel] = label
+				}
+				var on []string
+				for _, ds := range dss {
+					if ds.Operand != "device-plugin" && ds.Operand != "mps-control-daemon" && ds.Operand != "dra-driver" {
+						continue
+					}
+					ok, err := ds.Schedules(n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						on = append(on, ds.Operand)
+						runs[ds.Operand]++
+					}
+				}
+				if slices.Contains(on, "dra-driver") && len(on) > 1 {
+					t.Errorf("default %s, node %s labelled %q: %v", def, n.Name, label, on)
+				}
+			}
+			// the label decides: a node labelled with a mode gets that mode's plugin; an unlabelled one the default's
+			want := map[string]string{"": def, nodestate.AllocationDevicePlugin: "device-plugin", nodestate.AllocationDRA: "dra-driver"}[label]
+			if want == nodestate.AllocationDRA {
+				want = "dra-driver"
+			}
+			if want != "" && runs[want] == 0 {
+				t.Errorf("default %s, nodes labelled %q: no node runs %s (%v)", def, label, want, runs)
+			}
+		}
+	}
+}
+
+// TestGPUAllocationPoolSwitchChangesOnlyItsDriverDaemonSets: moving one pool between the device plugin and DRA, either
+// way, changes that pool's driver DaemonSets (its GPU_ALLOCATION) and no other DaemonSet: the device plugin, its MPS
+// daemon, the DRA kubelet plugin, the validator and every other pool's driver keep their pod templates, so nothing
+// rolls outside the pool. (The last pool leaving the device plugin takes its DaemonSets away; the DRA kubelet
+// plugin stays while draDriver.enabled.)
+func TestGPUAllocationPoolSwitchChangesOnlyItsDriverDaemonSets(t *testing.T) {
+	daemonSets := func(mode string) map[string]string {
+		stream := render(t, newestKube, nil, "draDriver.enabled=true", "driver.gpuAllocation=dra",
+			"driver.pools[0].name=moving", "driver.pools[0].nodeSelector.matchLabels.pool=moving", "driver.pools[0].gpuAllocation="+mode,
+			"driver.pools[1].name=stays", "driver.pools[1].nodeSelector.matchLabels.pool=stays", "driver.pools[1].gpuAllocation=device-plugin")
+		out := map[string]string{}
+		for _, doc := range strings.Split(stream, "\n---\n") {
+			if strings.Contains(doc, "\nkind: DaemonSet\n") {
+				name := doc[strings.Index(doc, "\n  name: ")+len("\n  name: "):]
+				out[name[:strings.Index(name, "\n")]] = doc
+			}
+		}
+		return out
+	}
+	before, after := daemonSets("device-plugin"), daemonSets("dra")
+	var changed []string
+	for name, doc := range before {
+		if after[name] != doc {
+			changed = append(changed, name)
+		}
+	}
+	slices.Sort(changed)
+	if len(before) != len(after) || len(changed) == 0 {
+		t.Fatalf("DaemonSets before %d, after %d, changed %v", len(before), len(after), changed)
+	}
+	for _, name := range changed {
+		if !strings.HasPrefix(name, "nvidia-driver-moving-") {
+			t.Errorf("DaemonSet %s changed with the moving pool's allocation: want only the pool's own driver DaemonSets", name)
+		}
+	}
+}
+
+// TestGPUAllocationNeedsADriverManagerToMoveAPool: a pool whose nodes no driver manager labels (host or no driver
+// source, or the driver off) cannot differ from the default mode: the render fails naming the pool.
+func TestGPUAllocationNeedsADriverManagerToMoveAPool(t *testing.T) {
+	pool := []string{"draDriver.enabled=true", "driver.pools[0].name=gpus", "driver.pools[0].nodeSelector.matchLabels.a=b",
+		"driver.pools[0].gpuAllocation=dra"}
+	for name, set := range map[string][]string{
+		"host":       append(slices.Clone(pool), "driver.pools[0].source=host"),
+		"none":       append(slices.Clone(pool), "driver.pools[0].source=none"),
+		"driver-off": append(slices.Clone(pool), "driver.enabled=false"),
+	} {
+		_, err := renderErr(t, newestKube, nil, set...)
+		if err == nil || !strings.Contains(err.Error(), "driver.pools[0] (gpus): gpuAllocation=dra") {
+			t.Errorf("%s: %v; want the pool named", name, err)
+		}
+	}
+	if _, err := renderErr(t, newestKube, nil, slices.Concat(pool, []string{"driver.pools[0].source=container"})...); err != nil {
+		t.Errorf("a container pool on DRA: %v", err)
 	}
 }
 

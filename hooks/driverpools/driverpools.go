@@ -27,6 +27,9 @@ type Pool struct {
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
 	// AutoUpgrade false: the DaemonSets are OnDelete.
 	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
+	// Allocation is how the pool's nodes hand GPUs to pods (device-plugin or dra): its driver manager labels them
+	// so (nodestate.AllocationLabel), moving their GPU pods off first when they were labelled the other way.
+	Allocation string `json:"gpuAllocation,omitempty"`
 	// DaemonSets are the pool's driver DaemonSets (one per OS, and per kernel when precompiled) with the node
 	// selection that picks each; a node of the pool that none selects has no driver image.
 	DaemonSets []DaemonSet `json:"daemonSets,omitempty"`

@@ -65,6 +65,11 @@ var ErrUnsafe = errors.New("driver upgrade refused, nothing changed")
 // NodePlan is one node whose driver will change, and the driver DaemonSet that will change it.
 type NodePlan struct {
 	Node, Pool, DaemonSet, From, To string
+	// Allocation is "<from> -> <to>" when the node also switches between the device plugin and DRA (its
+	// nvidia.com/gpu.allocation label against the pool's mode), else empty.
+	Allocation string
+	// Moves are the GPU pods the switch evicts (namespace/name), listed for an allocation switch.
+	Moves []string
 }
 
 // Plan is what the upgrade will do.
@@ -141,10 +146,15 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
 			plan.CalledOff = append(plan.CalledOff, node.Name)
 		}
-		if from == ds.Digest || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+		// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
+		var switching string
+		if cur := node.Labels[nodestate.AllocationLabel]; cur != "" && pool.Allocation != "" && cur != pool.Allocation {
+			switching = cur + " -> " + pool.Allocation
+		}
+		if (from == ds.Digest && switching == "") || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			continue
 		}
-		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, DaemonSet: ds.Name, From: from, To: ds.Digest})
+		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
 	}
 	slices.Sort(plan.CalledOff)
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
@@ -190,6 +200,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("%s (pool %s): %d of its nodes are already unavailable (%s), "+
 				"more than its maxUnavailable %d: bring them back first", dsName, pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
 		}
+	}
+	if err := listMoves(ctx, o.Client, plan.Nodes); err != nil {
+		return nil, err
 	}
 	if o.Evict && !o.Force && len(plan.Nodes) > 0 {
 		blocked, err := blockingPDBs(ctx, o.Client, plan.Nodes)
@@ -281,6 +294,43 @@ func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodeP
 	return out, nil
 }
 
+// listMoves names the GPU pods (gpupods, the definition the driver manager's eviction uses) on each node that
+// switches its allocation mode: they must leave before the node hands its GPUs out the other way.
+func listMoves(ctx context.Context, client kubernetes.Interface, plan []NodePlan) error {
+	switching := map[string]*NodePlan{}
+	for i := range plan {
+		if plan[i].Allocation != "" {
+			switching[plan[i].Node] = &plan[i]
+		}
+	}
+	if len(switching) == 0 {
+		return nil
+	}
+	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list pods: %w", err)
+	}
+	gpu := &gpupods.Checker{Client: client}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		np := switching[pod.Spec.NodeName]
+		if np == nil || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		uses, err := gpu.Uses(ctx, pod)
+		if err != nil {
+			return fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+		if uses {
+			np.Moves = append(np.Moves, pod.Namespace+"/"+pod.Name)
+		}
+	}
+	for _, np := range switching {
+		slices.Sort(np.Moves)
+	}
+	return nil
+}
+
 func selects(pdb *policyv1.PodDisruptionBudget, pod *corev1.Pod) bool {
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	return err == nil && !sel.Empty() && sel.Matches(labels.Set(pod.Labels))
@@ -304,6 +354,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	var marked []*corev1.Node // as they were before their mark
 	for _, np := range plan.Nodes {
 		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
+		if np.Allocation != "" {
+			reason += ", GPU allocation " + np.Allocation
+		}
 		var before *corev1.Node
 		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
 			before = n.DeepCopy()
@@ -378,6 +431,16 @@ func (p *Plan) Write(out io.Writer) {
 			}
 			fmt.Fprintf(out, "%s (pool %s) batch %d: %s\n", ds, b[0].Pool, i+1, strings.Join(names, ", "))
 		}
+	}
+	for _, np := range p.Nodes {
+		if np.Allocation == "" {
+			continue
+		}
+		moves := "no GPU pod to move"
+		if len(np.Moves) > 0 {
+			moves = "GPU pods to move first: " + strings.Join(np.Moves, ", ")
+		}
+		fmt.Fprintf(out, "node %s switches GPU allocation %s (pool %s); %s\n", np.Node, np.Allocation, np.Pool, moves)
 	}
 	for _, r := range p.Refusals {
 		fmt.Fprintln(out, "unsafe:", r)

@@ -268,3 +268,45 @@ func TestFailedMarkingTakesBackItsMarks(t *testing.T) {
 		t.Errorf("node a keeps the plan's reason %q", n.Annotations[nodestate.UpgradeReasonAnnotation])
 	}
 }
+
+// TestAllocationSwitchIsPlannedAndGatedLikeADriverChange: a pool moving to DRA with its driver unchanged plans its
+// nodes still on the device plugin, names the GPU pods that must move, refuses (changing nothing) while a budget
+// never lets one go, and marks the nodes once it can. A node already on DRA, or new to the stack, is not planned.
+func TestAllocationSwitchIsPlannedAndGatedLikeADriverChange(t *testing.T) {
+	pools := pool("same", intstr.FromInt32(1))
+	pools[0].Allocation = nodestate.AllocationDRA
+	objs := func(extra ...runtime.Object) []runtime.Object {
+		return append([]runtime.Object{
+			readyNode("a", map[string]string{nodestate.AllocationLabel: nodestate.AllocationDevicePlugin}),
+			readyNode("b", map[string]string{nodestate.AllocationLabel: nodestate.AllocationDRA}),
+			readyNode("c", nil),
+			driverPod("a", "same"), driverPod("b", "same"), driverPod("c", "same"), gpuWorkload("a"), gpuWorkload("b"),
+		}, extra...)
+	}
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "keep-all", Namespace: "ml"},
+		Spec:   policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "train"}}},
+		Status: policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0, CurrentHealthy: 2, DesiredHealthy: 2, ExpectedPods: 2}}
+	_, out, err, client := run(t, pools, objs(pdb)...)
+	if !errors.Is(err, ErrUnsafe) || !strings.Contains(out, "GPU pod ml/train-a on node a: PodDisruptionBudget keep-all") {
+		t.Fatalf("want a refusal naming ml/train-a, got %v\n%s", err, out)
+	}
+	if strings.Contains(out, "train-b") {
+		t.Errorf("the pod of a node already on DRA is named:\n%s", out)
+	}
+	if n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{}); n.Labels[nodestate.UpgradeStateLabel] != "" {
+		t.Error("a refused switch marked a node")
+	}
+
+	plan, out, err, client := run(t, pools, objs()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Nodes) != 1 || plan.Nodes[0].Node != "a" ||
+		!strings.Contains(out, "node a switches GPU allocation device-plugin -> dra (pool default); GPU pods to move first: ml/train-a") {
+		t.Fatalf("plan %+v\n%s", plan.Nodes, out)
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+	if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) || !strings.Contains(n.Annotations[nodestate.UpgradeReasonAnnotation], "GPU allocation device-plugin -> dra") {
+		t.Errorf("node a: state %q reason %q", n.Labels[nodestate.UpgradeStateLabel], n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+}

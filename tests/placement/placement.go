@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
 
@@ -60,9 +61,14 @@ func (d DaemonSet) Schedules(node *corev1.Node) (bool, error) {
 // Placement is the operands each node gets, and the DaemonSet behind each.
 type Placement map[string]map[string]string // node -> operand -> DaemonSet name
 
-// Place matches every DaemonSet against every node. Two DaemonSets of one operand on one node is an error (two
-// driver variants would fight over the kernel modules).
+// Place matches every DaemonSet against every node, as the cluster settles: first each node's driver pod labels it
+// with its pool's allocation mode (Settle), which places the device plugin or the DRA kubelet plugin. Two
+// DaemonSets of one operand on one node is an error (two driver variants would fight over the kernel modules).
 func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) {
+	nodes, err := Settle(dss, nodes)
+	if err != nil {
+		return nil, err
+	}
 	p := Placement{}
 	for _, n := range nodes {
 		p[n.Name] = map[string]string{}
@@ -81,6 +87,45 @@ func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) {
 		}
 	}
 	return p, nil
+}
+
+// Settle returns copies of the nodes labelled nodestate.AllocationLabel as their driver managers label them: the
+// GPU_ALLOCATION of the driver DaemonSet that runs on the node. A node no driver DaemonSet runs on keeps its labels.
+func Settle(dss []DaemonSet, nodes []*corev1.Node) ([]*corev1.Node, error) {
+	out := make([]*corev1.Node, 0, len(nodes))
+	for _, n := range nodes {
+		n = n.DeepCopy()
+		for _, ds := range dss {
+			mode := ds.allocation()
+			if ds.Operand != "driver" || mode == "" {
+				continue
+			}
+			ok, err := ds.Schedules(n)
+			if err != nil {
+				return nil, fmt.Errorf("%s on %s: %w", ds.Name, n.Name, err)
+			}
+			if ok {
+				if n.Labels == nil {
+					n.Labels = map[string]string{}
+				}
+				n.Labels[nodestate.AllocationLabel] = mode
+			}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// allocation is the GPU_ALLOCATION its driver manager writes, if it has one.
+func (d DaemonSet) allocation() string {
+	for _, c := range slices.Concat(d.Pod.Spec.InitContainers, d.Pod.Spec.Containers) {
+		for _, e := range c.Env {
+			if e.Name == "GPU_ALLOCATION" {
+				return e.Value
+			}
+		}
+	}
+	return ""
 }
 
 // Operands lists a node's operands, sorted.

@@ -129,7 +129,7 @@ spec:
 gpu-stack-lib.driverPools: the driver pools as the hooks read them (env DRIVER_POOLS: the post-install check and
 the pre-upgrade plan), as a JSON list in pool order (the default pool first, then driver.pools as listed):
 [{"name", "source" (container | host | none), "nodeSelectorTerms", "maxUnavailable", "autoUpgrade",
-"daemonSets"}]. nodeSelectorTerms is the pool's own node selection exactly as its driver DaemonSets use it, OR'ed
+"gpuAllocation", "daemonSets"}]. nodeSelectorTerms is the pool's own node selection exactly as its driver DaemonSets use it, OR'ed
 terms, without the GPU, role, gpu.deploy.* and per-OS/kernel requirements the DaemonSets add: a named pool's
 selector as one term; the default pool's exclusion of the other pools, one term per alternative. The default pool
 alone selects every GPU node; as an empty term selects no node in the Kubernetes API, that is written as the one
@@ -154,7 +154,7 @@ its DaemonSets, so the two cannot disagree. dict:
 {{- $terms = list (dict "matchExpressions" $pool.requirements) -}}
 {{- end -}}
 {{- $policy := ($pool.values | default $.values).upgradePolicy -}}
-{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade -}}
+{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "gpuAllocation" (($pool.values | default $.values).gpuAllocation | default "device-plugin") -}}
 {{- $dss := list -}}
 {{- range $ds := $variants -}}
 {{- if eq $ds.pool $pool.name -}}

@@ -144,7 +144,7 @@ the driver image, <kernel>-<os tag> for precompiled drivers]
 {{- if and .Values.rdma.enabled .Values.rdma.useHostMofed }}/usr/src{{ else }}/run/mellanox/drivers/usr/src{{ end -}}
 {{- end }}
 
-{{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations), and the DRA plugin it pauses on a DRA pool */}}
+{{/* driver.managerEnv: the driver manager's switches from driver.manager (timeouts as Go durations), the pool's allocation mode and the DRA plugin it pauses */}}
 {{- define "driver.managerEnv" -}}
 {{- $m := .Values.manager -}}
 ENABLE_GPU_POD_EVICTION: {{ $m.gpuPodDeletion.enabled | quote }}
@@ -160,10 +160,11 @@ DRAIN_DELETE_EMPTYDIR_DATA: {{ $m.drain.deleteEmptyDir | quote }}
 GPU_DIRECT_RDMA_ENABLED: "true"
 USE_HOST_MOFED: {{ .Values.rdma.useHostMofed | quote }}
 {{- end }}
-{{- /* a DRA pool's nodes run the DRA kubelet plugin: the manager pauses its switch last, once no pod holds a claim */}}
-{{- if eq (.Values.gpuAllocation | default "device-plugin") "dra" }}
+{{- /* the pool's allocation mode, which the manager labels the node with (nvidia.com/gpu.allocation) */}}
+GPU_ALLOCATION: {{ .Values.gpuAllocation | default "device-plugin" }}
+{{- /* where the DRA kubelet plugin runs (a DRA node, or one leaving DRA), the manager pauses it last, once no pod
+holds a claim: on every pool, so a pool moving off DRA still pauses it */}}
 DRA_PLUGIN_OPERAND: dra-driver
-{{- end }}
 {{- end }}
 
 {{/*
