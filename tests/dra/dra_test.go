@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"helm.sh/helm/v3/pkg/release"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,9 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
 )
@@ -59,6 +62,12 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// every GPU node a fake kernel: the real driver managers run and label each node with its pool's allocation mode
+	for _, n := range nodes {
+		if n.Labels["nvidia.com/gpu.present"] == "true" {
+			stand.SetDriverHost(n.Name, kubelet.DriverHost{Fixture: kmodtest.New(t)})
+		}
+	}
 	plugin, stopPlugin := context.WithCancel(ctx)
 	defer stopPlugin()
 	pluginErrs := make(chan error, 1)
@@ -116,10 +125,14 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 		logHooks(t)
 		t.Fatal(err)
 	}
-	if r, ok := stand.LastRun("pre-upgrade", upgradeStart); ok {
-		named := strings.Contains(r.Output, holder)
-		t.Logf("pre-upgrade plan (names the nvidia.com/gpu pod %s on the switching pool: %v):\n%s", holder, named, r.Output)
+	r, ok := stand.LastRun("pre-upgrade", upgradeStart)
+	if !ok {
+		t.Fatal("no pre-upgrade plan ran")
 	}
+	if want := "switches GPU allocation device-plugin -> dra (pool legacy); GPU pods to move first: " + holder; !strings.Contains(r.Output, want) {
+		t.Errorf("the pre-upgrade plan does not say %q:\n%s", want, r.Output)
+	}
+	t.Logf("pre-upgrade plan:\n%s", r.Output)
 	want := expected(t, rel)
 	for _, n := range legacyNodes {
 		if _, ok := want[n]["dra-driver"]; !ok {
@@ -131,14 +144,12 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 	}
 	waitForPlacement(t, want)
 	waitForSlices(t, append(slices.Clone(draNodes), legacyNodes...), pluginErrs)
-	// Outside the switching pool only the two DaemonSets whose pod template carries the pools' allocation scope roll:
-	// the DRA kubelet plugin (its node affinity gains the pool) and the validator (its DRA_NODE_SELECTOR does).
-	// Every other operand pod there stays as it was.
+	// Outside the switching pool no operand pod changes: placement follows each node's allocation label, which only
+	// the switching pool's driver managers rewrite.
 	moved := operandPods(t, func(n string) bool { return !slices.Contains(legacyNodes, n) })
-	if d := podDiff(withoutScoped(untouched), withoutScoped(moved)); d != "" {
+	if d := podDiff(untouched, moved); d != "" {
 		t.Errorf("the switch replaced operand pods outside the switching pool:\n%s", d)
 	}
-	t.Logf("rolled outside the switching pool (their templates carry the allocation scope):\n%s", podDiff(untouched, moved))
 	// the trainer left waiting now gets a GPU of the switched pool; the others stay where they were
 	again := waitForTrainers(t, trainers)
 	checkClaims(t, again)
@@ -149,8 +160,9 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 			t.Errorf("the waiting claim pod %s runs on %s, not on the switched pool %v", pod, node, legacyNodes)
 		}
 	}
-	if p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, strings.TrimPrefix(holder, workloads+"/"), metav1.GetOptions{}); err == nil {
-		t.Logf("after the switch the nvidia.com/gpu pod %s is %s on %s, whose device plugin is gone", holder, p.Status.Phase, p.Spec.NodeName)
+	// the driver manager evicted the nvidia.com/gpu pod before it labelled the node dra
+	if p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, strings.TrimPrefix(holder, workloads+"/"), metav1.GetOptions{}); err == nil && p.DeletionTimestamp == nil {
+		t.Errorf("the nvidia.com/gpu pod %s still runs on %s after its node switched to DRA", holder, p.Spec.NodeName)
 	}
 	t.Logf("pool switched in %s", time.Since(step).Round(time.Millisecond))
 
@@ -304,26 +316,39 @@ func startWorkload(t *testing.T) {
 func startLegacyHolder(t *testing.T) string {
 	t.Helper()
 	const name = "legacy-train"
-	pod := &corev1.Pod{
+	one := int32(1)
+	labels := map[string]string{"app": name}
+	rs := &appsv1.ReplicaSet{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: workloads},
-		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{nodefixtures.DriverPoolLabel: nodefixtures.DRALegacyPool},
-			Containers: []corev1.Container{{Name: "train", Image: "busybox", Resources: corev1.ResourceRequirements{
-				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
+		Spec: appsv1.ReplicaSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{nodefixtures.DriverPoolLabel: nodefixtures.DRALegacyPool},
+				Containers: []corev1.Container{{Name: "train", Image: "busybox", Resources: corev1.ResourceRequirements{
+					Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")},
+				}}},
 			}}},
-		},
 	}
-	if _, err := kube.Client.CoreV1().Pods(workloads).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+	if _, err := kube.Client.AppsV1().ReplicaSets(workloads).Create(t.Context(), rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	var pod string
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := kube.Client.CoreV1().Pods(workloads).Get(ctx, name, metav1.GetOptions{})
-		return err == nil && p.Status.Phase == corev1.PodRunning, err
+		pods, err := kube.Client.CoreV1().Pods(workloads).List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				pod = p.Name
+				return true, nil
+			}
+		}
+		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("device-plugin pod %s never ran: %v", name, err)
+		t.Fatalf("device-plugin pod of %s never ran: %v", name, err)
 	}
-	return workloads + "/" + name
+	return workloads + "/" + pod
 }
 
 // waitForTrainers waits until running claim pods run and every other one is unschedulable (pending, on no node),
@@ -413,20 +438,6 @@ func operandPods(t *testing.T, keep func(node string) bool) map[string]string {
 	for _, p := range pods.Items {
 		if p.Spec.NodeName != "" && keep(p.Spec.NodeName) && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
 			out[p.Spec.NodeName+"/"+p.Labels["app.kubernetes.io/component"]+"/"+p.Name] = string(p.UID)
-		}
-	}
-	return out
-}
-
-// scopedComponents are the components whose pod template carries the pools' allocation scope.
-var scopedComponents = []string{"dra-driver", "operator-validator"}
-
-// withoutScoped drops the pods of scopedComponents from operandPods' result.
-func withoutScoped(pods map[string]string) map[string]string {
-	out := map[string]string{}
-	for k, v := range pods {
-		if !slices.Contains(scopedComponents, strings.Split(k, "/")[1]) {
-			out[k] = v
 		}
 	}
 	return out
