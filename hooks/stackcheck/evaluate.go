@@ -1,6 +1,7 @@
 // Package stackcheck decides whether an installed release works: every operand DaemonSet rolled out on the nodes
-// its selector matches, every GPU node's validation passed, and no cluster-level problem (no GPU node at all, GPU
-// nodes no driver pool covers, nodes two pools select). Evaluate is a pure function of a snapshot of the cluster;
+// its selector matches, every GPU node's validation passed, every DRA node's GPUs published as ResourceSlices, and
+// no cluster-level problem (no GPU node at all, GPU nodes no driver pool covers, nodes two pools select, nodes both
+// allocation plugins target). Evaluate is a pure function of a snapshot of the cluster;
 // Run keeps the snapshot current with watches and re-evaluates on every change, so it ends as soon as the last
 // node turns ready.
 package stackcheck
@@ -14,9 +15,11 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
@@ -36,6 +39,26 @@ var driverOperands = map[string]bool{"driver": true, "vgpu-manager": true}
 
 // containerRoleOperands run only on container-role nodes, so a node that gets one of them needs a driver.
 var containerRoleOperands = map[string]bool{"operator-validator": true, "container-toolkit": true}
+
+// A GPU node's allocation mode is decided by which allocation DaemonSet targets it: the device plugin's or the DRA
+// kubelet plugin's (operands by their component label). The pod template's affinity is evaluated as for every
+// operand, so the mode follows however the chart places them (pool selectors, a node label).
+const (
+	AllocationDevicePlugin = "device-plugin"
+	AllocationDRA          = "dra"
+	// AllocationConflict: both target the node (a cluster problem, reported).
+	AllocationConflict = "device-plugin+dra"
+
+	devicePluginOperand = "device-plugin"
+	draPluginOperand    = "dra-driver"
+	// draGPUsContainer is the DRA kubelet plugin's container that publishes the node's GPUs as ResourceSlices; a
+	// plugin without it (draDriver.gpus.enabled=false) publishes none, and none are waited for.
+	draGPUsContainer = "gpus"
+)
+
+// SlicesColumn is the report's column for a DRA node's ResourceSlices of driver gpu.nvidia.com: ready once the
+// node's slices are published, waiting until then (the scheduler allocates no claim there before).
+const SlicesColumn = "resourceslices"
 
 // State is a cell's or problem's state.
 type State string
@@ -67,6 +90,10 @@ type Snapshot struct {
 	Revisions map[types.UID]string
 	// Events are the namespace's warning events (FailedCreate on a DaemonSet carries the admission reason).
 	Events []*corev1.Event
+	// WatchSlices says ResourceSlices were read (the release deploys the DRA driver): a DRA node waits in
+	// SlicesColumn until ResourceSlices holds one of driver gpu.nvidia.com for it.
+	WatchSlices    bool
+	ResourceSlices []*resourcev1.ResourceSlice
 }
 
 // Report is the outcome: a node × operand grid and the cluster-level problems.
@@ -86,9 +113,13 @@ type Report struct {
 
 // NodeRow is one node's cells, by operand.
 type NodeRow struct {
-	Name  string          `json:"name"`
-	GPU   bool            `json:"gpu"`
-	Cells map[string]Cell `json:"cells"`
+	Name string `json:"name"`
+	GPU  bool   `json:"gpu"`
+	// Allocation is how the node hands out its GPUs, AllocationDevicePlugin or AllocationDRA (empty: neither
+	// allocation DaemonSet targets it, e.g. a VM node or one whose switch is off or paused; AllocationConflict when
+	// both do).
+	Allocation string          `json:"allocation,omitempty"`
+	Cells      map[string]Cell `json:"cells"`
 }
 
 // Settled reports whether nothing is waiting any more, or a node's driver change failed (the rest of a rollout
@@ -177,7 +208,9 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 
 	operands := map[string]bool{}
 	containerNodes := map[string]bool{}
-	driverDS := map[string][]string{} // node -> driver DaemonSets that select it
+	driverDS := map[string][]string{}   // node -> driver DaemonSets that select it
+	allocation := map[string][]string{} // node -> allocation DaemonSets that select it, by mode
+	slicesWanted := map[string]bool{}   // DRA nodes whose plugin publishes gpu.nvidia.com slices
 	for _, ds := range dss {
 		operand := operandOf(ds)
 		for _, n := range nodes {
@@ -195,6 +228,15 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 			if operand == "driver" {
 				driverDS[n.Name] = append(driverDS[n.Name], ds.Name)
 			}
+			switch operand {
+			case devicePluginOperand:
+				allocation[n.Name] = append(allocation[n.Name], AllocationDevicePlugin+" ("+ds.Name+")")
+			case draPluginOperand:
+				allocation[n.Name] = append(allocation[n.Name], AllocationDRA+" ("+ds.Name+")")
+				if slices.ContainsFunc(ds.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == draGPUsContainer }) {
+					slicesWanted[n.Name] = true
+				}
+			}
 			c := podCell(ds, n, podsByOwner[ds.UID], s.Revisions[ds.UID], failedCreate[ds.UID])
 			if validatorOperands[operand] {
 				c = withValidation(c, n)
@@ -208,6 +250,28 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 			r.set(n, operand, c)
 		}
 	}
+	published := publishedSlices(s.ResourceSlices)
+	var twoModes []Problem
+	for _, n := range nodes {
+		modes := allocation[n.Name]
+		if len(modes) == 0 {
+			continue
+		}
+		row := r.byNode[n.Name]
+		row.Allocation, _, _ = strings.Cut(modes[0], " ")
+		if len(modes) > 1 {
+			slices.Sort(modes)
+			row.Allocation = AllocationConflict
+			twoModes = append(twoModes, Problem{Failed, fmt.Sprintf("GPU node %s: targeted by %s; a node hands its GPUs "+
+				"to pods through the device plugin or DRA, never both (check its pool's gpuAllocation and its labels)",
+				n.Name, strings.Join(modes, " and "))})
+			continue
+		}
+		if row.Allocation == AllocationDRA && slicesWanted[n.Name] && s.WatchSlices {
+			operands[SlicesColumn] = true
+			r.set(n, SlicesColumn, sliceCell(n.Name, published[n.Name]))
+		}
+	}
 	r.Operands = slices.Sorted(maps.Keys(operands))
 	for _, n := range nodes {
 		if row := r.byNode[n.Name]; row != nil {
@@ -215,9 +279,40 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 		}
 	}
 	r.byNode = nil
-	r.Problems = problems(nodes, pools, containerNodes, driverDS)
+	r.Problems = append(problems(nodes, pools, containerNodes, driverDS), twoModes...)
 	r.count()
 	return r, nil
+}
+
+// publishedSlices counts, per node, the devices in the node's ResourceSlices of driver gpu.nvidia.com (-1: slices
+// published with no device in them; absent: none published).
+func publishedSlices(rs []*resourcev1.ResourceSlice) map[string]int {
+	out := map[string]int{}
+	for _, s := range rs {
+		if s.Spec.Driver != gpupods.DRADriver || s.Spec.NodeName == nil || *s.Spec.NodeName == "" || s.DeletionTimestamp != nil {
+			continue
+		}
+		node := *s.Spec.NodeName
+		out[node] = max(out[node], 0) + len(s.Spec.Devices)
+		if out[node] == 0 {
+			out[node] = -1
+		}
+	}
+	return out
+}
+
+// sliceCell says whether a DRA node's GPUs are published for the scheduler. A node with no slice has no GPU that a
+// claim can get: its kubelet plugin has not registered (or not yet found the driver).
+func sliceCell(node string, devices int) Cell {
+	switch {
+	case devices > 0:
+		return Cell{Ready, ""}
+	case devices < 0:
+		return Cell{Waiting, fmt.Sprintf("node %s: its %s ResourceSlices list no device (the DRA kubelet plugin's %s container found no GPU)",
+			node, gpupods.DRADriver, draGPUsContainer)}
+	}
+	return Cell{Waiting, fmt.Sprintf("node %s: no ResourceSlice of driver %s published for it: no claim can be allocated there until "+
+		"the DRA kubelet plugin's %s container registers with the kubelet", node, gpupods.DRADriver, draGPUsContainer)}
 }
 
 func operandOf(ds *appsv1.DaemonSet) string {

@@ -1,6 +1,7 @@
 package stackcheck
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -36,8 +37,9 @@ func (r *Report) Verdict() string {
 	return "in progress"
 }
 
-// WriteTable prints the node × operand grid (ok / wait / FAIL, "." where the operand does not run), then one line per
-// cell that is not ready with its reason, then the cluster-level problems.
+// WriteTable prints the node × operand grid (ok / wait / FAIL, "." where the operand does not run), with each node's
+// allocation mode (device-plugin / dra) when some node has one, then one line per cell that is not ready with its
+// reason, then the cluster-level problems.
 func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "kube-gpu-stack release %s in %s: %s (%d ready, %d waiting, %d failed)", r.Release, r.Namespace,
 		r.Verdict(), r.Summary[Ready], r.Summary[Waiting], r.Summary[Failed])
@@ -46,17 +48,27 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	width := len("node")
+	allocWidth := 0 // the allocation column, shown once some node has a mode
 	for _, n := range r.Nodes {
 		width = max(width, len(n.Name))
+		if n.Allocation != "" {
+			allocWidth = max(allocWidth, len("allocation"), len(n.Allocation))
+		}
 	}
 	if len(r.Nodes) > 0 {
 		fmt.Fprintf(w, "%-*s", width, "node")
+		if allocWidth > 0 {
+			fmt.Fprintf(w, "  %-*s", allocWidth, "allocation")
+		}
 		for _, op := range r.Operands {
 			fmt.Fprintf(w, "  %s", op)
 		}
 		fmt.Fprintln(w)
 		for _, n := range r.Nodes {
 			fmt.Fprintf(w, "%-*s", width, n.Name)
+			if allocWidth > 0 {
+				fmt.Fprintf(w, "  %-*s", allocWidth, cmp.Or(n.Allocation, "-"))
+			}
 			for _, op := range r.Operands {
 				mark := "."
 				if c, ok := n.Cells[op]; ok {

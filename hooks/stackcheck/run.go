@@ -8,6 +8,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 )
 
 // Options configure Run.
@@ -31,6 +33,10 @@ type Options struct {
 	Pools []driverpools.Pool
 	// Once evaluates the current state without waiting (the admin's live status).
 	Once bool
+	// ResourceSlices watches the ResourceSlices of driver gpu.nvidia.com, so that a DRA node waits until its GPUs
+	// are published (list/watch on resource.k8s.io resourceslices, which the chart grants when it deploys the DRA
+	// driver; off, the report shows DRA nodes' mode without their slices).
+	ResourceSlices bool
 }
 
 // Complete fills defaults.
@@ -54,9 +60,10 @@ func (o *Options) Validate() error {
 // ErrFailed is returned (wrapped) when the stack is not working.
 var ErrFailed = errors.New("the GPU stack is not working")
 
-// Run watches the release's DaemonSets, their pods and revisions, the nodes, and FailedCreate events, evaluates the
-// report on every change, and returns when nothing is waiting any more or at the deadline. It prints a progress
-// line whenever the counts change, then the final table; the error is non-nil unless everything passed.
+// Run watches the release's DaemonSets, their pods and revisions, the nodes, FailedCreate events and, with
+// ResourceSlices, the gpu.nvidia.com ResourceSlices, evaluates the report on every change, and returns when nothing
+// is waiting any more or at the deadline. It prints a progress line whenever the counts change, then the final
+// table; the error is non-nil unless everything passed.
 func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -85,12 +92,23 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		UpdateFunc: func(any, any) { poke(changed) },
 		DeleteFunc: func(any) { poke(changed) },
 	}
-	for _, inf := range []cache.SharedIndexInformer{nodes.Informer(), pods.Informer(), dss.Informer(), revs.Informer(), events.Informer()} {
+	watched := []cache.SharedIndexInformer{nodes.Informer(), pods.Informer(), dss.Informer(), revs.Informer(), events.Informer()}
+	factories := []informers.SharedInformerFactory{nsFactory, relFactory, eventFactory, clusterFactory}
+	var slicesLister func() ([]*resourcev1.ResourceSlice, error)
+	if o.ResourceSlices {
+		sliceFactory := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+			lo.FieldSelector = "spec.driver=" + gpupods.DRADriver
+		}))
+		rs := sliceFactory.Resource().V1().ResourceSlices()
+		watched = append(watched, rs.Informer())
+		factories = append(factories, sliceFactory)
+		slicesLister = func() ([]*resourcev1.ResourceSlice, error) { return rs.Lister().List(labels.Everything()) }
+	}
+	for _, inf := range watched {
 		if _, err := inf.AddEventHandler(notify); err != nil {
 			return nil, err
 		}
 	}
-	factories := []informers.SharedInformerFactory{nsFactory, relFactory, eventFactory, clusterFactory}
 	stop := make(chan struct{})
 	defer func() {
 		close(stop) // the informers must stop before Shutdown waits for them
@@ -129,6 +147,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 			return nil, err
 		}
 		s.Revisions = currentRevisions(rs)
+		if slicesLister != nil {
+			s.WatchSlices = true
+			if s.ResourceSlices, err = slicesLister(); err != nil {
+				return nil, err
+			}
+		}
 		r, err := Evaluate(o.Release, o.Namespace, o.Pools, s)
 		if r != nil {
 			r.Elapsed = time.Since(start).Round(time.Millisecond).String()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -88,6 +89,7 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 4*time.Minute, "deadline; keep it below the Helm/Flux timeout")
 	cmd.Flags().StringVar(&o.ReportConfigMap, "report-configmap", "", "save the report to this ConfigMap")
 	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")
+	cmd.Flags().BoolVar(&o.ResourceSlices, "resource-slices", false, "wait until each DRA node's gpu.nvidia.com ResourceSlices are published (needs list/watch on resourceslices)")
 	return cmd
 }
 
@@ -142,8 +144,12 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 				return nil
 			}
 			o := stackcheck.Options{Client: client, Namespace: ns, Release: *release, Pools: pools, Once: true}
-			if o.Release == "" && r != nil {
-				o.Release = r.Release
+			if r != nil {
+				if o.Release == "" {
+					o.Release = r.Release
+				}
+				// the saved report had DRA nodes: their slices are checked live too
+				o.ResourceSlices = slices.ContainsFunc(r.Nodes, func(n stackcheck.NodeRow) bool { return n.Allocation == stackcheck.AllocationDRA })
 			}
 			o.Complete()
 			if err := o.Validate(); err != nil {

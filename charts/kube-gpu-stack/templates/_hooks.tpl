@@ -29,14 +29,32 @@ subchart; named templates are global, and it is called only when that subchart i
 {{- end }}
 
 {{/*
+kube-gpu-stack.checkArgs: the arguments of `kube-gpu-stack check` for this release (JSON list); with the DRA driver
+it waits for each DRA node's ResourceSlices too (checkRules grants the read then).
+*/}}
+{{- define "kube-gpu-stack.checkArgs" -}}
+{{- $args := list "check" "--namespace" .Release.Namespace "--release" .Release.Name -}}
+{{- if .Values.draDriver.enabled -}}
+{{- $args = append $args "--resource-slices" -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end }}
+
+{{/*
 kube-gpu-stack.checkRules: what `kube-gpu-stack check` reads, as JSON {"cluster": [RULE...], "namespace": [RULE...]}:
 the nodes (labels, validation annotations), and in the release namespace the operand DaemonSets, their revisions
-and pods, and the events that say why a pod is missing (FailedCreate with the admission reason).
+and pods, and the events that say why a pod is missing (FailedCreate with the admission reason). With the DRA
+driver, also the ResourceSlices (cluster-scoped), to hold DRA nodes until theirs are published; only then: the API
+(resource.k8s.io/v1) may be missing on a cluster without DRA, and the gate gets no right it does not use.
 */}}
 {{- define "kube-gpu-stack.checkRules" -}}
 {{- $read := list "get" "list" "watch" -}}
+{{- $cluster := list (dict "apiGroups" (list "") "resources" (list "nodes") "verbs" $read) -}}
+{{- if .Values.draDriver.enabled -}}
+{{- $cluster = append $cluster (dict "apiGroups" (list "resource.k8s.io") "resources" (list "resourceslices") "verbs" $read) -}}
+{{- end -}}
 {{- toJson (dict
-  "cluster" (list (dict "apiGroups" (list "") "resources" (list "nodes") "verbs" $read))
+  "cluster" $cluster
   "namespace" (list
     (dict "apiGroups" (list "") "resources" (list "pods" "events") "verbs" $read)
     (dict "apiGroups" (list "apps") "resources" (list "daemonsets" "controllerrevisions") "verbs" $read)
