@@ -198,3 +198,31 @@ func TestValidationRoundTrip(t *testing.T) {
 		t.Error("an unknown state parsed")
 	}
 }
+
+// The digest record changes only when the digest does, and an empty digest (a driver pod without one) records
+// nothing; Cleanup removes it with every other annotation of the stack.
+func TestRecordDriverDigest(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}
+	p := RecordDriverDigest(n, "sha256:aaa")
+	n = apply(n, p)
+	if got := n.Annotations[DriverDigestAnnotation]; got != "sha256:aaa" {
+		t.Fatalf("digest recorded as %q", got)
+	}
+	if p := RecordDriverDigest(n, "sha256:aaa"); !p.Empty() {
+		t.Fatalf("same digest patches again: %s", p.JSON())
+	}
+	if p := RecordDriverDigest(n, ""); !p.Empty() {
+		t.Fatalf("empty digest patches: %s", p.JSON())
+	}
+	n = apply(n, RecordDriverDigest(n, "sha256:bbb"))
+	if got := n.Annotations[DriverDigestAnnotation]; got != "sha256:bbb" {
+		t.Fatalf("new digest recorded as %q", got)
+	}
+	c, err := Cleanup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := apply(n, c).Annotations[DriverDigestAnnotation]; ok {
+		t.Fatal("Cleanup keeps the digest record")
+	}
+}
