@@ -226,3 +226,18 @@ func TestRecordDriverDigest(t *testing.T) {
 		t.Fatal("Cleanup keeps the digest record")
 	}
 }
+
+// UpgradeSinceAnnotation is the time of the last state change (the node status exporter reports the time in the
+// state from it): written with each change, kept when the same state is written again.
+func TestUpgradeSinceMovesOnlyWithTheState(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}
+	n = apply(n, SetUpgradeState(n, CordonRequired, "", "2026-01-01T00:00:00Z"))
+	n = apply(n, SetUpgradeState(n, CordonRequired, "", "2026-01-01T00:05:00Z"))
+	if got := n.Annotations[UpgradeSinceAnnotation]; got != "2026-01-01T00:00:00Z" {
+		t.Fatalf("since %q after writing the same state again, want the first time", got)
+	}
+	n = apply(n, SetUpgradeState(n, PodDeletionRequired, "", "2026-01-01T00:07:00Z"))
+	if got := n.Annotations[UpgradeSinceAnnotation]; got != "2026-01-01T00:07:00Z" {
+		t.Fatalf("since %q after a state change, want its time", got)
+	}
+}
