@@ -9,16 +9,15 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -208,20 +207,32 @@ func gauge(b bool) float64 {
 	return 0
 }
 
-// watchNode keeps the latest copy of this node from a watch on it alone (a field selector on its name), so a
-// scrape reads memory, never the API server. Without a client or a node name it knows no node.
-func (o *Options) watchNode(ctx context.Context) NodeGetter {
+// watchNode keeps the latest copy of this node from one watch on it alone (kwatch.Node: a field selector on its
+// name), so a scrape reads memory, never the API server. Until the first list (the API server unreachable) and
+// after a watch that cannot work (forbidden) it knows no node: only the status files are reported. Without a
+// client or a node name it knows no node.
+func (o *Options) watchNode(ctx context.Context, out io.Writer) NodeGetter {
 	if o.Client == nil || o.NodeName == "" {
 		return nil
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-		lo.FieldSelector = fields.OneTermEqualSelector("metadata.name", o.NodeName).String()
-	}))
-	lister := factory.Core().V1().Nodes().Lister()
-	factory.Start(ctx.Done())
-	return func() *corev1.Node {
-		n, err := lister.Get(o.NodeName)
+	var store atomic.Pointer[kwatch.Store[*corev1.Node]]
+	go func() {
+		s, err := kwatch.Start(ctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
 		if err != nil {
+			if ctx.Err() == nil {
+				fmt.Fprintf(out, "metrics: %v: reporting the status files only\n", err)
+			}
+			return
+		}
+		store.Store(s)
+	}()
+	return func() *corev1.Node {
+		s := store.Load()
+		if s == nil {
+			return nil
+		}
+		n, ok := s.Get("", o.NodeName)
+		if !ok {
 			return nil
 		}
 		return n
@@ -231,7 +242,7 @@ func (o *Options) watchNode(ctx context.Context) NodeGetter {
 // serveMetrics serves the status files as gauges on MetricsAddr /metrics until ctx ends.
 func (o *Options) serveMetrics(ctx context.Context, out io.Writer) error {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newStatusCollector(o.OutputDir, o.NodeName, o.watchNode(ctx), time.Now))
+	reg.MustRegister(newStatusCollector(o.OutputDir, o.NodeName, o.watchNode(ctx, out), time.Now))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	ln, err := net.Listen("tcp", o.MetricsAddr)

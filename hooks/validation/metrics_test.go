@@ -3,6 +3,7 @@ package validation
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -15,7 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -334,6 +338,58 @@ func TestMetricsFollowTheNodeWatch(t *testing.T) {
 		if fs != "metadata.name="+testNode {
 			t.Fatalf("%s %s with field selector %q, want this node only", a.GetVerb(), a.GetResource().Resource, fs)
 		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Without the right to watch its Node the exporter still serves the status files, and says why the rest is missing.
+func TestMetricsWithoutNodeAccessServeTheStatusFiles(t *testing.T) {
+	e := newEnv(t, metricsNode())
+	e.client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, testNode, errors.New("no RBAC"))
+	})
+	writeFile(t, e.out, "driver-ready", "", 0o644)
+	o := e.options("metrics")
+	o.MetricsAddr = "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, pw); pw.Close() }()
+	// the serving line and the watch's error, in either order
+	r := bufio.NewReader(pr)
+	var url, logged string
+	for range 2 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := strings.Index(line, "http://"); i >= 0 {
+			url = strings.TrimSpace(line[i:])
+		} else {
+			logged = line
+		}
+	}
+	if url == "" || !strings.Contains(logged, "forbidden") || !strings.Contains(logged, "status files only") {
+		t.Fatalf("log %q, want the forbidden watch named", logged)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(b)
+	if !strings.Contains(body, "gpu_operator_node_driver_ready 1\n") ||
+		!strings.Contains(body, `kube_gpu_stack_node_validation_ready{component="driver",node="gpu-node-1"} 1`+"\n") {
+		t.Fatalf("status file gauges missing:\n%s", body)
+	}
+	if strings.Contains(body, MetricUpgradeState) || strings.Contains(body, MetricDriverInfo+"{") {
+		t.Fatalf("node metrics without a node:\n%s", body)
 	}
 	cancel()
 	if err := <-done; err != nil {
