@@ -109,7 +109,11 @@ func NewCommandWith(out io.Writer, adjust func(*validation.Options)) *cobra.Comm
 				usesAPI := component != "ready" // metrics watches its Node for the upgrade state and driver
 				if o.Client == nil && o.NodeName != "" && usesAPI {
 					if o.Client, err = inCluster(); err != nil {
-						fmt.Fprintf(out, "%s: no API access (%v): outcomes are not recorded on node %s\n", component, err, o.NodeName)
+						lost := "outcomes are not recorded on node " + o.NodeName
+						if component == "metrics" {
+							lost = "only the status files are reported for node " + o.NodeName
+						}
+						fmt.Fprintf(out, "%s: no API access (%v): %s\n", component, err, lost)
 					}
 				}
 				o.Complete()
