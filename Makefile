@@ -1,7 +1,7 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden vet fmt-check package controlplane node
+.PHONY: test demo golden generate vet fmt-check package controlplane node
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, e2e on the local
 ## control plane, which it builds first when this machine has not built it yet)
@@ -24,6 +24,10 @@ demo:
 ## golden: rewrite golden files and values schemas after an intended chart change (review the diff!)
 golden:
 	UPDATE_GOLDEN=1 $(GO) test ./tests/ -run 'TestGolden|TestValuesSchemaUpToDate|TestImages'
+
+## generate: rewrite the chart's Grafana dashboards (charts/kube-gpu-stack/dashboards/*.json) from ci/dashboards
+generate:
+	$(GO) run ./ci/dashboards -out charts/kube-gpu-stack/dashboards
 
 vet:
 	$(GO) vet ./...

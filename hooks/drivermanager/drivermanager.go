@@ -523,7 +523,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		}
 		return nodestate.Patch{}, nil
 	}
-	if err := m.apply(ctx, nodestate.Resume, finish, m.allocation()); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, finish, m.allocation(), m.recordDigest()); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
@@ -547,7 +547,7 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("switch to %s: evict GPU pods: %w", m.o.Allocation, err)
 		}
 	}
-	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation()); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation(), m.recordDigest()); err != nil {
 		return "", err
 	}
 	kept := ""
@@ -635,7 +635,7 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 	}
 	cleared += prepared
 	// the new allocation mode goes on with the resume: the plugin of the new mode arrives, the old one stays away
-	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation()); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation(), m.recordDigest()); err != nil {
 		return "", err
 	}
 	cordon := ""
@@ -883,6 +883,12 @@ type change func(*corev1.Node) (nodestate.Patch, error)
 // pure makes a change of a patch function that cannot fail.
 func pure(f func(*corev1.Node) nodestate.Patch) change {
 	return func(n *corev1.Node) (nodestate.Patch, error) { return f(n), nil }
+}
+
+// recordDigest records on the node the config digest of the driver it keeps or is about to install, for the node
+// status exporter (kube_gpu_stack_node_driver_info).
+func (m *manager) recordDigest() change {
+	return pure(func(n *corev1.Node) nodestate.Patch { return nodestate.RecordDriverDigest(n, m.o.Digest) })
 }
 
 // fixed is a change whose patch does not depend on the node.

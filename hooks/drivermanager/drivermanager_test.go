@@ -252,6 +252,9 @@ func TestFastPathKeepsTheDriverAndTheWorkloads(t *testing.T) {
 	if !strings.Contains(out, "kept the loaded driver, evicted nothing") {
 		t.Fatalf("summary: %q", out)
 	}
+	if got := n.Annotations[nodestate.DriverDigestAnnotation]; got != newDigest {
+		t.Fatalf("recorded driver digest %q, want %q (the kept driver's)", got, newDigest)
+	}
 }
 
 func TestFastPathUndoesLeftoversOfAnInterruptedRun(t *testing.T) {
@@ -319,6 +322,9 @@ func TestUpgradeUnloadsClearsAndWaitsForValidation(t *testing.T) {
 	}
 	if !strings.Contains(out, "cordoned until the node's validation passes") {
 		t.Fatalf("summary: %q", out)
+	}
+	if got := n.Annotations[nodestate.DriverDigestAnnotation]; got != newDigest {
+		t.Fatalf("recorded driver digest %q, want %q (the driver about to install)", got, newDigest)
 	}
 	// The states it passed through, in order.
 	var states []string

@@ -63,6 +63,10 @@ const (
 	// pod Ready since then vouches for that driver, also when the node reached validation-required later (a
 	// driver pod deleted or retried after its validation timed out).
 	DriverSinceAnnotation = AnnotationPrefix + "driver-since"
+	// DriverDigestAnnotation is the DRIVER_CONFIG_DIGEST of the node's driver: the driver manager writes it when
+	// it keeps the loaded driver (same digest) or hands the node to the driver about to install, so the node status
+	// exporter can report which config each node runs without reading the host.
+	DriverDigestAnnotation = AnnotationPrefix + "driver-config-digest"
 	// SeededLabelsAnnotation records, as a JSON object, each label the stack set as a default on a node that had
 	// none (Seed) and the value it set, so Cleanup removes a default nobody changed since.
 	SeededLabelsAnnotation = AnnotationPrefix + "seeded-labels"

@@ -231,3 +231,46 @@ func TestSetAllocationIsCleanedUpUnlessChanged(t *testing.T) {
 		t.Errorf("cleanup changed the admin's allocation to %q", got)
 	}
 }
+
+// The digest record changes only when the digest does, and an empty digest (a driver pod without one) records
+// nothing; Cleanup removes it with every other annotation of the stack.
+func TestRecordDriverDigest(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}
+	p := RecordDriverDigest(n, "sha256:aaa")
+	n = apply(n, p)
+	if got := n.Annotations[DriverDigestAnnotation]; got != "sha256:aaa" {
+		t.Fatalf("digest recorded as %q", got)
+	}
+	if p := RecordDriverDigest(n, "sha256:aaa"); !p.Empty() {
+		t.Fatalf("same digest patches again: %s", p.JSON())
+	}
+	if p := RecordDriverDigest(n, ""); !p.Empty() {
+		t.Fatalf("empty digest patches: %s", p.JSON())
+	}
+	n = apply(n, RecordDriverDigest(n, "sha256:bbb"))
+	if got := n.Annotations[DriverDigestAnnotation]; got != "sha256:bbb" {
+		t.Fatalf("new digest recorded as %q", got)
+	}
+	c, err := Cleanup(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := apply(n, c).Annotations[DriverDigestAnnotation]; ok {
+		t.Fatal("Cleanup keeps the digest record")
+	}
+}
+
+// UpgradeSinceAnnotation is the time of the last state change (the node status exporter reports the time in the
+// state from it): written with each change, kept when the same state is written again.
+func TestUpgradeSinceMovesOnlyWithTheState(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1"}}
+	n = apply(n, SetUpgradeState(n, CordonRequired, "", "2026-01-01T00:00:00Z"))
+	n = apply(n, SetUpgradeState(n, CordonRequired, "", "2026-01-01T00:05:00Z"))
+	if got := n.Annotations[UpgradeSinceAnnotation]; got != "2026-01-01T00:00:00Z" {
+		t.Fatalf("since %q after writing the same state again, want the first time", got)
+	}
+	n = apply(n, SetUpgradeState(n, PodDeletionRequired, "", "2026-01-01T00:07:00Z"))
+	if got := n.Annotations[UpgradeSinceAnnotation]; got != "2026-01-01T00:07:00Z" {
+		t.Fatalf("since %q after a state change, want its time", got)
+	}
+}

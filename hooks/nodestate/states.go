@@ -40,6 +40,13 @@ const (
 	UpgradeFailed       UpgradeState = "upgrade-failed"
 )
 
+// UpgradeStates are every UpgradeState the stack writes, in the order a driver change walks them (upgrade-failed
+// last): the node status exporter reports one series per state.
+var UpgradeStates = []UpgradeState{
+	UpgradeRequired, CordonRequired, PodDeletionRequired, DrainRequired, PodRestartRequired, ValidationRequired,
+	UncordonRequired, UpgradeDone, UpgradeFailed,
+}
+
 // CheckState is the outcome of one validator check on a node.
 type CheckState string
 
@@ -87,6 +94,17 @@ func ParseValidation(s string) (Validation, error) {
 func DriverInstalls(now string) Patch {
 	var p Patch
 	p.annotation(DriverSinceAnnotation, ptr(now))
+	return p
+}
+
+// RecordDriverDigest returns the patch recording (DriverDigestAnnotation) the DRIVER_CONFIG_DIGEST of the driver
+// the node runs or is about to install; empty when it is recorded already or digest is empty (nothing to say).
+func RecordDriverDigest(node *corev1.Node, digest string) Patch {
+	var p Patch
+	if digest == "" || node.Annotations[DriverDigestAnnotation] == digest {
+		return p
+	}
+	p.annotation(DriverDigestAnnotation, ptr(digest))
 	return p
 }
 

@@ -36,7 +36,7 @@ var componentHelp = map[string]string{
 	"gds":          "Kernel module nvidia_fs is loaded: writes nvidia-fs-ready",
 	"gdrcopy":      "Kernel module gdrdrv is loaded: writes gdrcopy-ready",
 	"ready":        "Say that every validation passed on this node and stay running (the validator pods' main container)",
-	"metrics":      "Serve the status files as Prometheus gauges on METRICS_PORT (the node status exporter)",
+	"metrics":      "Serve the status files and this node's driver upgrade state as Prometheus gauges on METRICS_PORT (the node status exporter)",
 }
 
 // NewCommand returns the validator root command writing its summary lines to out.
@@ -106,10 +106,14 @@ func NewCommandWith(out io.Writer, adjust func(*validation.Options)) *cobra.Comm
 				if adjust != nil {
 					adjust(&o)
 				}
-				usesAPI := component != "ready" && component != "metrics"
+				usesAPI := component != "ready" // metrics watches its Node for the upgrade state and driver
 				if o.Client == nil && o.NodeName != "" && usesAPI {
 					if o.Client, err = inCluster(); err != nil {
-						fmt.Fprintf(out, "%s: no API access (%v): outcomes are not recorded on node %s\n", component, err, o.NodeName)
+						lost := "outcomes are not recorded on node " + o.NodeName
+						if component == "metrics" {
+							lost = "only the status files are reported for node " + o.NodeName
+						}
+						fmt.Fprintf(out, "%s: no API access (%v): %s\n", component, err, lost)
 					}
 				}
 				o.Complete()
@@ -124,7 +128,8 @@ func NewCommandWith(out io.Writer, adjust func(*validation.Options)) *cobra.Comm
 }
 
 const envHelp = `Environment (as the chart sets it):
-  NODE_NAME                        this node (empty: outcomes are not recorded on the Node)
+  NODE_NAME                        this node (empty: outcomes are not recorded on the Node; metrics reports only
+                                   the status files)
   OUTPUT_DIR                       status files directory (default /run/nvidia/validations; flag --dir)
   HOST_ROOT                        the host's / in this container (default /host)
   DRIVER_INSTALL_DIR               the driver container's root in this container (default /run/nvidia/driver)
