@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
 
@@ -38,12 +39,15 @@ func (o *Options) draCheck() check {
 		name: "dra",
 		owns: []string{"dra-ready"},
 		attempt: func(ctx context.Context, p progress) result {
-			dra, r := o.isDRANode(ctx)
+			dra, off, r := o.isDRANode(ctx)
 			if r != nil {
 				return *r
 			}
 			if !dra {
 				return skipped(fmt.Sprintf("node %s allocates GPUs through the device plugin (its driver pool's gpuAllocation): no DRA driver to check", o.NodeName), done)
+			}
+			if off != "" {
+				return skipped(fmt.Sprintf("node %s runs no DRA kubelet plugin (%s): no slice to wait for", o.NodeName, off), done)
 			}
 			n, r := o.waitSlices(ctx, p)
 			if r != nil {
@@ -65,23 +69,30 @@ func (o *Options) draCheck() check {
 	}
 }
 
-// isDRANode says whether DRANodes selects this node; a result when that cannot be told.
-func (o *Options) isDRANode(ctx context.Context) (bool, *result) {
+// isDRANode says whether DRANodes selects this node and, if its DRA kubelet plugin's switch is off (opted out, or
+// paused for a driver change), which switch as key=value; a result when that cannot be told.
+func (o *Options) isDRANode(ctx context.Context) (dra bool, off string, _ *result) {
 	if o.DRANodes == nil {
-		return false, nil
+		return false, "", nil
 	}
 	node, err := o.Client.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
 	if err != nil {
 		r := waiting("get node %s: %v", o.NodeName, err)
-		return false, &r
+		return false, "", &r
 	}
-	dra, err := schedule.Selects(o.DRANodes, node)
+	dra, err = schedule.Selects(o.DRANodes, node)
 	if err != nil {
 		r := failed("DRA_NODE_SELECTOR: %v", err)
-		return false, &r
+		return false, "", &r
 	}
-	return dra, nil
+	if v, present := node.Labels[draPluginSwitch]; !nodestate.SwitchOn(v, present) {
+		off = draPluginSwitch + "=" + v
+	}
+	return dra, off, nil
 }
+
+// draPluginSwitch is the DRA kubelet plugin's node switch.
+const draPluginSwitch = nodestate.DeployLabelPrefix + "dra-driver"
 
 // DRASliceSelector selects the ResourceSlices the DRA driver publishes for node.
 func DRASliceSelector(node string) string {

@@ -184,3 +184,19 @@ func TestDRACheckRunsAClaimWorkload(t *testing.T) {
 		t.Fatalf("claims left: %v", left.Items)
 	}
 }
+
+// TestDRACheckSkipsANodeWhoseDRAPluginIsSwitchedOff: a DRA node whose nvidia.com/gpu.deploy.dra-driver switch is
+// off (opted out by the admin, or paused for a driver change) runs no DRA kubelet plugin, so no slice will come:
+// the check skips it, naming the switch, rather than wait for slices to its deadline.
+func TestDRACheckSkipsANodeWhoseDRAPluginIsSwitchedOff(t *testing.T) {
+	for _, v := range []string{"false", "paused-for-driver-upgrade"} {
+		e := newEnv(t, nodeWith(map[string]string{"nvidia.com/driver.pool": "a100", "nvidia.com/gpu.deploy.dra-driver": v}, nil))
+		if err := e.run(draOptions(e)); err != nil {
+			t.Fatalf("switch %s: %v", v, err)
+		}
+		if _, ok := e.status("dra-ready"); !ok || !strings.Contains(e.annotation("dra"), "skipped") ||
+			!strings.Contains(e.annotation("dra"), "nvidia.com/gpu.deploy.dra-driver="+v) {
+			t.Fatalf("switch %s: dra-ready %v, annotation %q", v, ok, e.annotation("dra"))
+		}
+	}
+}
