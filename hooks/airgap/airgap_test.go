@@ -514,7 +514,7 @@ func TestProgressBar(t *testing.T) {
 // list's order, with the right digest.
 func TestBundleLayoutNamesEveryImage(t *testing.T) {
 	f := newFixture(t, 4<<10)
-	files, err := openBundle(f.mustBundle(t), "")
+	files, err := openBundle(f.mustBundle(t), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package airgap
 import (
 	"archive/tar"
 	"bufio"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -24,9 +25,9 @@ var archiveTime = time.Unix(0, 0).UTC()
 
 // writeArchive writes every file under dir into the tarball out: paths sorted, fixed times and owners, and
 // SumsFile last, listing each file's SHA-256, computed while the file is copied (one read of each). A blob of the
-// OCI layout whose content does not match its name fails the archive. The tarball appears at out only when
-// complete; on error nothing is left there.
-func writeArchive(dir, out string) (size int64, err error) {
+// OCI layout whose content does not match its name fails the archive. With a key, SignatureFile follows SumsFile.
+// The tarball appears at out only when complete; on error nothing is left there.
+func writeArchive(dir, out string, key ed25519.PrivateKey) (size int64, err error) {
 	var files []string
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -69,6 +70,11 @@ func writeArchive(dir, out string) (size int64, err error) {
 	}
 	if err := addBytes(tw, SumsFile, []byte(sums.String())); err != nil {
 		return 0, err
+	}
+	if key != nil {
+		if err := addBytes(tw, SignatureFile, signSums(key, []byte(sums.String()))); err != nil {
+			return 0, err
+		}
 	}
 	if err := tw.Close(); err != nil {
 		return 0, err
@@ -138,6 +144,8 @@ type bundleFiles struct {
 	entries map[string]section
 	// digests is each file's SHA-256 (hex) as read when the bundle was opened.
 	digests map[string]string
+	// key, when set, must verify SignatureFile over SumsFile.
+	key ed25519.PublicKey
 }
 
 type section struct{ offset, size int64 }
@@ -157,8 +165,8 @@ const (
 // openBundle opens a bundle and checks every file against SumsFile before anything is read from it: a missing,
 // extra or corrupt file is an error naming it, and so is a layout blob whose content is not the digest it is stored
 // under. pin, when set, is the SHA-256 (hex) the whole tarball must have; it is checked first, before the tarball
-// is parsed at all.
-func openBundle(p, pin string) (*bundleFiles, error) {
+// is parsed at all. key, when set, must verify SignatureFile over SumsFile before the sums are trusted.
+func openBundle(p, pin string, key ed25519.PublicKey) (*bundleFiles, error) {
 	st, err := os.Stat(p)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
@@ -171,7 +179,7 @@ func openBundle(p, pin string) (*bundleFiles, error) {
 			return nil, err
 		}
 	}
-	b := &bundleFiles{path: p, entries: map[string]section{}}
+	b := &bundleFiles{path: p, entries: map[string]section{}, key: key}
 	if st.IsDir() {
 		b.digests, err = b.hashFolder()
 	} else {
@@ -318,6 +326,18 @@ func (b *bundleFiles) verify() error {
 	if err != nil {
 		return err
 	}
+	if b.key != nil {
+		if _, ok := b.entries[SignatureFile]; !ok {
+			return fmt.Errorf("bundle %s is not signed (no %s) and --verify-key asks for a signature; nothing pushed", b.path, SignatureFile)
+		}
+		sig, err := b.readFile(SignatureFile, maxSignatureBytes, "")
+		if err != nil {
+			return err
+		}
+		if err := verifySums(b.key, listed, sig); err != nil {
+			return fmt.Errorf("bundle %s: %w; nothing pushed", b.path, err)
+		}
+	}
 	want, err := parseSums(listed)
 	if err != nil {
 		return fmt.Errorf("bundle %s: %s %w", b.path, SumsFile, err)
@@ -333,7 +353,7 @@ func (b *bundleFiles) verify() error {
 		}
 	}
 	for name := range b.digests {
-		if _, ok := want[name]; !ok && name != SumsFile {
+		if _, ok := want[name]; !ok && name != SumsFile && name != SignatureFile {
 			problems = append(problems, fmt.Sprintf("%s is not listed in %s", name, SumsFile))
 		}
 	}

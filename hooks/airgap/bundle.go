@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io"
@@ -46,8 +47,12 @@ type BundleOptions struct {
 	Out string
 	// Progress receives a progress bar per image while it is pulled (drawn only on a terminal); nil: none.
 	Progress io.Writer
+	// SigningKey is an Ed25519 private key (PEM, PKCS #8) that signs SumsFile into SignatureFile; empty: unsigned.
+	SigningKey string
 
 	images []Image
+	// signingKey is SigningKey, loaded by Validate, before anything is pulled.
+	signingKey ed25519.PrivateKey
 	// version is the chart's version, for the files' comments.
 	version string
 }
@@ -111,6 +116,13 @@ func (o *BundleOptions) Validate() error {
 	}
 	if st, err := os.Stat(filepath.Dir(o.Out)); err != nil || !st.IsDir() {
 		return fmt.Errorf("--out %s: its folder does not exist", o.Out)
+	}
+	if o.SigningKey != "" {
+		key, err := LoadSigningKey(o.SigningKey)
+		if err != nil {
+			return fmt.Errorf("--sign-key: %w", err)
+		}
+		o.signingKey = key
 	}
 	return ValidateRegistry("--upstream", o.Upstream)
 }
@@ -179,7 +191,7 @@ func (o *BundleOptions) Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	size, err := writeArchive(work, o.Out)
+	size, err := writeArchive(work, o.Out, o.signingKey)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", o.Out, err)
 	}

@@ -109,7 +109,7 @@ func FuzzBundleLayout(f *testing.F) {
 			files[fmt.Sprintf("%s/blobs/sha256/%x", LayoutDir, sha256.Sum256(b))] = b
 		}
 		bundle := writeFuzzBundle(t, files)
-		opened, err := openBundle(bundle, "")
+		opened, err := openBundle(bundle, "", nil)
 		if err != nil {
 			t.Fatalf("the bundle's files match their sums: %v", err)
 		}
@@ -251,7 +251,7 @@ func FuzzOpenBundle(f *testing.F) {
 		if err := os.WriteFile(p, tarball, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		b, err := openBundle(p, "")
+		b, err := openBundle(p, "", nil)
 		if err != nil {
 			return
 		}

@@ -2,6 +2,7 @@ package airgap
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -40,6 +41,10 @@ type MirrorOptions struct {
 	// SHA256 pins the bundle tarball: its SHA-256 (hex, optionally prefixed sha256:), as published with the
 	// release. A bundle with another is refused before anything is read from it.
 	SHA256 string
+	// VerifyKey is an Ed25519 public key (PEM) the bundle's SignatureFile must verify with, before anything else of
+	// the bundle is trusted; a bundle without a signature is then refused. Empty: the signature, if any, is not
+	// checked (the mirror says so).
+	VerifyKey string
 	// Force moves a tag the registry already has at another digest to the bundle's image; without it such a tag
 	// fails the mirror before anything is pushed.
 	Force bool
@@ -94,11 +99,24 @@ type planned struct {
 // tag, verifies each by digest, copies the chart archive to Out and prints the helm install line. Running it again
 // pushes nothing: it reports "0 pushed", counted from what the registry accepted.
 func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
-	files, err := openBundle(o.Bundle, o.SHA256)
+	var key ed25519.PublicKey
+	if o.VerifyKey != "" {
+		k, err := LoadVerifyKey(o.VerifyKey)
+		if err != nil {
+			return fmt.Errorf("--verify-key: %w", err)
+		}
+		key = k
+	}
+	files, err := openBundle(o.Bundle, o.SHA256, key)
 	if err != nil {
 		return err
 	}
 	defer files.Close()
+	if _, signed := files.entries[SignatureFile]; signed && key == nil {
+		fmt.Fprintf(out, "bundle %s is signed (%s), but no --verify-key was given: its signature is not checked\n", o.Bundle, SignatureFile)
+	} else if key != nil {
+		fmt.Fprintf(out, "bundle %s: %s verified with %s\n", o.Bundle, SignatureFile, o.VerifyKey)
+	}
 	lay := bundleLayout{files}
 	index, err := lay.index()
 	if err != nil {

@@ -316,7 +316,7 @@ func TestBlobChangedAfterOpening(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	files, err := openBundle(folder, "")
+	files, err := openBundle(folder, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +408,7 @@ func TestOpenBundleRefusesSparseEntries(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			b, err := openBundle(p, "")
+			b, err := openBundle(p, "", nil)
 			if err == nil {
 				b.Close()
 			}

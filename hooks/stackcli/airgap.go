@@ -1,6 +1,8 @@
 package stackcli
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"log"
 
@@ -14,7 +16,7 @@ func airgapCommand(out io.Writer) *cobra.Command {
 		Use:   "airgap",
 		Short: "Install without internet access: bundle a release, then mirror its images into a private registry",
 	}
-	cmd.AddCommand(airgapBundleCommand(out), airgapMirrorCommand(out))
+	cmd.AddCommand(airgapBundleCommand(out), airgapMirrorCommand(out), airgapKeygenCommand(out))
 	return cmd
 }
 
@@ -48,13 +50,37 @@ func airgapBundleCommand(out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&o.Upstream, "upstream", "", "pull every image from registry `REG` (host[:port][/path]) under the same repository path instead of its own: a mirror of the upstream registries")
 	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registries pulled from")
 	cmd.Flags().StringVar(&o.Out, "out", "", "the tarball `FILE` to write (default <chart>-<version>-airgap.tar)")
+	cmd.Flags().StringVar(&o.SigningKey, "sign-key", "", "sign SHA256SUMS with the Ed25519 private key `FILE` (PEM, PKCS #8: airgap keygen, or openssl genpkey -algorithm ed25519) into SHA256SUMS.sig")
+	return cmd
+}
+
+func airgapKeygenCommand(out io.Writer) *cobra.Command {
+	var prefix string
+	cmd := &cobra.Command{
+		Use:   "keygen --out PREFIX",
+		Short: "Write a new Ed25519 key pair for signing bundles: PREFIX.key (private) and PREFIX.pub",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if prefix == "" {
+				return errors.New("--out: name the key files' PREFIX")
+			}
+			private, public, err := airgap.GenerateKeys(prefix)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "wrote %s (keep it secret: airgap bundle --sign-key %s) and %s (give it to whoever mirrors: airgap mirror --verify-key %s)\n",
+				private, private, public, public)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&prefix, "out", "", "write `PREFIX`.key and PREFIX.pub (never over existing files)")
 	return cmd
 }
 
 func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	o := airgap.MirrorOptions{}
 	cmd := &cobra.Command{
-		Use:   "mirror --registry REG [--sha256 HEX] [--force] [--insecure] [--ca FILE] BUNDLE",
+		Use:   "mirror --registry REG [--sha256 HEX] [--verify-key FILE] [--force] [--insecure] [--ca FILE] BUNDLE",
 		Short: "Push a bundle's images into a private registry and print the helm install line for it",
 		Long: "Verifies the whole of BUNDLE before pushing anything: the tarball against --sha256 when given, every file\n" +
 			"against SHA256SUMS, every blob against its digest, every manifest against its descriptor (a bundle failing any\n" +
@@ -77,6 +103,7 @@ func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&o.Registry, "registry", "", "the private registry `REG`, host[:port][/path] (required)")
 	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registry")
 	cmd.Flags().StringVar(&o.SHA256, "sha256", "", "the bundle tarball's SHA-256 `HEX`, as published with it: any other bundle is refused before it is read (costs one more read of the file)")
+	cmd.Flags().StringVar(&o.VerifyKey, "verify-key", "", "refuse the bundle unless its SHA256SUMS.sig verifies with the Ed25519 public key `FILE` (PEM): checked before anything else of the bundle is trusted")
 	cmd.Flags().BoolVar(&o.Force, "force", false, "move tags the registry already has at another digest to the bundle's images")
 	cmd.Flags().StringVar(&o.CAFile, "ca", "", "PEM `FILE` of CA certificates to trust for the registry's TLS, besides the system's")
 	cmd.Flags().StringVar(&o.Out, "out", ".", "folder `DIR` to copy the chart archive to, for the helm install line")
