@@ -116,3 +116,7 @@ func plural(n int64, noun string) string {
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
 }
+
+// Transport is the HTTP transport for a registry whose TLS certificate a private CA signed (caFile, PEM), besides
+// the system's CAs; empty caFile: go-containerregistry's default. `image push` shares it.
+func Transport(caFile string) (http.RoundTripper, error) { return baseTransport(caFile) }

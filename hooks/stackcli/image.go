@@ -48,6 +48,29 @@ func imageCommand(out io.Writer) *cobra.Command {
 	build.Flags().StringVar(&o.GoCommand, "go", "go", "go command that builds the binaries")
 	build.Flags().Int64Var(&o.SourceDateEpoch, "source-date-epoch", 0, "file times and created time, seconds since 1970 (env SOURCE_DATE_EPOCH)")
 	_ = build.MarkFlagRequired("out")
-	cmd.AddCommand(build)
+	cmd.AddCommand(build, imagePushCommand(out))
+	return cmd
+}
+
+func imagePushCommand(out io.Writer) *cobra.Command {
+	o := stackimage.PushOptions{}
+	cmd := &cobra.Command{
+		Use:   "push --layout DIR --registry REG",
+		Short: "Push the image `image build` wrote into your registry and print the values that install from it",
+		Long: "Pushes the OCI layout's image index (every platform) to REG/<repository>:<tag> of its name, checks that the\n" +
+			"registry serves it at the same digest, and prints the --set flags that make the chart pull it, pinned by digest\n" +
+			"(the driver manager keeps its pinned tag, which the push also serves). Credentials come from the Docker config.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+	cmd.Flags().StringVar(&o.Layout, "layout", "dist/image", "the OCI layout `DIR` image build wrote")
+	cmd.Flags().StringVar(&o.Registry, "registry", "", "your registry, `host[:port][/path]`")
+	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registry")
+	cmd.Flags().StringVar(&o.CAFile, "ca", "", "PEM `FILE` of CA certificates to trust for the registry, besides the system's")
 	return cmd
 }

@@ -72,7 +72,7 @@ func BundleAndMirror(t testing.TB, chartDir string) *Mirrored {
 			t.Fatal(err)
 		}
 		if img.Repository() == airgap.OwnRepository {
-			ownLayout = ownImageLayout(t, a.(v1.ImageIndex), img.Ref)
+			ownLayout = OwnImageLayout(t, a.(v1.ImageIndex), img.Ref)
 		} else {
 			seed(t, m.Upstream, img, a)
 		}
@@ -173,8 +173,8 @@ func seed(t testing.TB, reg string, img airgap.Image, a any) {
 	}
 }
 
-// ownImageLayout writes an OCI layout the way the image build does: the multi-arch index named by ref.
-func ownImageLayout(t testing.TB, idx v1.ImageIndex, ref string) string {
+// OwnImageLayout writes an OCI layout the way the image build does: the multi-arch index named by ref.
+func OwnImageLayout(t testing.TB, idx v1.ImageIndex, ref string) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "own-image")
 	p, err := layout.Write(dir, empty.Index)
