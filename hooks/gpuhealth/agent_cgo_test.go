@@ -15,7 +15,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/gpuhealthtest"
 )
+
+// monitor is the real NVML monitor over the mock.
+func monitor(g *gpuhealthtest.GPUs) Monitor {
+	return NVMLMonitor{Open: g.Open, Poll: 10 * time.Millisecond}
+}
 
 var testPolicy = Policy{
 	Fatal:         []uint64{48, 63, 64, 74, 79, 94, 95, 119, 120},
@@ -49,10 +56,10 @@ func (a *agent) String() string {
 	return a.log.String()
 }
 
-func startAgent(t *testing.T, client kubernetes.Interface, p Policy, gpus *fakeGPUs) *agent {
+func startAgent(t *testing.T, client kubernetes.Interface, p Policy, gpus *gpuhealthtest.GPUs) *agent {
 	t.Helper()
 	o := Options{NodeName: "gpu-node", Client: client, Policy: p, HostRoot: writeLib(t, t.TempDir()), DriverInstallDir: t.TempDir(),
-		Monitor: gpus.monitor()}
+		Monitor: monitor(gpus)}
 	o.Complete()
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
@@ -132,20 +139,18 @@ func hasTaint(taints []corev1.Taint, key string, effect corev1.TaintEffect) bool
 
 func TestFatalXidSetsConditionFalseAndTaint(t *testing.T) {
 	client := fake.NewClientset(gpuNode(nil))
-	gpus := newFakeGPUs(2)
+	gpus := gpuhealthtest.New(2)
 	a := startAgent(t, client, withTaint(testPolicy, corev1.TaintEffectNoSchedule), gpus)
 	waitCondition(t, client, a, corev1.ConditionTrue, ReasonHealthy, "all 2 GPUs healthy")
 	if _, taints := nodeCondition(t, client, DefaultConditionType); hasTaint(taints, "nvidia.com/gpu-unhealthy", corev1.TaintEffectNoSchedule) {
 		t.Fatalf("a healthy node is tainted: %v", taints)
 	}
-	gpus.mu.Lock()
-	if mask := gpus.registered[gpus.uuids[1]]; mask != nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError {
+	if mask := gpus.Registered(1); mask != nvml.EventTypeXidCriticalError|nvml.EventTypeDoubleBitEccError {
 		t.Errorf("GPU 1 registered for events %#x, want Xid and double-bit ECC", mask)
 	}
-	gpus.mu.Unlock()
 
-	gpus.xid(1, 79)
-	c := waitCondition(t, client, a, corev1.ConditionFalse, ReasonFatalXid, "GPU 1 (GPU-0000000b)", "Xid 79")
+	gpus.Xid(1, 79)
+	c := waitCondition(t, client, a, corev1.ConditionFalse, ReasonFatalXid, "GPU 1 (GPU-00000001-0000-0000-0000-000000000000)", "Xid 79")
 	if strings.Contains(c.Message, "GPU 0") {
 		t.Errorf("the message blames GPU 0: %s", c.Message)
 	}
@@ -161,12 +166,12 @@ func TestFatalXidSetsConditionFalseAndTaint(t *testing.T) {
 
 func TestApplicationXidKeepsNodeHealthy(t *testing.T) {
 	client := fake.NewClientset(gpuNode(nil))
-	gpus := newFakeGPUs(1)
+	gpus := gpuhealthtest.New(1)
 	a := startAgent(t, client, withTaint(testPolicy, corev1.TaintEffectNoSchedule), gpus)
 	before := waitCondition(t, client, a, corev1.ConditionTrue, ReasonHealthy)
-	gpus.xid(0, 13) // application tier
-	gpus.xid(0, 31)
-	gpus.xid(0, 999) // unlisted
+	gpus.Xid(0, 13) // application tier
+	gpus.Xid(0, 31)
+	gpus.Xid(0, 999) // unlisted
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(a.String(), "Xid 999 (unlisted)") {
 		if time.Now().After(deadline) {
@@ -188,10 +193,10 @@ func TestApplicationXidKeepsNodeHealthy(t *testing.T) {
 
 func TestTaintOffByDefault(t *testing.T) {
 	client := fake.NewClientset(gpuNode(nil))
-	gpus := newFakeGPUs(1)
+	gpus := gpuhealthtest.New(1)
 	a := startAgent(t, client, testPolicy, gpus)
 	waitCondition(t, client, a, corev1.ConditionTrue, ReasonHealthy)
-	gpus.xid(0, 48)
+	gpus.Xid(0, 48)
 	waitCondition(t, client, a, corev1.ConditionFalse, ReasonFatalXid, "Xid 48")
 	if _, taints := nodeCondition(t, client, DefaultConditionType); len(taints) != 0 {
 		t.Fatalf("taints without a taint in the policy: %v", taints)
@@ -206,7 +211,7 @@ func TestHealthyProbeClearsStaleFalseAndTaint(t *testing.T) {
 	admin := corev1.Taint{Key: "example.com/maintenance", Effect: corev1.TaintEffectNoSchedule}
 	ours := corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Value: ReasonFatalXid, Effect: corev1.TaintEffectNoExecute}
 	client := fake.NewClientset(gpuNode([]corev1.NodeCondition{stale}, admin, ours))
-	a := startAgent(t, client, withTaint(testPolicy, corev1.TaintEffectNoExecute), newFakeGPUs(1))
+	a := startAgent(t, client, withTaint(testPolicy, corev1.TaintEffectNoExecute), gpuhealthtest.New(1))
 	c := waitCondition(t, client, a, corev1.ConditionTrue, ReasonHealthy, "all 1 GPUs healthy")
 	if !c.LastTransitionTime.After(stale.LastTransitionTime.Time) {
 		t.Errorf("lastTransitionTime %v did not move", c.LastTransitionTime)
@@ -230,16 +235,16 @@ func TestHealthyProbeClearsStaleFalseAndTaint(t *testing.T) {
 // The probe at start judges what a GPU keeps across events: one fallen off the bus, a pending row remap.
 func TestProbeFindsLostGPUAndPendingRemap(t *testing.T) {
 	client := fake.NewClientset(gpuNode(nil))
-	gpus := newFakeGPUs(3)
-	gpus.lost[0] = true
-	gpus.pending[2] = true
+	gpus := gpuhealthtest.New(3)
+	gpus.Lost[0] = true
+	gpus.Pending[2] = true
 	a := startAgent(t, client, testPolicy, gpus)
-	waitCondition(t, client, a, corev1.ConditionFalse, ReasonGPULost, "GPU 0: the GPU fell off the bus", "GPU 2 (GPU-0000000c): a row remap is pending")
+	waitCondition(t, client, a, corev1.ConditionFalse, ReasonGPULost, "GPU 0: the GPU fell off the bus", "GPU 2 (GPU-00000002-0000-0000-0000-000000000000): a row remap is pending")
 
 	// Without the watch, a pending remap is not a fault.
 	client = fake.NewClientset(gpuNode(nil))
-	gpus = newFakeGPUs(1)
-	gpus.pending[0] = true
+	gpus = gpuhealthtest.New(1)
+	gpus.Pending[0] = true
 	p := testPolicy
 	p.Watches = []string{WatchECCDoubleBit}
 	a = startAgent(t, client, p, gpus)
@@ -250,10 +255,10 @@ func TestProbeFindsLostGPUAndPendingRemap(t *testing.T) {
 func TestNVMLFailureIsUnknown(t *testing.T) {
 	ours := corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Value: ReasonFatalXid, Effect: corev1.TaintEffectNoSchedule}
 	client := fake.NewClientset(gpuNode(nil, ours))
-	gpus := newFakeGPUs(1)
-	gpus.initRet = nvml.ERROR_DRIVER_NOT_LOADED
+	gpus := gpuhealthtest.New(1)
+	gpus.InitRet = nvml.ERROR_DRIVER_NOT_LOADED
 	o := Options{NodeName: "gpu-node", Client: client, Policy: withTaint(testPolicy, corev1.TaintEffectNoSchedule),
-		HostRoot: writeLib(t, t.TempDir()), Monitor: gpus.monitor()}
+		HostRoot: writeLib(t, t.TempDir()), Monitor: monitor(gpus)}
 	o.Complete()
 	var log bytes.Buffer
 	err := o.Run(context.Background(), &log)
@@ -269,7 +274,7 @@ func TestNVMLFailureIsUnknown(t *testing.T) {
 	}
 
 	// No library under either root: Unknown too.
-	o = Options{NodeName: "gpu-node", Client: client, Policy: testPolicy, HostRoot: t.TempDir(), DriverInstallDir: t.TempDir(), Monitor: gpus.monitor()}
+	o = Options{NodeName: "gpu-node", Client: client, Policy: testPolicy, HostRoot: t.TempDir(), DriverInstallDir: t.TempDir(), Monitor: monitor(gpus)}
 	o.Complete()
 	if err := o.Run(context.Background(), &log); err == nil {
 		t.Fatal("Run without NVML succeeded")
