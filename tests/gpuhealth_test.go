@@ -193,3 +193,12 @@ func TestHealthAgentRendersThePolicy(t *testing.T) {
 func rulesEqual(a, b rbacv1.PolicyRule) bool {
 	return slices.Equal(a.APIGroups, b.APIGroups) && slices.Equal(a.Resources, b.Resources) && slices.Equal(a.Verbs, b.Verbs)
 }
+
+// TestHealthXidTiersOverlapFailsFromSet: an Xid given fatal by --set (an integer) and application in values.yaml (a
+// float) is still caught.
+func TestHealthXidTiersOverlapFailsFromSet(t *testing.T) {
+	_, err := renderErr(t, newestKube, []string{profileFile("container-only")}, "global.health.xids.fatal={79,13}")
+	if err == nil || !strings.Contains(err.Error(), "Xid 13 is in both the fatal and the application tier") {
+		t.Fatalf("render: %v", err)
+	}
+}
