@@ -1,6 +1,7 @@
 // Package validatorcli is the `validator` command: the per-node checks run as init containers of the validator
 // DaemonSets (one subcommand per component, configured by environment as the chart sets it), the node status
-// exporter (metrics), and the status-file barrier every operand uses (wait, cleanup).
+// exporter (metrics), the status-file barrier every operand uses (wait, cleanup), and the node GPU health agent
+// (health).
 package validatorcli
 
 import (
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
 )
@@ -90,7 +92,7 @@ func NewCommandWith(out io.Writer, adjust func(*validation.Options)) *cobra.Comm
 			return nil
 		},
 	}
-	root.AddCommand(waitCmd, cleanupCmd)
+	root.AddCommand(waitCmd, cleanupCmd, healthCommand(out))
 
 	for _, component := range validation.Components {
 		root.AddCommand(&cobra.Command{
@@ -153,6 +155,71 @@ const envHelp = `Environment (as the chart sets it):
   VALIDATOR_WORKLOAD_SERVICE_ACCOUNT  cuda, plugin, dra: service account of the workload pods (default: the namespace's default)
   DEFAULT_GPU_WORKLOAD_CONFIG      vfio-pci, vgpu-*: role of a node without a valid nvidia.com/gpu.workload.config (default container)
   METRICS_PORT                     metrics: port to serve /metrics on (default 8000)`
+
+const healthEnvHelp = `Environment (as the chart sets it, from global.health):
+  NODE_NAME                 this node, whose condition (and taint) the agent writes (required)
+  HOST_ROOT                 the host's / in this container, searched first for libnvidia-ml.so.1 (default /host)
+  DRIVER_INSTALL_DIR        the driver container's root, searched next (default /run/nvidia/driver)
+  HEALTH_FATAL_XIDS         comma-separated Xids that make a GPU unhealthy
+  HEALTH_APPLICATION_XIDS   comma-separated Xids that are the application's own fault (logged only)
+  HEALTH_WATCHES            comma-separated NVML health watches that count as fatal (eccDoubleBit, rowRemapFailure, rowRemapPending)
+  HEALTH_CONDITION_TYPE     the node condition written (default nvidia.com/GPUHealthy)
+  HEALTH_TAINT              KEY:EFFECT of the taint put on while the condition is False (empty: none)`
+
+// healthCommand is `validator health`, the node GPU health agent.
+func healthCommand(out io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "health",
+		Short: "Watch this node's GPUs through NVML and write their health, judged by the chart's policy, as a node condition (and optional taint)",
+		Long: "Watch this node's GPUs through NVML and write their health, judged by the chart's policy, as a node condition " +
+			"(and optional taint). On start it probes the GPUs afresh, so a condition left False before a GPU reset or " +
+			"a reboot is cleared by a healthy probe. A static build (CGO_ENABLED=0) cannot load NVML: it sets the " +
+			"condition Unknown and exits non-zero.\n\n" + healthEnvHelp,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o, err := healthFromEnv()
+			if err != nil {
+				return err
+			}
+			if o.NodeName != "" {
+				if o.Client, err = inCluster(); err != nil {
+					return fmt.Errorf("health: no API access: %w", err)
+				}
+			}
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context(), out)
+		},
+	}
+}
+
+// healthFromEnv reads the agent's Options from the environment, naming the variable that cannot be parsed.
+func healthFromEnv() (gpuhealth.Options, error) {
+	o := gpuhealth.Options{
+		NodeName:         os.Getenv("NODE_NAME"),
+		HostRoot:         os.Getenv("HOST_ROOT"),
+		DriverInstallDir: os.Getenv("DRIVER_INSTALL_DIR"),
+	}
+	o.Policy.ConditionType = corev1.NodeConditionType(os.Getenv("HEALTH_CONDITION_TYPE"))
+	var err error
+	if o.Policy.Fatal, err = gpuhealth.ParseXids(os.Getenv("HEALTH_FATAL_XIDS")); err != nil {
+		return o, fmt.Errorf("HEALTH_FATAL_XIDS: %w", err)
+	}
+	if o.Policy.Application, err = gpuhealth.ParseXids(os.Getenv("HEALTH_APPLICATION_XIDS")); err != nil {
+		return o, fmt.Errorf("HEALTH_APPLICATION_XIDS: %w", err)
+	}
+	for w := range strings.SplitSeq(os.Getenv("HEALTH_WATCHES"), ",") {
+		if w = strings.TrimSpace(w); w != "" {
+			o.Policy.Watches = append(o.Policy.Watches, w)
+		}
+	}
+	if o.Policy.Taint, err = gpuhealth.ParseTaint(os.Getenv("HEALTH_TAINT")); err != nil {
+		return o, fmt.Errorf("HEALTH_TAINT: %w", err)
+	}
+	return o, nil
+}
 
 // fromEnv reads a component's Options from the environment, naming the variable that cannot be parsed.
 func fromEnv(component, dir string) (validation.Options, error) {

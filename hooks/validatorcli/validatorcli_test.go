@@ -130,3 +130,30 @@ func TestEveryComponentIsASubcommand(t *testing.T) {
 		}
 	}
 }
+
+func TestHealthReadsThePolicyFromTheEnvironment(t *testing.T) {
+	t.Setenv("NODE_NAME", "gpu-node")
+	t.Setenv("HEALTH_FATAL_XIDS", "48,79")
+	t.Setenv("HEALTH_APPLICATION_XIDS", "13")
+	t.Setenv("HEALTH_WATCHES", "eccDoubleBit, rowRemapFailure")
+	t.Setenv("HEALTH_CONDITION_TYPE", "example.com/GPUOK")
+	t.Setenv("HEALTH_TAINT", "nvidia.com/gpu-unhealthy:NoExecute")
+	o, err := healthFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := o.Policy
+	if o.NodeName != "gpu-node" || len(p.Fatal) != 2 || p.Fatal[1] != 79 || len(p.Application) != 1 || len(p.Watches) != 2 ||
+		p.ConditionType != "example.com/GPUOK" || p.Taint == nil || p.Taint.Effect != "NoExecute" {
+		t.Fatalf("options %+v, policy %+v", o, p)
+	}
+	t.Setenv("HEALTH_FATAL_XIDS", "48,seventy-nine")
+	if _, err := healthFromEnv(); err == nil || !strings.Contains(err.Error(), "HEALTH_FATAL_XIDS") {
+		t.Fatalf("err %v", err)
+	}
+	t.Setenv("HEALTH_FATAL_XIDS", "48")
+	t.Setenv("HEALTH_TAINT", "no-effect")
+	if _, err := healthFromEnv(); err == nil || !strings.Contains(err.Error(), "HEALTH_TAINT") {
+		t.Fatalf("err %v", err)
+	}
+}

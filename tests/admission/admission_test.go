@@ -1,6 +1,7 @@
 // Package admission proves, on a real local API server, what the chart grants the node-local service accounts:
 // their RBAC as rendered, and the ValidatingAdmissionPolicy that keeps each to its own node (the node claim of a
-// token bound to its pod) and keeps the validator's pods on its no-rights workload account.
+// token bound to its pod) and keeps the validator's pods on its no-rights workload account. The GPU health agent's
+// account writes its condition and taint here with the requests the agent sends (tests/gpuhealth runs the agent).
 //
 //	go test ./tests/admission/
 package admission
@@ -58,6 +59,7 @@ const (
 	driverSA      = "nvidia-driver"
 	validatorSA   = "nvidia-operator-validator"
 	workloadSA    = "nvidia-validator-workload"
+	healthSA      = "nvidia-gpu-health"
 	nodeA, nodeB  = "gpu-a", "gpu-b"
 	nodeNameClaim = "authentication.kubernetes.io/node-name"
 )
@@ -76,7 +78,12 @@ func install(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream, err := chartrender.Render(ctx, chrt, map[string]any{}, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	// the GPU health agent and its taint on, so its account is rendered and held to its node too
+	vals, err := chartrender.Values(nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := chartrender.Render(ctx, chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +91,7 @@ func install(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true}
 	policies := 0
 	for _, doc := range strings.Split(stream, "\n---") {
 		if strings.TrimSpace(doc) == "" || !strings.Contains(doc, "kind:") {
@@ -366,5 +373,59 @@ func TestDriverAccountHasOnlyWhatItCalls(t *testing.T) {
 	}
 	if _, err := c.CoordinationV1().Leases("kube-system").Create(ctx, lease, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("lease create in kube-system: %v, want Forbidden", err)
+	}
+}
+
+// TestHealthAgentWritesOnlyItsOwnNode: the GPU health agent's account, with a token bound to a pod on node A,
+// sends the agent's requests (gpuhealth.Reporter: a strategic merge patch of one condition through nodes/status,
+// an update of the Node for its taint): allowed on A, refused by the policy on B; it may not patch or delete a
+// Node.
+func TestHealthAgentWritesOnlyItsOwnNode(t *testing.T) {
+	install(t)
+	c := clientAs(t, healthSA, podOn(t, healthSA, nodeA))
+	condition := func(ctx context.Context, node string) error {
+		_, err := c.CoreV1().Nodes().PatchStatus(ctx, node, []byte(`{"status":{"conditions":[{"type":"nvidia.com/GPUHealthy","status":"False","reason":"FatalXid","message":"GPU 0: Xid 79"}]}}`))
+		return err
+	}
+	taint := func(ctx context.Context, node string) error {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Value: "FatalXid", Effect: corev1.TaintEffectNoSchedule})
+		_, err = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	}
+	err := refusedByPolicy(t, func(ctx context.Context) error { return condition(ctx, nodeB) })
+	if !strings.Contains(err.Error(), "may change only the node its pod runs on ("+nodeA+"), not node "+nodeB) {
+		t.Fatalf("refusal does not say why: %v", err)
+	}
+	refusedByPolicy(t, func(ctx context.Context) error { return taint(ctx, nodeB) })
+	if err := condition(t.Context(), nodeA); err != nil {
+		t.Fatalf("its own node's condition: %v", err)
+	}
+	if err := taint(t.Context(), nodeA); err != nil {
+		t.Fatalf("its own node's taint: %v", err)
+	}
+	if err := patchLabel(t.Context(), c, nodeA); !apierrors.IsForbidden(err) {
+		t.Errorf("nodes patch: %v, want Forbidden", err)
+	}
+	if err := c.CoreV1().Nodes().Delete(t.Context(), nodeA, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("nodes delete: %v, want Forbidden", err)
+	}
+	// take the taint off again, so the node is as the other tests expect
+	n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), nodeA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []corev1.Taint
+	for _, tt := range n.Spec.Taints {
+		if tt.Key != "nvidia.com/gpu-unhealthy" {
+			kept = append(kept, tt)
+		}
+	}
+	n.Spec.Taints = kept
+	if _, err := kube.Client.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }

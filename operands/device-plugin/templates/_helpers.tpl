@@ -24,6 +24,20 @@ NODE_NAME: {fieldRef: {fieldPath: spec.nodeName}}
 CDI_ANNOTATION_PREFIX: cdi.k8s.io/
 NVIDIA_CDI_HOOK_PATH: {{ include "gpu-stack-lib.cdiHookPath" . }}
 {{- end }}
+{{- /* global.health: the plugin's Xid check is a deny list (internal/rm/health.go at v0.20.0): DISABLE adds to
+the Xids it ignores, ENABLE takes Xids back out of that list (even its six built-in ones). "all" disables it. */ -}}
+{{- with (.Values.global.health | default dict) }}
+{{- if not (dig "devicePlugin" "healthChecks" true .) }}
+DP_DISABLE_HEALTHCHECKS: all
+{{- else }}
+{{- with dig "xids" "application" list . }}
+DP_DISABLE_HEALTHCHECKS: {{ join "," . | quote }}
+{{- end }}
+{{- with dig "xids" "fatal" list . }}
+DP_ENABLE_HEALTHCHECKS: {{ join "," . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if .Values.config.name }}
 CONFIG_FILE: /config/config.yaml
 DEFAULT_CONFIG: {{ .Values.config.default | quote }}
