@@ -501,3 +501,29 @@ func TestMonitoringObjectsNeedTheirAPIs(t *testing.T) {
 		}
 	}
 }
+
+// TestPromQLCheckReadsDashboards: the checker reads Grafana dashboard JSON, panels nested in rows included, with
+// Grafana's variables standing for values, and names a panel that selects an unknown metric.
+func TestPromQLCheckReadsDashboards(t *testing.T) {
+	r := render(t, []string{profile})
+	dir := t.TempDir()
+	knownMetrics(t, filepath.Join(dir, "metrics.txt"), r.csv)
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("good.json", `{"panels": [
+	  {"id": 1, "title": "utilisation", "targets": [{"expr": "avg by (node) (DCGM_FI_DEV_GPU_UTIL{node=~\"$node\"})"}]},
+	  {"id": 2, "type": "row", "panels": [
+	    {"id": 3, "title": "xid", "targets": [{"expr": "sum(increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{node=~\"${node:regex}\"}[$__rate_interval]))"}]}]}]}`)
+	write("bad.json", `{"panels": [{"id": 1, "type": "row", "panels": [
+	    {"id": 7, "title": "nested", "targets": [{"expr": "rate(DCGM_FI_DEV_NOT_EMITTED[$__rate_interval])"}]}]}]}`)
+	bin := filepath.Join(tools(t), "promcheck")
+	if out, err := run(t, dir, bin, "-metrics", "metrics.txt", "-dashboard", "good.json"); err != nil || !strings.Contains(out, "2 expressions") {
+		t.Errorf("promcheck on a good dashboard: %v\n%s", err, out)
+	}
+	if out, err := run(t, dir, bin, "-metrics", "metrics.txt", "-dashboard", "bad.json"); err == nil || !strings.Contains(out, `panel 7 "nested"`) {
+		t.Errorf("promcheck passed a dashboard panel on an unknown metric (err %v):\n%s", err, out)
+	}
+}
