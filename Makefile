@@ -3,9 +3,10 @@ GO ?= go
 
 .PHONY: test demo golden vet fmt-check package controlplane node prometheus
 
-## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, e2e on the local
-## control plane, which it builds first when this machine has not built it yet)
-test: vet fmt-check
+## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
+## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
+## not built them yet)
+test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -timeout 30m ./...
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
