@@ -1,11 +1,12 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden generate vet fmt-check package controlplane node
+.PHONY: test demo golden generate vet fmt-check package controlplane node prometheus
 
-## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, e2e on the local
-## control plane, which it builds first when this machine has not built it yet)
-test: vet fmt-check
+## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
+## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
+## not built them yet)
+test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -timeout 30m ./...
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
@@ -15,6 +16,11 @@ controlplane:
 ## node: build (or reuse) the kubelet of the real-node tests (tests/node) in the same cache; prints its folder
 node:
 	./ci/build-node.sh
+
+## prometheus: build (or reuse) promtool and the PromQL checker of the alert tests (tests/monitoring, which builds
+## them itself when missing) from the ci/prometheus module; prints their folder
+prometheus:
+	./ci/build-prometheus.sh
 
 ## demo: local control plane + simulated GPU nodes, the chart installed (mixed profile), what runs where;
 ## DEMO_ARGS=-keep leaves it running

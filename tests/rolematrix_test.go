@@ -13,8 +13,8 @@ import (
 )
 
 // The DESIGN.md role table: which operands each node role runs (columns are the nvidia.com/gpu.deploy.<operand>
-// suffixes; mps-control-daemon is the device plugin's MPS daemon). dcgm and node-status-exporter are off in every
-// profile, so they appear in no row.
+// suffixes; mps-control-daemon is the device plugin's MPS daemon). dcgm is off in every profile, so it appears in
+// no row; node-status-exporter runs only in the monitoring profile.
 const (
 	containerRole = "driver container-toolkit device-plugin dcgm-exporter gpu-feature-discovery operator-validator"
 	// container nodes without the driver DaemonSet (host-installed driver)
@@ -115,6 +115,7 @@ var roleMatrix = map[string]matrix{
 	"container-only":   sandboxOff(containerRole),
 	"private-registry": sandboxOff(containerRole),
 	"nfd-external":     sandboxOff(containerRole),
+	"monitoring":       sandboxOff(containerRole + " node-status-exporter"),
 	"host-driver":      sandboxOff(containerHostDriver),
 	"vm-passthrough":   sandboxOn("vm-passthrough", containerRole, passthroughKubevirt, vgpuNoManager),
 	// its vGPU manager serves ubuntu22.04 only: unlabelled GPU nodes of other OSes get none

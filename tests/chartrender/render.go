@@ -32,10 +32,11 @@ const (
 // KubeVersions are the oldest and newest Kubernetes minors the chart supports.
 var KubeVersions = []string{"v1.31.0", "v1.37.0"}
 
-// APIVersions are the optional APIs a render may assume (the ServiceMonitor CRD of Prometheus Operator; the
-// ValidatingAdmissionPolicy API, which every supported Kubernetes serves but `helm template` does not list).
+// APIVersions are the optional APIs a render may assume (the ServiceMonitor and PrometheusRule CRDs of Prometheus
+// Operator; the ValidatingAdmissionPolicy API, which every supported Kubernetes serves but `helm template` does not
+// list).
 var APIVersions = chartutil.VersionSet{"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
-	"admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}
+	"monitoring.coreos.com/v1/PrometheusRule", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}
 
 // RepoRoot is the repository root, found from this file's location.
 func RepoRoot() string {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -42,6 +43,8 @@ func TestServerSideApplyShowsNoDrift(t *testing.T) {
 	// With nfd.mode=external another chart installs the NFD CRDs; the chart's bundled ones stand in for it.
 	crds, _ := splitCRDs(renderObjects(t, nil))
 	a.installCRDs(t, crds)
+	// The monitoring profile's ServiceMonitors and PrometheusRule need the Prometheus Operator's CRDs.
+	a.installCRDs(t, prometheusOperatorCRDs(t))
 
 	var objects, fields int
 	for _, p := range profileFiles(t) {
@@ -195,6 +198,25 @@ type applied struct {
 	id     string
 	fields int
 	drift  []string
+}
+
+// prometheusOperatorCRDs are the ServiceMonitor and PrometheusRule CRDs kube-prometheus-stack installs
+// (testdata/prometheus-operator).
+func prometheusOperatorCRDs(t *testing.T) []renderedObject {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "prometheus-operator", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Prometheus Operator CRDs in testdata/prometheus-operator: %v", err)
+	}
+	var out []renderedObject
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, parseObjects(t, string(b))...)
+	}
+	return out
 }
 
 // profileFiles lists every values profile.
