@@ -5,6 +5,7 @@ package placement
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -22,6 +23,8 @@ type DaemonSet struct {
 	// mps-control-daemon for the device plugin's MPS daemon.
 	Operand string
 	Pod     *corev1.Pod
+
+	fit *schedule.Fitter // Pod's node selection parsed once (DaemonSets sets it)
 }
 
 // DaemonSets returns the GPU operand DaemonSets of a rendered manifest stream (`---`-separated YAML). DaemonSets
@@ -49,13 +52,17 @@ func DaemonSets(stream string) ([]DaemonSet, error) {
 		if strings.Contains(ds.Metadata.Name, "mps-control-daemon") {
 			operand = "mps-control-daemon"
 		}
-		out = append(out, DaemonSet{ds.Metadata.Name, operand, &corev1.Pod{Spec: ds.Spec.Template.Spec}})
+		spec := ds.Spec.Template.Spec
+		out = append(out, DaemonSet{Name: ds.Metadata.Name, Operand: operand, Pod: &corev1.Pod{Spec: spec}, fit: schedule.NewDaemonSetFitter(&spec)})
 	}
 	return out, nil
 }
 
 // Schedules reports whether the DaemonSet's pods may run on the node.
 func (d DaemonSet) Schedules(node *corev1.Node) (bool, error) {
+	if d.fit != nil {
+		return d.fit.Fits(node)
+	}
 	return schedule.FitsDaemonSet(&d.Pod.Spec, node)
 }
 
@@ -93,12 +100,20 @@ func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) {
 // Settle returns copies of the nodes labelled nodestate.AllocationLabel as their driver managers label them: the
 // GPU_ALLOCATION of the driver DaemonSet that runs on the node. A node no driver DaemonSet runs on keeps its labels.
 func Settle(dss []DaemonSet, nodes []*corev1.Node) ([]*corev1.Node, error) {
+	modes := make([]string, len(dss))
+	for i, ds := range dss {
+		if ds.Operand == "driver" {
+			modes[i] = ds.Env("GPU_ALLOCATION")
+		}
+	}
 	out := make([]*corev1.Node, 0, len(nodes))
 	for _, n := range nodes {
-		n = n.DeepCopy()
-		for _, ds := range dss {
-			mode := ds.Env("GPU_ALLOCATION")
-			if ds.Operand != "driver" || mode == "" {
+		c := *n // only the labels change: a copy of them, not of the whole node
+		c.Labels = maps.Clone(n.Labels)
+		n = &c
+		for i, ds := range dss {
+			mode := modes[i]
+			if mode == "" {
 				continue
 			}
 			ok, err := ds.Schedules(n)
@@ -120,10 +135,12 @@ func Settle(dss []DaemonSet, nodes []*corev1.Node) ([]*corev1.Node, error) {
 // Env is the literal value of env var name in the DaemonSet's first (init) container that sets it, or "": for a
 // driver DaemonSet, GPU_ALLOCATION (the mode its driver manager labels the node with) and DRIVER_CONFIG_DIGEST.
 func (d DaemonSet) Env(name string) string {
-	for _, c := range slices.Concat(d.Pod.Spec.InitContainers, d.Pod.Spec.Containers) {
-		for _, e := range c.Env {
-			if e.Name == name {
-				return e.Value
+	for _, cs := range [][]corev1.Container{d.Pod.Spec.InitContainers, d.Pod.Spec.Containers} {
+		for _, c := range cs {
+			for _, e := range c.Env {
+				if e.Name == name {
+					return e.Value
+				}
 			}
 		}
 	}
