@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"slices"
 	"strings"
 
 	"helm.sh/helm/v3/pkg/action"
@@ -32,6 +33,9 @@ type Rendered struct {
 	Sandbox bool
 	// DefaultRole is the role of a GPU node without a valid role label (global.sandboxWorkloads.defaultWorkload).
 	DefaultRole string
+	// Evict: the driver managers evict GPU pods (driver.manager.gpuPodDeletion, the pre-upgrade hook's --evict), so
+	// a PodDisruptionBudget that never allows an eviction blocks the change; true when the chart renders no hook.
+	Evict bool
 }
 
 // RenderOptions say what to render: the chart, the values, and the release as Helm would install it.
@@ -95,7 +99,7 @@ func Reduce(stream string) (*Rendered, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Rendered{DaemonSets: dss}
+	r := &Rendered{DaemonSets: dss, Evict: true}
 	for _, doc := range strings.Split(stream, "\n---\n") {
 		if !strings.Contains(doc, "DRIVER_POOLS") {
 			continue
@@ -112,14 +116,22 @@ func Reduce(stream string) (*Rendered, error) {
 			return nil, err
 		}
 		for _, spec := range []corev1.PodSpec{obj.Spec.Template.Spec, obj.Spec.PodSpec} {
-			if raw, ok := envValue(spec, "DRIVER_POOLS"); ok {
+			raw, ok := envValue(spec, "DRIVER_POOLS")
+			if !ok {
+				continue
+			}
+			if r.Pools == nil {
 				if r.Pools, err = driverpools.Parse(raw); err != nil {
 					return nil, err
 				}
 				if r.Pools == nil {
 					r.Pools = []driverpools.Pool{}
 				}
-				return r, nil
+			}
+			for _, c := range spec.Containers {
+				if slices.Contains(c.Args, "--evict=false") {
+					r.Evict = false
+				}
 			}
 		}
 	}

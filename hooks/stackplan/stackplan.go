@@ -115,6 +115,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 // Plan is what will run where.
 type Plan struct {
 	Nodes []Node `json:"nodes"`
+	// Evict: the driver managers evict GPU pods; otherwise a change waits for them to go, and no budget blocks it.
+	Evict bool `json:"evict"`
 	// Uncovered are the GPU nodes that need a driver and that no pool, or no driver DaemonSet of their pool (its
 	// OS or kernel tag), covers: the post-install gate would fail on them.
 	Uncovered []string `json:"uncovered,omitempty"`
@@ -175,7 +177,7 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		podsOn[p.Spec.NodeName] = append(podsOn[p.Spec.NodeName], p)
 	}
 
-	plan := &Plan{}
+	plan := &Plan{Evict: r.Evict}
 	containerNodes := map[string]bool{}
 	driverDS := map[string][]string{}
 	for _, n := range c.Nodes {
@@ -234,7 +236,7 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 			}
 		}
 		if row.DriverChange == DriverChange || (row.Allocation != "" && row.DriverChange != DriverSkip) {
-			if row.Evicts, err = evictions(ctx, c, podsOn[n.Name]); err != nil {
+			if row.Evicts, err = evictions(ctx, c, podsOn[n.Name], r.Evict); err != nil {
 				return nil, err
 			}
 		}
@@ -262,8 +264,8 @@ func (r *Rendered) role(n *corev1.Node) (string, bool) {
 }
 
 // evictions are the GPU pods among pods (gpupods' definition, as the driver manager evicts) and the budgets that
-// hold each (upgradeplan's rule, as the pre-upgrade hook refuses).
-func evictions(ctx context.Context, c *Cluster, pods []*corev1.Pod) ([]Eviction, error) {
+// hold each (upgradeplan's rule, as the pre-upgrade hook refuses when the managers evict).
+func evictions(ctx context.Context, c *Cluster, pods []*corev1.Pod, evict bool) ([]Eviction, error) {
 	var out []Eviction
 	for _, p := range pods {
 		uses, err := c.GPU.Uses(ctx, p)
@@ -277,7 +279,7 @@ func evictions(ctx context.Context, c *Cluster, pods []*corev1.Pod) ([]Eviction,
 		for _, pdb := range upgradeplan.Holding(c.PDBs, p) {
 			name := pdb.Namespace + "/" + pdb.Name
 			e.PDBs = append(e.PDBs, name)
-			if upgradeplan.NeverAllows(pdb) {
+			if evict && upgradeplan.NeverAllows(pdb) {
 				e.Blocked = append(e.Blocked, name)
 			}
 		}
@@ -322,6 +324,9 @@ func (p *Plan) WriteTable(out io.Writer) {
 			dash(n.Allocation), dash(strings.Join(n.Operands, ",")), dash(strings.Join(evicts, " ")))
 	}
 	w.Flush()
+	if !p.Evict && slices.ContainsFunc(p.Nodes, func(n Node) bool { return len(n.Evicts) > 0 }) {
+		fmt.Fprintln(out, "driver.manager.gpuPodDeletion is off: a change waits for the GPU pods listed to go; no budget blocks it")
+	}
 	for _, u := range p.Uncovered {
 		fmt.Fprintln(out, "uncovered:", u)
 	}

@@ -340,6 +340,22 @@ func TestPlanFiles(t *testing.T) {
 		t.Errorf("table lists a pod without GPUs:\n%s", table)
 	}
 
+	// managers that do not evict: the same pods must go, but no budget blocks the change
+	o.Set = []string{"driver.manager.gpuPodDeletion.enabled=false"}
+	out.Reset()
+	if p, err = Run(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range p.Nodes {
+		if n.Name == "gpu-01" && (fmt.Sprint(n.Evicts) != fmt.Sprint([]Eviction{{Pod: "team/train-0", PDBs: []string{"team/train"}}}) || p.Evict) {
+			t.Errorf("gpuPodDeletion off: gpu-01 evicts %v, plan evict %v", n.Evicts, p.Evict)
+		}
+	}
+	if !strings.Contains(out.String(), "gpuPodDeletion is off") {
+		t.Errorf("table does not say the managers do not evict:\n%s", out.String())
+	}
+	o.Set = nil
+
 	// without --pods: the driver change is unknown, nothing is evicted
 	o.PodsFile = ""
 	out.Reset()
