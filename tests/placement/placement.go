@@ -18,7 +18,9 @@ type Placement = placement.Placement
 func DaemonSets(stream string) ([]DaemonSet, error) { return placement.DaemonSets(stream) }
 
 // Place matches every DaemonSet against every node, as the cluster settles.
-func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) { return placement.Place(dss, nodes) }
+func Place(dss []DaemonSet, nodes []*corev1.Node) (Placement, error) {
+	return placement.Place(dss, nodes)
+}
 
 // Settle returns copies of the nodes labelled with their driver DaemonSet's GPU allocation mode.
 func Settle(dss []DaemonSet, nodes []*corev1.Node) ([]*corev1.Node, error) {
