@@ -119,10 +119,24 @@ func (c *Checker) Uses(ctx context.Context, pod *corev1.Pod) (bool, error) {
 	return false, nil
 }
 
+// NewOffline returns a Checker that reads no API: the resource claims it knows are claims (from files); a claim it
+// was not given is not allocated.
+func NewOffline(claims []resourcev1.ResourceClaim) *Checker {
+	c := &Checker{claims: map[string]map[string]*resourcev1.ResourceClaim{}}
+	for i := range claims {
+		cl := &claims[i]
+		if c.claims[cl.Namespace] == nil {
+			c.claims[cl.Namespace] = map[string]*resourcev1.ResourceClaim{}
+		}
+		c.claims[cl.Namespace][cl.Name] = cl
+	}
+	return c
+}
+
 func (c *Checker) namespaceClaims(ctx context.Context, ns string) (map[string]*resourcev1.ResourceClaim, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m, ok := c.claims[ns]; ok {
+	if m, ok := c.claims[ns]; ok || c.Client == nil {
 		return m, nil
 	}
 	list, err := c.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})

@@ -135,3 +135,24 @@ func TestClaimHolders(t *testing.T) {
 		t.Fatalf("ClaimHolders = %v, want %v", got, want)
 	}
 }
+
+// An offline checker (claims from files) knows only the claims it was given: a pod whose claim is elsewhere, or in
+// a namespace with no claim given, holds no GPU, and nothing asks an API.
+func TestNewOffline(t *testing.T) {
+	name, other := "gpu", "missing"
+	alloc := &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{
+		Results: []resourcev1.DeviceRequestAllocationResult{{Request: "gpu", Driver: DRADriver, Pool: "n", Device: "gpu-0"}}}}
+	c := NewOffline([]resourcev1.ResourceClaim{{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name},
+		Status: resourcev1.ResourceClaimStatus{Allocation: alloc}}})
+	for _, tc := range []struct {
+		ns, claim string
+		want      bool
+	}{{"ml", name, true}, {"ml", other, false}, {"web", name, false}} {
+		p := pod("p", corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{{Name: "c", ResourceClaimName: &tc.claim}}})
+		p.Namespace = tc.ns
+		got, err := c.Uses(context.Background(), p)
+		if err != nil || got != tc.want {
+			t.Errorf("%s/%s: Uses = %v, %v; want %v", tc.ns, tc.claim, got, err, tc.want)
+		}
+	}
+}

@@ -13,12 +13,27 @@ import (
 // Fits reports whether a pod with this spec may run on node: its required node affinity and node selector match,
 // and it tolerates every NoSchedule/NoExecute taint.
 func Fits(spec *corev1.PodSpec, node *corev1.Node) (bool, error) {
-	pod := &corev1.Pod{Spec: *spec}
-	ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)
+	return NewFitter(spec).Fits(node)
+}
+
+// Fitter is Fits for one pod spec with its node selection parsed once, to match it against many nodes.
+type Fitter struct {
+	affinity    nodeaffinity.RequiredNodeAffinity
+	tolerations []corev1.Toleration
+}
+
+// NewFitter parses spec's node selection.
+func NewFitter(spec *corev1.PodSpec) *Fitter {
+	return &Fitter{affinity: nodeaffinity.GetRequiredNodeAffinity(&corev1.Pod{Spec: *spec}), tolerations: spec.Tolerations}
+}
+
+// Fits reports whether the pod may run on node (see Fits).
+func (f *Fitter) Fits(node *corev1.Node) (bool, error) {
+	ok, err := f.affinity.Match(node)
 	if err != nil || !ok {
 		return false, err
 	}
-	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, spec.Tolerations,
+	_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, f.tolerations,
 		func(t *corev1.Taint) bool {
 			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 		}, false)
@@ -62,7 +77,12 @@ func daemonSetTolerations(spec *corev1.PodSpec) []corev1.Toleration {
 // FitsDaemonSet is Fits for a DaemonSet's pod template: the pods the controller creates from it also carry the
 // tolerations it adds, so a cordoned node still runs them.
 func FitsDaemonSet(template *corev1.PodSpec, node *corev1.Node) (bool, error) {
+	return NewDaemonSetFitter(template).Fits(node)
+}
+
+// NewDaemonSetFitter is NewFitter for a DaemonSet's pod template (see FitsDaemonSet).
+func NewDaemonSetFitter(template *corev1.PodSpec) *Fitter {
 	spec := *template
 	spec.Tolerations = append(append([]corev1.Toleration{}, template.Tolerations...), daemonSetTolerations(template)...)
-	return Fits(&spec, node)
+	return NewFitter(&spec)
 }

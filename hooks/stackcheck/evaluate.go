@@ -472,6 +472,16 @@ func withUpgradeState(c Cell, node *corev1.Node, onDelete bool) Cell {
 	return Cell{Waiting, reason}
 }
 
+// ContainerRoleOperand reports whether operand runs only on container-role nodes: a node that gets it needs a driver.
+func ContainerRoleOperand(operand string) bool { return containerRoleOperands[operand] }
+
+// Coverage is the gate's check of driver coverage without a cluster: given the nodes that get a container-role
+// operand and the driver DaemonSets that select each node, the problems of GPU nodes that no pool, or more than one
+// pool, or no driver DaemonSet of their pool covers (and of no GPU node at all).
+func Coverage(nodes []*corev1.Node, pools []driverpools.Pool, containerNodes map[string]bool, driverDS map[string][]string) []Problem {
+	return problems(nodes, pools, containerNodes, driverDS)
+}
+
 // problems finds what no single cell shows: no GPU node at all, and GPU nodes that need a driver but that no
 // pool, or more than one pool, or no driver DaemonSet of their pool covers.
 func problems(nodes []*corev1.Node, pools []driverpools.Pool, containerNodes map[string]bool, driverDS map[string][]string) []Problem {

@@ -1,5 +1,6 @@
 // Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
-// cleanup, pre-upgrade) and the admin's views of them (status, upgrade status / retry).
+// cleanup, pre-upgrade), the admin's views of them (status, upgrade status / retry), and `plan`: what a set of
+// values will run where.
 package stackcli
 
 import (
@@ -36,7 +37,7 @@ func NewCommand(out io.Writer) *cobra.Command {
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
 	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out))
+		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out), planCommand(flags, &release, out))
 	return root
 }
 

@@ -142,15 +142,12 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 		dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
 		dsPool[ds.Name] = pool
-		from := podDigest(pod)
+		from := PodDigest(pod)
 		if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
 			plan.CalledOff = append(plan.CalledOff, node.Name)
 		}
 		// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
-		var switching string
-		if cur := node.Labels[nodestate.AllocationLabel]; cur != "" && pool.Allocation != "" && cur != pool.Allocation {
-			switching = cur + " -> " + pool.Allocation
-		}
+		switching := AllocationSwitch(node, pool.Allocation)
 		if (from == ds.Digest && switching == "") || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			continue
 		}
@@ -221,7 +218,18 @@ const (
 	kernelLabel    = "feature.node.kubernetes.io/kernel-version.full"
 )
 
-func podDigest(pod *corev1.Pod) string {
+// AllocationSwitch is "<from> -> <to>" when the node switches between the device plugin and DRA: its
+// nvidia.com/gpu.allocation label against mode, the allocation of the pool it will be in; else "" (also when
+// either is unknown).
+func AllocationSwitch(node *corev1.Node, mode string) string {
+	if cur := node.Labels[nodestate.AllocationLabel]; cur != "" && mode != "" && cur != mode {
+		return cur + " -> " + mode
+	}
+	return ""
+}
+
+// PodDigest is the DRIVER_CONFIG_DIGEST a driver pod carries: the config of the driver it loaded.
+func PodDigest(pod *corev1.Pod) string {
 	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		for _, e := range c.Env {
 			if e.Name == DigestEnv {
@@ -269,8 +277,8 @@ func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodeP
 			continue
 		}
 		var blocking []*policyv1.PodDisruptionBudget
-		for j := range pdbs.Items {
-			if pdb := &pdbs.Items[j]; pdb.Namespace == pod.Namespace && selects(pdb, pod) && neverAllows(pdb) {
+		for _, pdb := range Holding(pdbs.Items, pod) {
+			if NeverAllows(pdb) {
 				blocking = append(blocking, pdb)
 			}
 		}
@@ -331,12 +339,25 @@ func listMoves(ctx context.Context, client kubernetes.Interface, plan []NodePlan
 	return nil
 }
 
+// Holding returns the PodDisruptionBudgets of pdbs that cover pod: an eviction of pod asks each of them.
+func Holding(pdbs []policyv1.PodDisruptionBudget, pod *corev1.Pod) []*policyv1.PodDisruptionBudget {
+	var out []*policyv1.PodDisruptionBudget
+	for i := range pdbs {
+		if pdb := &pdbs[i]; pdb.Namespace == pod.Namespace && selects(pdb, pod) {
+			out = append(out, pdb)
+		}
+	}
+	return out
+}
+
 func selects(pdb *policyv1.PodDisruptionBudget, pod *corev1.Pod) bool {
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	return err == nil && !sel.Empty() && sel.Matches(labels.Set(pod.Labels))
 }
 
-func neverAllows(pdb *policyv1.PodDisruptionBudget) bool {
+// NeverAllows reports whether the budget allows no eviction even with every pod it covers healthy (a budget only
+// exhausted for now, a pod restarting, lets the driver manager wait instead).
+func NeverAllows(pdb *policyv1.PodDisruptionBudget) bool {
 	return pdb.Status.DisruptionsAllowed == 0 && pdb.Status.ExpectedPods > 0 && pdb.Status.DesiredHealthy >= pdb.Status.ExpectedPods
 }
 

@@ -1,0 +1,50 @@
+package stackcli
+
+import (
+	"io"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackplan"
+)
+
+func planCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+	o := stackplan.Options{}
+	cmd := &cobra.Command{
+		Use:   "plan [-f values.yaml] [--set k=v] [--nodes FILE [--pods FILE]]",
+		Short: "Print, per node, what the chart with these values will run there and what a driver change would evict (read-only)",
+		Long: "Renders the chart with the values you would install or upgrade to and evaluates every node of the cluster, or\n" +
+			"of --nodes FILE: its role and driver pool, the operands that will run, the driver DaemonSet and whether the\n" +
+			"driver changes (its running driver pod's config digest against the rendered one), whether its GPU allocation\n" +
+			"switches, the GPU pods that change evicts and the PodDisruptionBudgets that hold them; then the GPU nodes no\n" +
+			"pool or OS tag covers. It only reads (nodes, pods, PodDisruptionBudgets, resource claims).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Release = *release
+			if flags.Namespace != nil {
+				o.Namespace = *flags.Namespace
+			}
+			if o.NodesFile == "" {
+				var err error
+				if _, o.Client, _, err = clients(flags); err != nil {
+					return err
+				}
+			}
+			o.Complete()
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			_, err := stackplan.Run(cmd.Context(), o, out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&o.ChartDir, "chart", "charts/kube-gpu-stack", "the chart `DIR` to render")
+	cmd.Flags().StringArrayVarP(&o.ValueFiles, "values", "f", nil, "values `FILE` (repeatable, as helm -f)")
+	cmd.Flags().StringArrayVar(&o.Set, "set", nil, "a value `KEY=VAL` (repeatable, as helm --set)")
+	cmd.Flags().StringVar(&o.KubeVersion, "kube-version", "", "Kubernetes version to render for (default: the cluster's, or v1.37.0 with --nodes)")
+	cmd.Flags().StringVar(&o.NodesFile, "nodes", "", "read Node objects from `FILE` (a List or YAML documents) instead of the cluster")
+	cmd.Flags().StringVar(&o.PodsFile, "pods", "", "with --nodes: Pods, PodDisruptionBudgets and ResourceClaims from `FILE`")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", "table", "table or json")
+	return cmd
+}

@@ -1,0 +1,57 @@
+package stackplan
+
+import (
+	"context"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+)
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+var (
+	renderMu    sync.Mutex
+	renderCache = map[string]*Rendered{}
+)
+
+// renderProfile renders the chart with values/<profile>.yaml (and set), once per test binary.
+func renderProfile(tb testing.TB, profile string, set ...string) *Rendered {
+	tb.Helper()
+	key := profile + "|" + filepath.Join(set...)
+	renderMu.Lock()
+	defer renderMu.Unlock()
+	if r := renderCache[key]; r != nil {
+		return r
+	}
+	r, err := Render(context.Background(), RenderOptions{
+		ChartDir:   filepath.Join(repoRoot(), "charts", "kube-gpu-stack"),
+		ValueFiles: []string{filepath.Join(repoRoot(), "values", profile+".yaml")},
+		Set:        set, Release: "gpu", Namespace: "gpu-operator", KubeVersion: "v1.37.0",
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	renderCache[key] = r
+	return r
+}
+
+func fixtureNodes(fs []nodefixtures.Node) []*corev1.Node {
+	out := make([]*corev1.Node, len(fs))
+	for i, f := range fs {
+		out[i] = f.Object()
+	}
+	return out
+}
+
+func nodesOnly(nodes []*corev1.Node) *Cluster {
+	return &Cluster{Nodes: nodes, GPU: gpupods.NewOffline(nil)}
+}

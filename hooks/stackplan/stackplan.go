@@ -1,0 +1,333 @@
+// Package stackplan is `kube-gpu-stack plan`: with the values one would install or upgrade to, what will run where.
+// It renders the chart once and evaluates every node against the rendered DaemonSets with hooks/placement (the
+// evaluator the role-matrix tests prove), the driver pools with hooks/driverpools, the driver change and allocation
+// switch as hooks/upgradeplan compares them, GPU pods by hooks/gpupods and their budgets by upgradeplan's rule. It
+// only reads: nodes, pods, PodDisruptionBudgets and resource claims, or files of them.
+package stackplan
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+)
+
+// Driver changes a node can see.
+const (
+	DriverNone    = "-"       // no driver DaemonSet runs on the node, and no driver pod does
+	DriverSame    = "same"    // the running driver pod has the rendered config
+	DriverChange  = "change"  // it has another config: the driver is reloaded, GPU pods evicted first
+	DriverInstall = "install" // no driver pod runs there yet
+	DriverRemove  = "remove"  // a driver pod runs but no driver DaemonSet selects the node any more
+	DriverSkip    = "skip"    // nvidia.com/gpu-driver-upgrade.skip=true: the driver stays as it is
+	DriverUnknown = "unknown" // no pods were given
+)
+
+// Options configure Run: Options -> Complete -> Validate -> Run.
+type Options struct {
+	RenderOptions
+	// Client reads a live cluster; unset when NodesFile is given.
+	Client kubernetes.Interface
+	// NodesFile holds Node objects; PodsFile optionally Pods, PodDisruptionBudgets and ResourceClaims.
+	NodesFile, PodsFile string
+	// Output is table or json.
+	Output string
+}
+
+// Complete fills defaults: the release and namespace of the README's install, and the newest Kubernetes minor
+// the chart supports when the cluster is not asked.
+func (o *Options) Complete() {
+	if o.Release == "" {
+		o.Release = "gpu"
+	}
+	if o.Namespace == "" {
+		o.Namespace = "gpu-operator"
+	}
+	if o.Output == "" {
+		o.Output = "table"
+	}
+	if o.KubeVersion == "" && o.Client != nil {
+		if v, err := o.Client.Discovery().ServerVersion(); err == nil && v.GitVersion != "" {
+			o.KubeVersion = v.GitVersion
+		}
+	}
+	if o.KubeVersion == "" {
+		o.KubeVersion = "v1.37.0"
+	}
+}
+
+// Validate rejects options Run cannot act on.
+func (o *Options) Validate() error {
+	switch {
+	case o.ChartDir == "":
+		return errors.New("need --chart")
+	case o.Client == nil && o.NodesFile == "":
+		return errors.New("need a cluster (kubeconfig) or --nodes FILE")
+	case o.PodsFile != "" && o.NodesFile == "":
+		return errors.New("--pods needs --nodes")
+	case o.Output != "table" && o.Output != "json":
+		return fmt.Errorf("-o %s: want table or json", o.Output)
+	}
+	return nil
+}
+
+// Run renders the chart, reads the cluster or the files, and prints the plan.
+func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
+	r, err := Render(ctx, o.RenderOptions)
+	if err != nil {
+		return nil, err
+	}
+	var c *Cluster
+	if o.NodesFile != "" {
+		c, err = ReadFiles(o.NodesFile, o.PodsFile)
+	} else {
+		c, err = Read(ctx, o.Client)
+	}
+	if err != nil {
+		return nil, err
+	}
+	p, err := Evaluate(ctx, r, c, o.Release, o.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	if o.Output == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return p, enc.Encode(p)
+	}
+	p.WriteTable(out)
+	return p, nil
+}
+
+// Plan is what will run where.
+type Plan struct {
+	Nodes []Node `json:"nodes"`
+	// Evict: the driver managers evict GPU pods; otherwise a change waits for them to go, and no budget blocks it.
+	Evict bool `json:"evict"`
+	// Uncovered are the GPU nodes that need a driver and that no pool, or no driver DaemonSet of their pool (its
+	// OS or kernel tag), covers: the post-install gate would fail on them.
+	Uncovered []string `json:"uncovered,omitempty"`
+}
+
+// Node is one node's row.
+type Node struct {
+	Name string `json:"name"`
+	GPU  bool   `json:"gpu"`
+	// Role is the node's role (container, vm-passthrough, vm-vgpu) for GPU nodes; RoleDefault when it is the
+	// default role, not its label.
+	Role        string `json:"role,omitempty"`
+	RoleDefault bool   `json:"roleDefault,omitempty"`
+	// Pool is the driver pool selecting the node (several joined with "+", an error the gate reports).
+	Pool     string   `json:"pool,omitempty"`
+	Operands []string `json:"operands"`
+	// Driver is the driver DaemonSet that will run on the node; DriverChange one of the Driver* constants, From
+	// and To the config digests compared.
+	Driver       string `json:"driver,omitempty"`
+	DriverChange string `json:"driverChange"`
+	From         string `json:"from,omitempty"`
+	To           string `json:"to,omitempty"`
+	// Allocation is "<from> -> <to>" when the node switches between the device plugin and DRA.
+	Allocation string `json:"allocationSwitch,omitempty"`
+	// Evicts are the GPU pods the driver change or switch evicts first.
+	Evicts []Eviction `json:"evicts,omitempty"`
+}
+
+// Eviction is one GPU pod to evict and the budgets that cover it.
+type Eviction struct {
+	Pod string `json:"pod"`
+	// PDBs cover the pod (namespace/name); Blocked names those that never allow an eviction: the pre-upgrade hook
+	// refuses then.
+	PDBs    []string `json:"pdbs,omitempty"`
+	Blocked []string `json:"blocked,omitempty"`
+}
+
+// Evaluate places every node: O(nodes x DaemonSets) scheduling checks, and one pass over the pods.
+func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace string) (*Plan, error) {
+	placed, err := placement.Place(r.DaemonSets, c.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]placement.DaemonSet{}
+	for _, ds := range r.DaemonSets {
+		byName[ds.Name] = ds
+	}
+	driverPods := map[string]*corev1.Pod{} // node -> its driver pod of this release
+	podsOn := map[string][]*corev1.Pod{}   // node -> its running pods
+	for _, p := range c.Pods {
+		if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if p.Namespace == namespace && p.Labels["app.kubernetes.io/instance"] == release && p.Labels["app.kubernetes.io/component"] == "driver" {
+			driverPods[p.Spec.NodeName] = p
+			continue
+		}
+		podsOn[p.Spec.NodeName] = append(podsOn[p.Spec.NodeName], p)
+	}
+
+	plan := &Plan{Evict: r.Evict}
+	containerNodes := map[string]bool{}
+	driverDS := map[string][]string{}
+	for _, n := range c.Nodes {
+		row := Node{Name: n.Name, GPU: n.Labels[stackcheck.GPUPresentLabel] == "true", Operands: placed.Operands(n.Name)}
+		if row.Operands == nil {
+			row.Operands = []string{}
+		}
+		for _, op := range row.Operands {
+			if stackcheck.ContainerRoleOperand(op) {
+				containerNodes[n.Name] = true
+			}
+		}
+		if row.GPU {
+			row.Role, row.RoleDefault = r.role(n)
+		}
+		var pool *driverpools.Pool
+		if row.GPU && len(r.Pools) > 0 {
+			matched, err := driverpools.Matching(r.Pools, n)
+			if err != nil {
+				return nil, err
+			}
+			row.Pool = strings.Join(driverpools.Names(matched), "+")
+			if len(matched) == 1 {
+				pool = &matched[0]
+			}
+		}
+		ds, hasDriver := byName[placed[n.Name]["driver"]]
+		if hasDriver {
+			row.Driver = ds.Name
+			row.To = ds.Env(upgradeplan.DigestEnv)
+			driverDS[n.Name] = []string{ds.Name}
+			// the pool's mode, as the pre-upgrade hook reads it; its driver DaemonSet's without the hooks' pools
+			mode := ds.Env("GPU_ALLOCATION")
+			if pool != nil && pool.Allocation != "" {
+				mode = pool.Allocation
+			}
+			row.Allocation = upgradeplan.AllocationSwitch(n, mode)
+		}
+		pod := driverPods[n.Name]
+		switch {
+		case !c.PodsKnown && hasDriver:
+			row.DriverChange = DriverUnknown
+		case pod == nil && hasDriver:
+			row.DriverChange = DriverInstall
+		case pod == nil:
+			row.DriverChange = DriverNone
+		case !hasDriver:
+			row.DriverChange, row.From = DriverRemove, upgradeplan.PodDigest(pod)
+		case n.Labels[nodestate.UpgradeSkipLabel] == "true":
+			row.DriverChange, row.From, row.Allocation = DriverSkip, upgradeplan.PodDigest(pod), ""
+		default:
+			row.From = upgradeplan.PodDigest(pod)
+			row.DriverChange = DriverSame
+			if row.From != row.To {
+				row.DriverChange = DriverChange
+			}
+		}
+		if row.DriverChange == DriverChange || (row.Allocation != "" && row.DriverChange != DriverSkip) {
+			if row.Evicts, err = evictions(ctx, c, podsOn[n.Name], r.Evict); err != nil {
+				return nil, err
+			}
+		}
+		plan.Nodes = append(plan.Nodes, row)
+	}
+	if r.Pools != nil {
+		for _, p := range stackcheck.Coverage(c.Nodes, r.Pools, containerNodes, driverDS) {
+			plan.Uncovered = append(plan.Uncovered, p.Message)
+		}
+	}
+	return plan, nil
+}
+
+// role is the node's role as the chart's node affinity reads it: its nvidia.com/gpu.workload.config when sandbox
+// workloads are on and the label is a role, else the default (every GPU node is a container node without sandbox
+// workloads).
+func (r *Rendered) role(n *corev1.Node) (string, bool) {
+	if !r.Sandbox {
+		return "container", false
+	}
+	if l := n.Labels["nvidia.com/gpu.workload.config"]; roles[l] {
+		return l, false
+	}
+	return r.DefaultRole, true
+}
+
+// evictions are the GPU pods among pods (gpupods' definition, as the driver manager evicts) and the budgets that
+// hold each (upgradeplan's rule, as the pre-upgrade hook refuses when the managers evict).
+func evictions(ctx context.Context, c *Cluster, pods []*corev1.Pod, evict bool) ([]Eviction, error) {
+	var out []Eviction
+	for _, p := range pods {
+		uses, err := c.GPU.Uses(ctx, p)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		if !uses {
+			continue
+		}
+		e := Eviction{Pod: p.Namespace + "/" + p.Name}
+		for _, pdb := range upgradeplan.Holding(c.PDBs, p) {
+			name := pdb.Namespace + "/" + pdb.Name
+			e.PDBs = append(e.PDBs, name)
+			if evict && upgradeplan.NeverAllows(pdb) {
+				e.Blocked = append(e.Blocked, name)
+			}
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b Eviction) int { return strings.Compare(a.Pod, b.Pod) })
+	return out, nil
+}
+
+// WriteTable prints one row per node, then the uncovered nodes.
+func (p *Plan) WriteTable(out io.Writer) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tROLE\tPOOL\tDRIVER\tCHANGE\tALLOCATION\tOPERANDS\tEVICTS")
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	for _, n := range p.Nodes {
+		role := n.Role
+		if n.RoleDefault {
+			role += " (default)"
+		}
+		change := n.DriverChange
+		if change == DriverChange || change == DriverRemove || change == DriverSkip {
+			change += " " + nodestate.ShortDigest(n.From) + "->" + nodestate.ShortDigest(n.To)
+		}
+		var evicts []string
+		for _, e := range n.Evicts {
+			s := e.Pod
+			if len(e.PDBs) > 0 {
+				s += " [PDB " + strings.Join(e.PDBs, ",")
+				if len(e.Blocked) > 0 {
+					s += " BLOCKS"
+				}
+				s += "]"
+			}
+			evicts = append(evicts, s)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, dash(role), dash(n.Pool), dash(n.Driver), change,
+			dash(n.Allocation), dash(strings.Join(n.Operands, ",")), dash(strings.Join(evicts, " ")))
+	}
+	w.Flush()
+	if !p.Evict && slices.ContainsFunc(p.Nodes, func(n Node) bool { return len(n.Evicts) > 0 }) {
+		fmt.Fprintln(out, "driver.manager.gpuPodDeletion is off: a change waits for the GPU pods listed to go; no budget blocks it")
+	}
+	for _, u := range p.Uncovered {
+		fmt.Fprintln(out, "uncovered:", u)
+	}
+}
