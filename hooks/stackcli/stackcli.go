@@ -36,7 +36,7 @@ func NewCommand(out io.Writer) *cobra.Command {
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
 	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out))
+		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out), migrateCommand(flags, out))
 	return root
 }
 

@@ -1,0 +1,213 @@
+package tests
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+)
+
+// migrateInputs is where the GPU Operator inputs of the migrate tests live (the operator's own defaults vendored).
+var migrateInputs = filepath.Join(chartrender.RepoRoot(), "hooks", "gpumigrate", "testdata")
+
+// migrated converts one GPU Operator input with `migrate`'s code path and renders the chart with the values file
+// it writes, as `helm install -f` would.
+func migrated(t *testing.T, input string, kernels ...string) (string, gpumigrate.Result) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "values.yaml")
+	o := gpumigrate.Options{File: filepath.Join(migrateInputs, input), Out: out, Report: filepath.Join(t.TempDir(), "report.txt"), Kernels: kernels}
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := o.Run(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := renderErr(t, newestKube, []string{out})
+	if err != nil {
+		body, _ := os.ReadFile(out)
+		t.Fatalf("the values migrate wrote for %s do not render: %v\n%s", input, err, body)
+	}
+	return stream, r
+}
+
+// podOf is the pod spec of the rendered DaemonSet name.
+func migratedPod(t *testing.T, stream, name string) *corev1.PodSpec {
+	t.Helper()
+	return &daemonSet(t, stream, name).Spec.Template.Spec
+}
+
+// images are the images of a pod spec's containers and init containers.
+func images(spec *corev1.PodSpec) []string {
+	var out []string
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		out = append(out, c.Image)
+	}
+	return out
+}
+
+// envWith is the environment of the pod's container that sets key.
+func envWith(t *testing.T, spec *corev1.PodSpec, key string) map[string]string {
+	t.Helper()
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		if env := containerEnv(c); env[key] != "" {
+			return env
+		}
+	}
+	t.Fatalf("no container sets %s", key)
+	return nil
+}
+
+// mounted are the host paths a pod spec mounts.
+func mounted(spec *corev1.PodSpec) []string {
+	var out []string
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			out = append(out, v.HostPath.Path)
+		}
+	}
+	return out
+}
+
+// TestMigrateRendersWithTheChart converts the GPU Operator's own default values and realistic files, renders the
+// chart with each output and checks that the rendered objects carry the converted settings.
+func TestMigrateRendersWithTheChart(t *testing.T) {
+	hasImage := func(t *testing.T, stream, ds, want string) *corev1.PodSpec {
+		t.Helper()
+		spec := migratedPod(t, stream, ds)
+		if !slices.Contains(images(spec), want) {
+			t.Errorf("%s runs %v, not %s", ds, images(spec), want)
+		}
+		return spec
+	}
+	cases := []struct {
+		input   string
+		kernels []string
+		check   func(t *testing.T, stream string)
+	}{
+		{input: "gpu-operator-v26.7.0/values.yaml", check: func(t *testing.T, stream string) {
+			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "nvcr.io/nvidia/driver:595.91.07-ubuntu24.04")
+			hasImage(t, stream, "nvidia-container-toolkit-daemonset", "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0")
+			hasImage(t, stream, "nvidia-device-plugin-daemonset", "nvcr.io/nvidia/k8s-device-plugin:v0.20.0")
+			hasImage(t, stream, "nvidia-dcgm-exporter", "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless")
+		}},
+		{input: "operator-typical.yaml", check: func(t *testing.T, stream string) {
+			spec := hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "nvcr.io/nvidia/driver:570.195.03-ubuntu24.04")
+			if spec.PriorityClassName != "gpu-critical" {
+				t.Errorf("priorityClassName %q, want daemonsets.priorityClassName gpu-critical", spec.PriorityClassName)
+			}
+			if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool { return tl.Key == "dedicated" && tl.Value == "gpu" }) {
+				t.Errorf("tolerations %v lack daemonsets.tolerations dedicated=gpu", spec.Tolerations)
+			}
+			if !strings.Contains(stream, "team: ml-platform") {
+				t.Error("daemonsets.labels team=ml-platform rendered nowhere")
+			}
+			mgr := envWith(t, spec, "ENABLE_AUTO_DRAIN")
+			for k, want := range map[string]string{"ENABLE_AUTO_DRAIN": "true", "DRAIN_POD_SELECTOR_LABEL": "team=batch", "ENABLE_GPU_POD_EVICTION": "true"} {
+				if mgr[k] != want {
+					t.Errorf("driver manager %s=%q, want %q", k, mgr[k], want)
+				}
+			}
+			for _, want := range []string{"900", "600"} {
+				if !slices.ContainsFunc(mapValues(mgr), func(v string) bool { return strings.HasPrefix(v, want) }) {
+					t.Errorf("driver manager env %v lacks the timeout %s s", mgr, want)
+				}
+			}
+			if !strings.Contains(stream, `"maxUnavailable":2`) {
+				t.Error("maxParallelUpgrades 2 did not become the default pool's maxUnavailable 2")
+			}
+			migratedPod(t, stream, "nvidia-sandbox-device-plugin-daemonset") // sandboxWorkloads reached global.sandboxWorkloads
+		}},
+		{input: "k3s.yaml", check: func(t *testing.T, stream string) {
+			spec := migratedPod(t, stream, "nvidia-container-toolkit-daemonset")
+			if !slices.ContainsFunc(mounted(spec), func(p string) bool { return strings.HasPrefix(p, "/run/k3s/containerd") }) ||
+				!slices.ContainsFunc(mounted(spec), func(p string) bool { return strings.HasPrefix(p, "/var/lib/rancher/k3s/agent/etc/containerd") }) {
+				t.Errorf("the toolkit mounts %v, not k3s's containerd socket and config", mounted(spec))
+			}
+		}},
+		{input: "rke2.yaml", check: func(t *testing.T, stream string) {
+			spec := migratedPod(t, stream, "nvidia-container-toolkit-daemonset")
+			env := envWith(t, spec, "CONTAINERD_CONFIG")
+			if !strings.HasSuffix(env["CONTAINERD_CONFIG"], "/config.toml.tmpl") || !slices.Contains(mounted(spec), "/var/lib/rancher/rke2/agent/etc/containerd") {
+				t.Errorf("the toolkit (CONTAINERD_CONFIG=%s, mounts %v) does not edit rke2's containerd template", env["CONTAINERD_CONFIG"], mounted(spec))
+			}
+			if env["NVIDIA_CONTAINER_RUNTIME_LOG_LEVEL"] != "debug" {
+				t.Errorf("toolkit env %v lacks NVIDIA_CONTAINER_RUNTIME_LOG_LEVEL=debug", env)
+			}
+		}},
+		{input: "time-slicing.yaml", check: func(t *testing.T, stream string) {
+			if !strings.Contains(stream, "name: time-slicing-config") || !strings.Contains(stream, "replicas: 4") {
+				t.Error("no time-slicing-config ConfigMap with the time-slicing config")
+			}
+			if !strings.Contains(stringify(migratedPod(t, stream, "nvidia-device-plugin-daemonset").Volumes), "time-slicing-config") {
+				t.Error("the device plugin does not mount time-slicing-config")
+			}
+		}},
+		{input: "vgpu-licensing.yaml", check: func(t *testing.T, stream string) {
+			spec := hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "registry.example.com/nvidia/vgpu-guest-driver:570.172.08-grid-ubuntu24.04")
+			if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Secret != nil && v.Secret.SecretName == "licensing-config" }) {
+				t.Error("no licensing-config Secret volume on the driver pod")
+			}
+			if !slices.ContainsFunc(spec.ImagePullSecrets, func(r corev1.LocalObjectReference) bool { return r.Name == "ngc-secret" }) {
+				t.Errorf("pull secrets %v lack ngc-secret", spec.ImagePullSecrets)
+			}
+		}},
+		{input: "sandbox.yaml", check: func(t *testing.T, stream string) {
+			hasImage(t, stream, "nvidia-vgpu-manager-daemonset-ubuntu2404", "registry.example.com/nvidia/vgpu-manager:570.172.07-ubuntu24.04")
+			if !strings.Contains(stringify(migratedPod(t, stream, "nvidia-vgpu-device-manager")), "vgpu-devices-config") || !strings.Contains(stream, "A100-20C") {
+				t.Error("vgpuDeviceManager.config not rendered")
+			}
+		}},
+		{input: "private-registry.yaml", check: func(t *testing.T, stream string) {
+			for _, ds := range []string{"nvidia-driver-daemonset-ubuntu2404", "nvidia-container-toolkit-daemonset", "nvidia-device-plugin-daemonset",
+				"nvidia-dcgm-exporter", "gpu-feature-discovery", "nvidia-mig-manager"} {
+				spec := migratedPod(t, stream, ds)
+				if !slices.ContainsFunc(images(spec), func(i string) bool { return strings.HasPrefix(i, "registry.example.com/") }) {
+					t.Errorf("%s runs %v, none from the private registry", ds, images(spec))
+				}
+				if !slices.ContainsFunc(spec.ImagePullSecrets, func(r corev1.LocalObjectReference) bool { return r.Name == "regcred" }) {
+					t.Errorf("%s pull secrets %v lack regcred", ds, spec.ImagePullSecrets)
+				}
+			}
+			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "registry.example.com/nvidia/driver:595.91.07-ubuntu24.04")
+		}},
+		{input: "precompiled.yaml", kernels: []string{"6.8.0-60-generic"}, check: func(t *testing.T, stream string) {
+			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404-6-8-0-60-generic", "nvcr.io/nvidia/driver:570-6.8.0-60-generic-ubuntu24.04")
+		}},
+		{input: "nvidiadrivers.yaml", kernels: []string{"6.8.0-60-generic"}, check: func(t *testing.T, stream string) {
+			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "nvcr.io/nvidia/driver:595.91.07-ubuntu24.04")
+			spec := hasImage(t, stream, "nvidia-driver-a100-r570-rhel9", "nvcr.io/nvidia/driver:570.195.03-rhel9")
+			terms := stringify(spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms)
+			if !strings.Contains(terms, "nvidia.com/driver.pool") || !strings.Contains(terms, "a100-r570") {
+				t.Errorf("a100-r570 pool affinity %s does not select nvidia.com/driver.pool=a100-r570", terms)
+			}
+			hasImage(t, stream, "nvidia-driver-h100-precompiled-ubuntu2404-6-8-0-60-generic", "nvcr.io/nvidia/driver:580-6.8.0-60-generic-ubuntu24.04")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(strings.TrimSuffix(filepath.Base(strings.ReplaceAll(tc.input, "/values.yaml", "")), ".yaml"), func(t *testing.T) {
+			stream, _ := migrated(t, tc.input, tc.kernels...)
+			tc.check(t, stream)
+		})
+	}
+}
+
+func mapValues(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+
+func stringify(v any) string {
+	b, _ := yaml.Marshal(v)
+	return string(b)
+}
