@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -210,4 +211,87 @@ func mapValues(m map[string]string) []string {
 func stringify(v any) string {
 	b, _ := yaml.Marshal(v)
 	return string(b)
+}
+
+// operatorKeyHints are the keys the values schemas carry for GPU Operator spellings (generated from the migrate
+// table by TestValuesSchemaUpToDate): umbrella key path -> the sentence the schema accepts as its only value.
+func operatorKeyHints(t *testing.T) (all, umbrella map[string]string) {
+	t.Helper()
+	hints := map[string]string{}
+	var walk func(prefix string, s map[string]any)
+	walk = func(prefix string, s map[string]any) {
+		props, _ := s["properties"].(map[string]any)
+		for k, v := range props {
+			child, _ := v.(map[string]any)
+			p := strings.TrimPrefix(prefix+"."+k, ".")
+			if c, ok := child["const"].(string); ok && strings.Contains(c, "kube-gpu-stack migrate") {
+				hints[p] = c
+			}
+			walk(p, child)
+		}
+	}
+	load := func(dir string) map[string]any {
+		var s map[string]any
+		data, err := os.ReadFile(filepath.Join(dir, "values.schema.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(data, &s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	walk("", load(chartrender.ChartDir()))
+	umbrella = maps.Clone(hints)
+	for name, key := range subchartKeys(t) {
+		if name != "gpu-stack-lib" {
+			walk(key, load(filepath.Join(chartrender.ChartDir(), "charts", name)))
+		}
+	}
+	return hints, umbrella
+}
+
+// TestOperatorKeysFailNamingTheReplacement renders a values file with each GPU Operator key that this chart spells
+// differently: the render must still fail, and the error must name the key, its replacement and `migrate`.
+func TestOperatorKeysFailNamingTheReplacement(t *testing.T) {
+	hints, umbrellaHints := operatorKeyHints(t)
+	for key, want := range map[string]string{
+		"driver.version":                           "use driver.image.tag",
+		"sandboxWorkloads":                         "use global.sandboxWorkloads",
+		"driver.upgradePolicy.maxParallelUpgrades": "use driver.upgradePolicy.maxUnavailable",
+		"driver.upgradePolicy.drain":               "use driver.manager.drain",
+		"driver.upgradePolicy.gpuPodDeletion":      "use driver.manager.gpuPodDeletion",
+		"toolkit.env":                              "use toolkit.extraEnv",
+		"daemonsets":                               "use global.tolerations",
+		"driver.repository":                        "use driver.image.registry, driver.image.repository",
+	} {
+		if !strings.HasPrefix(hints[key], want) {
+			t.Errorf("the schema's hint for %s is %q, want it to start %q", key, hints[key], want)
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(hints)) {
+		t.Run(key, func(t *testing.T) {
+			vals := map[string]any{}
+			cur := vals
+			segs := strings.Split(key, ".")
+			for _, s := range segs[:len(segs)-1] {
+				next := map[string]any{}
+				cur[s] = next
+				cur = next
+			}
+			cur[segs[len(segs)-1]] = map[string]any{"fromTheGPUOperator": true}
+			// Helm validates only enabled subcharts' values
+			if _, umbrellaKey := umbrellaHints[key]; !umbrellaKey {
+				vals[segs[0]].(map[string]any)["enabled"] = true
+			}
+			_, err := chartrender.Render(t.Context(), umbrella(t), vals, newestKube)
+			if err == nil {
+				t.Fatalf("%s rendered: the schema must still refuse it", key)
+			}
+			last := segs[len(segs)-1]
+			if !strings.Contains(err.Error(), hints[key]) || !strings.Contains(err.Error(), last) {
+				t.Fatalf("error does not name %s and %q:\n%v", last, hints[key], err)
+			}
+		})
+	}
 }

@@ -76,7 +76,7 @@ func operandRules(op operand) []Rule {
 	sub := strings.Contains(op.to, ".") // gds/gdrcopy live inside the driver chart: no enabled/pod keys of their own
 	var rs []Rule
 	if op.ownImage {
-		for _, k := range []string{"repository", "image", "version", "digest"} {
+		for _, k := range []string{"repository", "image", "version"} {
 			rs = append(rs, Rule{From: p + k, Action: Dropped, Why: ownImageWhy})
 		}
 		rs = append(rs, Rule{From: p + "imagePullPolicy", To: "global.stackImage.pullPolicy"})
@@ -85,7 +85,6 @@ func operandRules(op operand) []Rule {
 			Rule{From: p + "repository", conv: imagePart, Targets: []string{t + "image.registry", t + "image.repository"}},
 			Rule{From: p + "image", conv: imagePart, Targets: []string{t + "image.registry", t + "image.repository"}},
 			Rule{From: p + "version", conv: imagePart, Targets: []string{t + "image.tag"}},
-			Rule{From: p + "digest", conv: imagePart, Targets: []string{t + "image.digest"}},
 		)
 		if !sub {
 			rs = append(rs, Rule{From: p + "imagePullPolicy", To: t + "image.pullPolicy"})
@@ -154,7 +153,7 @@ func buildRules() []Rule {
 		{From: "clusterPolicy", Action: Dropped, Why: "there is no ClusterPolicy: these values are the policy"},
 		{From: "gpuCluster", Action: Dropped, Why: "there is no GPUCluster resource"},
 		{From: "extraObjects", Action: Decision, Same: []any{}, Why: "this chart renders no extra objects; apply them separately"},
-		{From: "kataManager", conv: kataManager},
+		{From: "kataManager", conv: kataManager, Why: "this chart has no Kata manager: install the Kata runtime and its RuntimeClasses yourself"},
 		{From: "operator.defaultRuntime", conv: defaultRuntime, Targets: []string{"toolkit.runtime"}},
 
 		// The driver.
@@ -181,7 +180,7 @@ func buildRules() []Rule {
 		{From: "driver.secretEnv", Action: Decision, Same: "", Why: "no place for a Secret of driver environment; put its values in driver.extraEnv"},
 		{From: "driver.nvidiaDriverCRD.enabled", Action: Dropped, Why: "NVIDIADriver resources become driver.pools (kube-gpu-stack migrate --from-cluster reads them)"},
 		{From: "driver.nvidiaDriverCRD.deployDefaultCR", Action: Dropped, Why: "the top-level driver values are the default pool"},
-		{From: "driver.nvidiaDriverCRD.driverType", conv: driverType, Targets: []string{"driver.enabled"}},
+		{From: "driver.nvidiaDriverCRD.driverType", conv: driverType, Why: "the driver kind follows the driver image (vGPU host drivers are vgpuManager)"},
 		{From: "driver.nvidiaDriverCRD.nodeSelector", Action: Decision, Same: map[string]any{}, Why: "the default pool serves every GPU node no pool selects; select the others with driver.pools"},
 		{From: "driver.useNvidiaDriverCRD", Action: Dropped, Why: "NVIDIADriver resources become driver.pools"},
 		{From: "driver.manager", Action: Dropped, Why: "the driver manager here is this project's own (driver.manager.image defaults to global.stackImage), not NVIDIA's k8s-driver-manager"},
