@@ -295,3 +295,70 @@ func TestOperatorKeysFailNamingTheReplacement(t *testing.T) {
 		})
 	}
 }
+
+// TestMigrateTargetsExist resolves every chart key the migrate table writes against the values schemas (the
+// umbrella's, and the operand chart's below its key): a mapping to a key the chart does not have fails here.
+func TestMigrateTargetsExist(t *testing.T) {
+	load := func(dir string) map[string]any {
+		var s map[string]any
+		data, err := os.ReadFile(filepath.Join(dir, "values.schema.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(data, &s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	root := load(chartrender.ChartDir())
+	sub := map[string]map[string]any{}
+	for name, key := range subchartKeys(t) {
+		if name != "gpu-stack-lib" {
+			sub[key] = load(filepath.Join(chartrender.ChartDir(), "charts", name))
+		}
+	}
+	resolve := func(target string) bool {
+		target, _, _ = strings.Cut(target, "=")
+		segs := strings.Split(target, ".")
+		node := root
+		if s, ok := sub[segs[0]]; ok {
+			node, segs = s, segs[1:]
+		}
+		for _, seg := range segs {
+			name, list := strings.CutSuffix(seg, "[]")
+			props, _ := node["properties"].(map[string]any)
+			if props == nil {
+				// a free-form object (e.g. a pool's rdma, an env map) takes any key below it
+				return node["type"] == "object" && node["const"] == nil
+			}
+			next, ok := props[name].(map[string]any)
+			if !ok || next["const"] != nil {
+				return false
+			}
+			if list {
+				if next, ok = next["items"].(map[string]any); !ok {
+					return false
+				}
+			}
+			node = next
+		}
+		return true
+	}
+	n := 0
+	for _, tc := range []struct {
+		rules  []gpumigrate.Rule
+		prefix string
+	}{{gpumigrate.Rules(), ""}, {gpumigrate.DriverRules(), "driver.pools[]."}} {
+		for _, r := range tc.rules {
+			for _, target := range r.Targets {
+				n++
+				if !resolve(tc.prefix + target) {
+					t.Errorf("%s maps to %s%s, which is not a key of the chart", r.From, tc.prefix, target)
+				}
+			}
+		}
+	}
+	if n < 100 {
+		t.Fatalf("only %d targets checked", n)
+	}
+}
