@@ -62,7 +62,11 @@ func WriteReport(w io.Writer, r Result) error {
 			if to == "" {
 				to = "-"
 			}
-			fmt.Fprintf(tw, "  %s\t-> %s\t%s\n", e.Key, to, e.Why)
+			if e.Why == "" {
+				fmt.Fprintf(tw, "  %s\t-> %s\n", e.Key, to)
+			} else {
+				fmt.Fprintf(tw, "  %s\t-> %s\t%s\n", e.Key, to, e.Why)
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err
