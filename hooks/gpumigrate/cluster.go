@@ -39,6 +39,8 @@ type Cluster struct {
 	Kernels []string
 	// OS counts the GPU nodes' operating systems (NFD's os_release ID and VERSION_ID).
 	OS map[string]int
+	// Missing names what was looked for and not found.
+	Missing []string
 }
 
 // labelNotes says, for each operator node label, what it means to this chart; labels not listed are not reported.
@@ -62,6 +64,7 @@ func FromCluster(ctx context.Context, dyn dynamic.Interface) (Cluster, error) {
 	switch {
 	case apierrors.IsNotFound(err):
 		c.Values = map[string]any{}
+		c.Missing = append(c.Missing, "ClusterPolicy "+ClusterPolicyName)
 	case err != nil:
 		return c, fmt.Errorf("reading ClusterPolicy %s: %w", ClusterPolicyName, err)
 	default:
@@ -125,6 +128,9 @@ func FromCluster(ctx context.Context, dyn dynamic.Interface) (Cluster, error) {
 func ConvertCluster(c Cluster) Result {
 	r := Convert(c.Values, c.Drivers)
 	r.Nodes = c.Labels
+	for _, m := range c.Missing {
+		r.Report = append(r.Report, Entry{Key: "(cluster) " + m, Action: Decision, Why: "not found: nothing was read from it"})
+	}
 	if precompiledAnywhere(r.Values) {
 		if kernels := slices.Compact(slices.Sorted(slices.Values(c.Kernels))); len(kernels) > 0 {
 			ks := make([]any, len(kernels))

@@ -125,6 +125,10 @@ func convertDrivers(drivers []map[string]any, values map[string]any, report *[]E
 			}
 		}
 		if spec["default"] == true {
+			if ns, _ := spec["nodeSelector"].(map[string]any); len(ns) > 0 {
+				*report = append(*report, Entry{Key: "NVIDIADriver/" + name + ".spec.nodeSelector", Action: Decision, To: []string{"driver"},
+					Why: "the default pool serves every GPU node no pool selects, not only those matching this selector"})
+			}
 			for _, k := range slices.Sorted(maps.Keys(pool)) {
 				mergeInto(values, "driver."+k, pool[k])
 			}
@@ -155,6 +159,13 @@ func convertDrivers(drivers []map[string]any, values map[string]any, report *[]E
 	}
 	if len(pools) > 0 {
 		setPath(values, "driver.pools", pools)
+	}
+	if len(drivers) > 0 && !slices.ContainsFunc(drivers, func(d map[string]any) bool {
+		spec, _ := d["spec"].(map[string]any)
+		return spec["default"] == true
+	}) {
+		*report = append(*report, Entry{Key: "NVIDIADriver (none with default: true)", Action: Decision, To: []string{"driver"},
+			Why: "the operator gave no driver to GPU nodes that no NVIDIADriver selects; here the top-level driver values serve them: check that those values are what such nodes should get, or select every GPU node with a pool"})
 	}
 }
 

@@ -254,6 +254,19 @@ spec: {repository: nvcr.io/nvidia, image: driver, version: "570.1", nodeSelector
 	}
 }
 
+// TestDriversWithoutDefault: without a default NVIDIADriver the operator left unselected nodes without a driver,
+// which the default pool here would not; the report says so.
+func TestDriversWithoutDefault(t *testing.T) {
+	r := convertYAML(t, `
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata: {name: a}
+spec: {version: "570.1", nodeSelector: {pool: a}}`)
+	if e := entry(t, r, "NVIDIADriver (none with default: true)"); e.Action != Decision {
+		t.Errorf("no default NVIDIADriver: %s", e.Action)
+	}
+}
+
 func TestReportSaysWhy(t *testing.T) {
 	r := convertYAML(t, `{driver: {version: "1", upgradePolicy: {waitForCompletion: {timeoutSeconds: 600}}, certConfig: {name: ca}}, operator: {defaultRuntime: crio, logging: {level: debug}}, kataManager: {enabled: true}, madeUp: {x: 1}, toolkit: {env: [{name: CONTAINERD_SET_AS_DEFAULT, value: "true"}]}}`)
 	for key, want := range map[string]struct {
@@ -342,6 +355,14 @@ driver:
 	}
 	if e := entry(t, r, "(nodes) feature.node.kubernetes.io/system-os_release"); !strings.Contains(e.Why, "ubuntu24.04 x2") {
 		t.Errorf("OS summary %q", e.Why)
+	}
+	empty, err := FromCluster(t.Context(), dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		ClusterPolicyGVR: "ClusterPolicyList", NVIDIADriverGVR: "NVIDIADriverList", nodeGVR: "NodeList"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := entry(t, ConvertCluster(empty), "(cluster) ClusterPolicy cluster-policy"); e.Action != Decision {
+		t.Errorf("a missing ClusterPolicy is reported as %s", e.Action)
 	}
 	for _, key := range []string{"NVIDIADriver/h100.spec.version", "NVIDIADriver/default.spec.default", "toolkit.env", "driver.useNvidiaDriverCRD"} {
 		entry(t, r, key)
