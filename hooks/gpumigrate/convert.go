@@ -575,3 +575,13 @@ var (
 	maxParallel    = upgradeBoundRule("driver.upgradePolicy", "driver.upgradePolicy.maxUnavailable")
 	maxUnavailable = maxParallel
 )
+
+// serviceMonitor: the operator creates the ServiceMonitor only where its CRD exists; this chart renders it when asked.
+func serviceMonitor(c *converter, at string, v any) Entry {
+	c.set("dcgmExporter.serviceMonitor.enabled", v)
+	e := Entry{Action: Mapped, To: []string{"dcgmExporter.serviceMonitor.enabled"}}
+	if v == true {
+		e.Why = "the chart then renders a ServiceMonitor: the cluster must serve monitoring.coreos.com/v1 (the operator skipped it where the CRD was missing)"
+	}
+	return e
+}

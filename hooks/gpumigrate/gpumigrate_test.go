@@ -82,12 +82,16 @@ func TestEveryInputKeyIsReported(t *testing.T) {
 	}
 }
 
-// TestOperatorDefaultsHaveAPlace: every key of the operator's own values.yaml is in the table.
+// TestOperatorDefaultsHaveAPlace: every key of the operator's own values.yaml is in the table, and its defaults
+// need no decision: where this chart differs, the default is the behaviour it has.
 func TestOperatorDefaultsHaveAPlace(t *testing.T) {
 	in := parse(t, vendored+"/values.yaml")
 	for _, e := range Convert(in.Values, nil).Report {
-		if e.Action == Unknown {
+		switch e.Action {
+		case Unknown:
 			t.Errorf("%s of the GPU Operator's values.yaml is not in the table", e.Key)
+		case Decision:
+			t.Errorf("the GPU Operator's default %s needs a decision: %s", e.Key, e.Why)
 		}
 	}
 }

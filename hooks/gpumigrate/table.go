@@ -96,8 +96,8 @@ func operandRules(op operand) []Rule {
 	if sub {
 		rs = append(rs,
 			Rule{From: p + "imagePullSecrets", To: "driver.imagePullSecrets"},
-			Rule{From: p + "env", Action: Decision, Why: "the driver chart has no separate environment for this container; driver.extraEnv applies to all of the driver pod"},
-			Rule{From: p + "args", Action: Decision, Why: "no place for extra arguments of this container"},
+			Rule{From: p + "env", Action: Decision, Same: []any{}, Why: "the driver chart has no separate environment for this container; driver.extraEnv applies to all of the driver pod"},
+			Rule{From: p + "args", Action: Decision, Same: []any{}, Why: "no place for extra arguments of this container"},
 		)
 		return rs
 	}
@@ -222,7 +222,7 @@ func buildRules() []Rule {
 		{From: "dcgmExporter.hpcJobMapping.directory", To: "dcgmExporter.hpcJobMapping.directory"},
 		{From: "dcgmExporter.service.type", To: "dcgmExporter.service.type"},
 		{From: "dcgmExporter.service.internalTrafficPolicy", To: "dcgmExporter.service.internalTrafficPolicy"},
-		{From: "dcgmExporter.serviceMonitor.enabled", To: "dcgmExporter.serviceMonitor.enabled"},
+		{From: "dcgmExporter.serviceMonitor.enabled", conv: serviceMonitor, Targets: []string{"dcgmExporter.serviceMonitor.enabled"}},
 		{From: "dcgmExporter.serviceMonitor.interval", To: "dcgmExporter.serviceMonitor.interval"},
 		{From: "dcgmExporter.serviceMonitor.scrapeTimeout", To: "dcgmExporter.serviceMonitor.scrapeTimeout"},
 		{From: "dcgmExporter.serviceMonitor.honorLabels", To: "dcgmExporter.serviceMonitor.honorLabels"},
