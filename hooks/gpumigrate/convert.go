@@ -1,6 +1,7 @@
 package gpumigrate
 
 import (
+	_ "embed"
 	"fmt"
 	"maps"
 	"reflect"
@@ -584,4 +585,21 @@ func serviceMonitor(c *converter, at string, v any) Entry {
 		e.Why = "the chart then renders a ServiceMonitor: the cluster must serve monitoring.coreos.com/v1 (the operator skipped it where the CRD was missing)"
 	}
 	return e
+}
+
+// operatorDefaults are the GPU Operator chart's values at OperatorTag, to tell settings someone changed from its
+// defaults.
+//
+//go:embed testdata/gpu-operator-v26.7.0/values.yaml
+var operatorDefaults []byte
+
+// nfdSubchart: the operator's NFD subchart values. Its defaults (PCI whitelist, GPU tolerations, GC) are what the
+// bundled NFD here does; anything changed from them must be carried over by hand, the keys differ.
+func nfdSubchart(c *converter, at string, v any) Entry {
+	in, err := ParseFile(operatorDefaults)
+	if err == nil && equal(v, in.Values["node-feature-discovery"]) {
+		return Entry{Action: Dropped, Why: "the operator's defaults: the bundled NFD (nfd.mode=bundled) has the same PCI whitelist, GPU tolerations and GC"}
+	}
+	return Entry{Action: Decision, To: []string{"nfd.worker", "nfd.master", "nfd.gc"},
+		Why: "changed from the operator's defaults: carry the changes over to nfd.worker / nfd.master / nfd.gc (operands/node-feature-discovery/values.yaml), whose keys differ"}
 }

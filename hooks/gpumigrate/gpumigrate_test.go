@@ -272,7 +272,7 @@ spec: {version: "570.1", nodeSelector: {pool: a}}`)
 }
 
 func TestReportSaysWhy(t *testing.T) {
-	r := convertYAML(t, `{driver: {version: "1", upgradePolicy: {waitForCompletion: {timeoutSeconds: 600}}, certConfig: {name: ca}}, operator: {defaultRuntime: crio, logging: {level: debug}}, kataManager: {enabled: true}, madeUp: {x: 1}, toolkit: {env: [{name: CONTAINERD_SET_AS_DEFAULT, value: "true"}]}}`)
+	r := convertYAML(t, `{driver: {version: "1", upgradePolicy: {waitForCompletion: {timeoutSeconds: 600}}, certConfig: {name: ca}}, operator: {defaultRuntime: crio, logging: {level: debug}}, kataManager: {enabled: true}, madeUp: {x: 1}, node-feature-discovery: {worker: {tolerations: []}}, toolkit: {env: [{name: CONTAINERD_SET_AS_DEFAULT, value: "true"}]}}`)
 	for key, want := range map[string]struct {
 		a  Action
 		to string

@@ -146,7 +146,7 @@ func buildRules() []Rule {
 		{From: "daemonsets.podSecurityContext", Action: Decision, Why: "operand pods here carry the security context each operand needs; set <operand>.securityContext where you must"},
 		{From: "nfd.enabled", conv: nfdMode, Targets: []string{"nfd.mode"}},
 		{From: "nfd.nodefeaturerules", Action: Dropped, Why: "this chart always renders its NodeFeatureRule for GPU nodes"},
-		{From: "node-feature-discovery", Action: Dropped, Why: "the bundled NFD (nfd.mode=bundled) is configured under nfd.*; its PCI whitelist, GPU tolerations and GC match the operator's defaults"},
+		{From: "node-feature-discovery", conv: nfdSubchart, Why: "the bundled NFD (nfd.mode=bundled) is configured under nfd.* (nfd.worker, nfd.master, nfd.gc)"},
 
 		// What this chart has by design: no operator, no custom resources.
 		{From: "operator", Action: Dropped, Why: "kube-gpu-stack has no operator: Helm renders the operands, hooks do the node work"},
