@@ -179,6 +179,17 @@ func TestMigrateRendersWithTheChart(t *testing.T) {
 			}
 			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404", "registry.example.com/nvidia/driver:595.91.07-ubuntu24.04")
 		}},
+		{input: "mig-config.yaml", check: func(t *testing.T, stream string) {
+			if !strings.Contains(stream, "all-3g.40gb-custom:") {
+				t.Error("the custom MIG layout is rendered nowhere")
+			}
+			if !strings.Contains(stringify(migratedPod(t, stream, "nvidia-mig-manager")), "all-3g.40gb-custom") {
+				t.Error("the MIG manager does not default to all-3g.40gb-custom")
+			}
+			if !strings.Contains(stringify(migratedPod(t, stream, "nvidia-device-plugin-daemonset")), "mixed") {
+				t.Error("the device plugin does not run the mixed MIG strategy")
+			}
+		}},
 		{input: "precompiled.yaml", kernels: []string{"6.8.0-60-generic"}, check: func(t *testing.T, stream string) {
 			hasImage(t, stream, "nvidia-driver-daemonset-ubuntu2404-6-8-0-60-generic", "nvcr.io/nvidia/driver:570-6.8.0-60-generic-ubuntu24.04")
 		}},

@@ -603,3 +603,32 @@ func nfdSubchart(c *converter, at string, v any) Entry {
 	return Entry{Action: Decision, To: []string{"nfd.worker", "nfd.master", "nfd.gc"},
 		Why: "changed from the operator's defaults: carry the changes over to nfd.worker / nfd.master / nfd.gc (operands/node-feature-discovery/values.yaml), whose keys differ"}
 }
+
+// migConfigData: the operator's MIG ConfigMap data is a map of file name to content; here it is the one config.yaml.
+func migConfigData(c *converter, at string, v any) Entry {
+	m, _ := v.(map[string]any)
+	if len(m) == 0 {
+		return Entry{Action: Dropped, Why: "{}: nothing to carry over (the chart's MIG layouts apply)"}
+	}
+	if len(m) == 1 {
+		for k, body := range m {
+			if s, ok := body.(string); ok {
+				c.set("migManager.config.data", s)
+				return Entry{Action: Mapped, To: []string{"migManager.config.data"}, Why: "the content of " + k}
+			}
+		}
+	}
+	return Entry{Action: Decision, To: []string{"migManager.config.data"}, Why: "several files: write the MIG configurations as one config.yaml in migManager.config.data (a string)"}
+}
+
+// migConfigName: with create the operator made that ConfigMap from config.data (and takes it away when removed);
+// here the chart renders config.data itself, and config.name names a ConfigMap of your own.
+func migConfigName(c *converter, at string, v any) Entry {
+	if create, _ := getPath(c.root, "migManager.config.create"); create == true {
+		return Entry{Action: Dropped, Why: "the operator created it from config.data; the chart renders migManager.config.data into its own ConfigMap"}
+	}
+	if v != "" {
+		c.set("migManager.config.name", v)
+	}
+	return Entry{Action: Mapped, To: []string{"migManager.config.name"}}
+}

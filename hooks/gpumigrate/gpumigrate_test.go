@@ -229,6 +229,10 @@ func TestMappings(t *testing.T) {
 			`{global: {platform: openshift}, nfd: {mode: external}, namespace: {podSecurityLabels: true}}`},
 		{"pull secrets and precompiled", `driver: {imagePullSecrets: [s], usePrecompiled: true, useOpenKernelModules: true}`,
 			`driver: {imagePullSecrets: [s], usePrecompiled: true, kernelModuleType: open}`},
+		{"MIG config the operator created", `migManager: {config: {create: true, name: custom-mig, default: all-1g.10gb, data: {config.yaml: "version: v1\n"}}}`,
+			`migManager: {config: {default: all-1g.10gb, data: "version: v1\n"}}`},
+		{"MIG config of your own", `migManager: {config: {name: my-mig, default: all-balanced}}`,
+			`migManager: {config: {name: my-mig, default: all-balanced}}`},
 		{"gds inside the driver", `gds: {enabled: true, version: "2.20"}`, `driver: {gds: {enabled: true, image: {tag: "2.20"}}}`},
 		{"own images are not carried over", `validator: {repository: nvcr.io/nvidia, image: gpu-operator, version: v26.7.0}`, `{}`},
 		{"NVIDIADriver pools", `

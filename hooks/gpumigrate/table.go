@@ -233,9 +233,9 @@ func buildRules() []Rule {
 		{From: "dcgmExporter.config.data", To: "dcgmExporter.config.data"},
 
 		{From: "migManager.config.default", To: "migManager.config.default"},
-		{From: "migManager.config.name", To: "migManager.config.name"},
+		{From: "migManager.config.name", conv: migConfigName, Targets: []string{"migManager.config.name"}},
 		{From: "migManager.config.create", Action: Dropped, Why: "migManager.config.data is always rendered into a ConfigMap unless migManager.config.name names your own"},
-		{From: "migManager.config.data", Action: Decision, Same: map[string]any{}, Why: "write the MIG configurations as one config.yaml in migManager.config.data (a string)"},
+		{From: "migManager.config.data", conv: migConfigData, Targets: []string{"migManager.config.data"}},
 		{From: "migManager.gpuClientsConfig.name", To: "migManager.gpuClientsConfig.name"},
 
 		{From: "validator.driver.env", conv: envToMap("validator.driver.env"), Targets: []string{"validator.driver.env"}},
