@@ -1,5 +1,6 @@
 // Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
-// cleanup, pre-upgrade) and the admin's views of them (status, upgrade status / retry).
+// cleanup, pre-upgrade), the admin's views of them (status, upgrade status / retry), and migrate, which converts
+// GPU Operator settings into this chart's values.
 package stackcli
 
 import (
