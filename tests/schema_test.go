@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/chartutil"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/valuesschema"
 )
@@ -25,13 +28,14 @@ func chartDirs(t *testing.T) []string {
 // committed schema differs, or when a values key has no comment saying what it does.
 func TestValuesSchemaUpToDate(t *testing.T) {
 	common := filepath.Join(chartrender.RepoRoot(), "charts", "gpu-stack-lib", "operand-values.yaml")
+	aliases := subchartKeys(t)
 	for _, dir := range chartDirs(t) {
 		t.Run(filepath.Base(dir), func(t *testing.T) {
 			c := common
 			if dir == chartrender.ChartDir() {
 				c = ""
 			}
-			got, err := valuesschema.Generate(dir, c)
+			got, err := valuesschema.Generate(dir, c, gpumigrate.SchemaHints(aliases[filepath.Base(dir)]))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -51,6 +55,24 @@ func TestValuesSchemaUpToDate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// subchartKeys maps each operand chart's directory name to its key in the umbrella's values (its alias); the
+// umbrella itself is "".
+func subchartKeys(t *testing.T) map[string]string {
+	t.Helper()
+	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, d := range md.Dependencies {
+		keys[d.Name] = d.Name
+		if d.Alias != "" {
+			keys[d.Name] = d.Alias
+		}
+	}
+	return keys
 }
 
 // TestBadValuesFailNamingTheKey renders each file in testdata/bad-values; each must fail, and the error must

@@ -1,6 +1,6 @@
 // Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
-// cleanup, pre-upgrade), the admin's views of them (status, upgrade status / retry), and `plan`: what a set of
-// values will run where.
+// cleanup, pre-upgrade), the admin's views of them (status, upgrade status / retry), `plan`: what a set of values
+// will run where, and migrate, which converts GPU Operator settings into this chart's values.
 package stackcli
 
 import (
@@ -37,7 +37,8 @@ func NewCommand(out io.Writer) *cobra.Command {
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
 	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out), planCommand(flags, &release, out))
+		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out),
+		planCommand(flags, &release, out), migrateCommand(flags, out))
 	return root
 }
 

@@ -26,9 +26,15 @@ const schemaDraft = "http://json-schema.org/draft-07/schema#"
 // Schema is one JSON schema node.
 type Schema = map[string]any
 
+// Hints gives, for a chart's schema, keys that are not the chart's (another product's spelling) and the sentence
+// each one accepts as its only value: a values file using such a key fails validation printing the sentence. has
+// tells whether a key path is in the schema.
+type Hints func(has func(path string) bool) map[string]string
+
 // Generate returns the schema for the chart in chartDir. common, when not empty, is a values file whose keys every
-// operand accepts (the library's operand-values.yaml); they are merged into the chart's schema.
-func Generate(chartDir, common string) ([]byte, error) {
+// operand accepts (the library's operand-values.yaml); they are merged into the chart's schema. hints, when not
+// nil, adds its keys to closed objects of the schema.
+func Generate(chartDir, common string, hints Hints) ([]byte, error) {
 	root, err := fromFile(filepath.Join(chartDir, "values.yaml"))
 	if err != nil {
 		return nil, err
@@ -63,6 +69,9 @@ func Generate(chartDir, common string) ([]byte, error) {
 			key = d.Alias
 		}
 		open(key, fmt.Sprintf("Values of the %s subchart, checked by its own schema.", d.Name))
+	}
+	if hints != nil {
+		addHints(root, hints(func(path string) bool { return lookup(root, path) != nil }))
 	}
 	root["$schema"] = schemaDraft
 	var buf bytes.Buffer
@@ -207,4 +216,38 @@ func checkDocumented(s Schema, path string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// lookup is the schema node of a dotted key path, or nil.
+func lookup(s Schema, path string) Schema {
+	for _, k := range strings.Split(path, ".") {
+		props, _ := s["properties"].(Schema)
+		child, ok := props[k].(Schema)
+		if !ok {
+			return nil
+		}
+		s = child
+	}
+	return s
+}
+
+// addHints adds each hinted key whose parent is a closed object as a property that accepts only its sentence (a
+// const): Helm's validator then names the key and prints the sentence, and the key still fails. Keys under open
+// objects are left to the schema that checks them (a subchart's).
+func addHints(root Schema, hints map[string]string) {
+	for _, path := range slices.Sorted(maps.Keys(hints)) {
+		parent := root
+		if i := strings.LastIndex(path, "."); i >= 0 {
+			parent = lookup(root, path[:i])
+		}
+		if parent == nil || parent["additionalProperties"] != false {
+			continue
+		}
+		props, _ := parent["properties"].(Schema)
+		key := path[strings.LastIndex(path, ".")+1:]
+		if _, ok := props[key]; ok {
+			continue
+		}
+		props[key] = Schema{"description": hints[path], "const": hints[path]}
+	}
 }

@@ -1,0 +1,378 @@
+package gpumigrate
+
+import (
+	"bytes"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+const vendored = "testdata/gpu-operator-v26.7.0"
+
+func parse(t *testing.T, file string) Input {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := ParseFile(data)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return in
+}
+
+// leaves are the input's keys down to scalars, lists and empty maps.
+func leaves(prefix string, v any) []string {
+	m, ok := v.(map[string]any)
+	if !ok || len(m) == 0 {
+		return []string{prefix}
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, leaves(strings.TrimPrefix(prefix+"."+k, "."), m[k])...)
+	}
+	return out
+}
+
+// accounted reports whether the report has an entry for key or for a key above it.
+func accounted(report []Entry, key string) bool {
+	return slices.ContainsFunc(report, func(e Entry) bool {
+		return e.Key == key || strings.HasPrefix(key, e.Key+".")
+	})
+}
+
+// TestEveryInputKeyIsReported walks each input's tree: every key must be in the report, mapped, dropped with a
+// reason, needing a decision or named as having no place.
+func TestEveryInputKeyIsReported(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.yaml")
+	files = append(files, vendored+"/values.yaml")
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			in := parse(t, f)
+			r := Convert(in.Values, in.Drivers)
+			keys := leaves("", in.Values)
+			if len(in.Values) == 0 {
+				keys = nil
+			}
+			for _, d := range in.Drivers {
+				keys = append(keys, leaves("NVIDIADriver/"+objName(d)+".spec", d["spec"])...)
+			}
+			for _, k := range keys {
+				if !accounted(r.Report, k) {
+					t.Errorf("input key %s is not in the report", k)
+				}
+			}
+			for _, e := range r.Report {
+				if e.Action != Mapped && e.Why == "" {
+					t.Errorf("%s is %s without a reason", e.Key, e.Action)
+				}
+			}
+		})
+	}
+}
+
+// TestOperatorDefaultsHaveAPlace: every key of the operator's own values.yaml is in the table, and its defaults
+// need no decision: where this chart differs, the default is the behaviour it has.
+func TestOperatorDefaultsHaveAPlace(t *testing.T) {
+	in := parse(t, vendored+"/values.yaml")
+	for _, e := range Convert(in.Values, nil).Report {
+		switch e.Action {
+		case Unknown:
+			t.Errorf("%s of the GPU Operator's values.yaml is not in the table", e.Key)
+		case Decision:
+			t.Errorf("the GPU Operator's default %s needs a decision: %s", e.Key, e.Why)
+		}
+	}
+}
+
+// crdFields walks a CRD's spec schema down to leaves: scalars, lists, and objects without fixed properties.
+func crdFields(t *testing.T, file string) []string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd struct {
+		Spec struct {
+			Versions []struct {
+				Schema struct {
+					OpenAPIV3Schema map[string]any `json:"openAPIV3Schema"`
+				} `json:"schema"`
+			} `json:"versions"`
+		} `json:"spec"`
+	}
+	if err := sigsyaml.Unmarshal(data, &crd); err != nil {
+		t.Fatal(err)
+	}
+	v := crd.Spec.Versions[len(crd.Spec.Versions)-1].Schema.OpenAPIV3Schema
+	spec := v["properties"].(map[string]any)["spec"].(map[string]any)
+	var out []string
+	var walk func(string, map[string]any)
+	walk = func(p string, s map[string]any) {
+		props, _ := s["properties"].(map[string]any)
+		if len(props) == 0 || s["type"] == "array" {
+			out = append(out, p)
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(props)) {
+			walk(strings.TrimPrefix(p+"."+k, "."), props[k].(map[string]any))
+		}
+	}
+	walk("", spec)
+	return out
+}
+
+// TestCRDFieldsHaveAPlace: every field of the ClusterPolicy and NVIDIADriver specs (at the pinned tag) is in the
+// table; a field set alone is never reported as unknown.
+func TestCRDFieldsHaveAPlace(t *testing.T) {
+	for _, tc := range []struct {
+		crd     string
+		convert func(map[string]any) Result
+	}{
+		{"nvidia.com_clusterpolicies.yaml", func(spec map[string]any) Result { return Convert(spec, nil) }},
+		{"nvidia.com_nvidiadrivers.yaml", func(spec map[string]any) Result {
+			return Convert(nil, []map[string]any{{"metadata": map[string]any{"name": "pool"}, "spec": spec}})
+		}},
+	} {
+		fields := crdFields(t, filepath.Join(vendored, tc.crd))
+		if len(fields) < 50 {
+			t.Fatalf("%s: only %d fields", tc.crd, len(fields))
+		}
+		for _, f := range fields {
+			spec := map[string]any{}
+			setPath(spec, f, "x")
+			for _, e := range tc.convert(spec).Report {
+				if e.Action == Unknown {
+					t.Errorf("%s: %s is not in the table", tc.crd, f)
+				}
+			}
+		}
+	}
+}
+
+func convertYAML(t *testing.T, doc string) Result {
+	t.Helper()
+	in, err := ParseFile([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Convert(in.Values, in.Drivers)
+}
+
+func wantValues(t *testing.T, r Result, want string) {
+	t.Helper()
+	var w map[string]any
+	if err := sigsyaml.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := sigsyaml.Marshal(r.Values)
+	norm, _ := sigsyaml.Marshal(w)
+	if !bytes.Equal(got, norm) {
+		t.Errorf("values:\n%s\nwant:\n%s", got, norm)
+	}
+}
+
+func entry(t *testing.T, r Result, key string) Entry {
+	t.Helper()
+	for _, e := range r.Report {
+		if e.Key == key {
+			return e
+		}
+	}
+	t.Fatalf("no report entry for %s: %v", key, r.Report)
+	return Entry{}
+}
+
+func TestMappings(t *testing.T) {
+	cases := []struct{ name, in, want string }{
+		{"driver image", `driver: {repository: registry.example.com:5000/nvidia, version: "570.195.03"}`,
+			`driver: {image: {registry: "registry.example.com:5000", repository: nvidia/driver, tag: "570.195.03"}}`},
+		{"image with path and digest", `toolkit: {image: "quay.io/me/toolkit@sha256:abc"}`,
+			`toolkit: {image: {registry: quay.io, repository: me/toolkit, digest: "sha256:abc"}}`},
+		{"version only", `dcgmExporter: {version: 4.6.0-4.8.3-distroless}`, `dcgmExporter: {image: {tag: 4.6.0-4.8.3-distroless}}`},
+		{"upgrade bound: maxParallelUpgrades under a percentage", `driver: {upgradePolicy: {maxParallelUpgrades: 3, maxUnavailable: 25%}}`,
+			`driver: {upgradePolicy: {maxUnavailable: 3}}`},
+		{"upgrade bound: the smaller count", `driver: {upgradePolicy: {maxParallelUpgrades: 3, maxUnavailable: "2"}}`,
+			`driver: {upgradePolicy: {maxUnavailable: 2}}`},
+		{"upgrade bound: unlimited parallel", `driver: {upgradePolicy: {maxParallelUpgrades: 0, maxUnavailable: 10%}}`,
+			`driver: {upgradePolicy: {maxUnavailable: 10%}}`},
+		{"drain and pod deletion", `driver: {upgradePolicy: {drain: {enable: true, podSelector: "a=b"}, gpuPodDeletion: {force: true}, podDeletion: {deleteEmptyDir: true}}}`,
+			`driver: {manager: {drain: {enabled: true, podSelector: "a=b"}, gpuPodDeletion: {force: true, deleteEmptyDir: true}}}`},
+		{"sandbox workloads and host paths", `{sandboxWorkloads: {enabled: true, mode: kata}, hostPaths: {rootFS: /host}, mig: {strategy: mixed}, cdi: {enabled: false}}`,
+			`global: {sandboxWorkloads: {enabled: true, mode: kata}, hostPaths: {rootFS: /host}, mig: {strategy: mixed}, cdi: {enabled: false}}`},
+		{"daemonsets", `daemonsets: {priorityClassName: p, labels: {a: b}, annotations: {c: d}, updateStrategy: OnDelete, rollingUpdate: {maxUnavailable: "3"}}`,
+			`global: {priorityClassName: p, podLabels: {a: b}, podAnnotations: {c: d}, updateStrategy: {type: OnDelete, rollingUpdate: {maxUnavailable: 3}}}`},
+		{"env lists", `{devicePlugin: {env: [{name: A, value: "1"}]}, validator: {plugin: {env: [{name: WITH_WORKLOAD, value: "true"}]}}}`,
+			`{devicePlugin: {extraEnv: {A: "1"}}, validator: {plugin: {env: {WITH_WORKLOAD: "true"}}}}`},
+		{"k3s toolkit env", `toolkit: {env: [{name: CONTAINERD_CONFIG, value: /var/lib/rancher/k3s/agent/etc/containerd/config.toml}, {name: CONTAINERD_SOCKET, value: /run/k3s/containerd/containerd.sock}]}`,
+			`global: {platform: k3s}`},
+		{"k3s template", `toolkit: {env: [{name: CONTAINERD_CONFIG, value: /var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl}]}`,
+			`{global: {platform: k3s}, toolkit: {runtimeConfig: {config: /var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl}}}`},
+		{"generic toolkit env", `toolkit: {env: [{name: CONTAINERD_CONFIG, value: /etc/containerd/config.toml}, {name: CONTAINERD_RUNTIME_CLASS, value: nvidia-x}, {name: FOO, value: bar}]}`,
+			`{global: {runtimeClassName: nvidia-x}, toolkit: {runtimeConfig: {config: /etc/containerd/config.toml}, extraEnv: {FOO: bar}}}`},
+		{"time slicing", `devicePlugin: {config: {create: true, name: ts, default: any, data: {any: "version: v1"}}}`,
+			`devicePlugin: {config: {create: true, name: ts, default: any, data: {any: "version: v1"}}}`},
+		{"vgpu licensing", `{vgpuManager: {enabled: true, repository: r.example.com/nvidia, version: "570.1"}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`,
+			`{vgpuManager: {enabled: true, image: {registry: r.example.com, repository: nvidia/vgpu-manager, tag: "570.1"}}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`},
+		{"openshift and nfd", `{platform: {openshift: true}, nfd: {enabled: false}, psa: {enabled: true}}`,
+			`{global: {platform: openshift}, nfd: {mode: external}, namespace: {podSecurityLabels: true}}`},
+		{"pull secrets and precompiled", `driver: {imagePullSecrets: [s], usePrecompiled: true, useOpenKernelModules: true}`,
+			`driver: {imagePullSecrets: [s], usePrecompiled: true, kernelModuleType: open}`},
+		{"MIG config the operator created", `migManager: {config: {create: true, name: custom-mig, default: all-1g.10gb, data: {config.yaml: "version: v1\n"}}}`,
+			`migManager: {config: {default: all-1g.10gb, data: "version: v1\n"}}`},
+		{"MIG config of your own", `migManager: {config: {name: my-mig, default: all-balanced}}`,
+			`migManager: {config: {name: my-mig, default: all-balanced}}`},
+		{"gds inside the driver", `gds: {enabled: true, version: "2.20"}`, `driver: {gds: {enabled: true, image: {tag: "2.20"}}}`},
+		{"own images are not carried over", `validator: {repository: nvcr.io/nvidia, image: gpu-operator, version: v26.7.0}`, `{}`},
+		{"NVIDIADriver pools", `
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata: {name: default}
+spec: {default: true, version: "595.91.07", licensingConfig: {name: lic-cm}}
+---
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata: {name: A100_Pool-with-a-very-long-name}
+spec: {repository: nvcr.io/nvidia, image: driver, version: "570.1", nodeSelector: {pool: a}, repoConfig: {name: mirror}, useOpenKernelModules: true}`,
+			`driver:
+  image: {tag: "595.91.07"}
+  licensingConfig: {configMapName: lic-cm}
+  pools:
+    - name: a100-pool-with-a-ver
+      nodeSelector: {matchLabels: {pool: a}}
+      image: {registry: nvcr.io, repository: nvidia/driver, tag: "570.1"}
+      repoConfig: {configMapName: mirror}
+      kernelModuleType: open`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wantValues(t, convertYAML(t, tc.in), tc.want)
+		})
+	}
+}
+
+// TestDriversWithoutDefault: without a default NVIDIADriver the operator left unselected nodes without a driver,
+// which the default pool here would not; the report says so.
+func TestDriversWithoutDefault(t *testing.T) {
+	r := convertYAML(t, `
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata: {name: a}
+spec: {version: "570.1", nodeSelector: {pool: a}}`)
+	if e := entry(t, r, "NVIDIADriver (none with default: true)"); e.Action != Decision {
+		t.Errorf("no default NVIDIADriver: %s", e.Action)
+	}
+}
+
+func TestReportSaysWhy(t *testing.T) {
+	r := convertYAML(t, `{driver: {version: "1", upgradePolicy: {waitForCompletion: {timeoutSeconds: 600}}, certConfig: {name: ca}}, operator: {defaultRuntime: crio, logging: {level: debug}}, kataManager: {enabled: true}, madeUp: {x: 1}, node-feature-discovery: {worker: {tolerations: []}}, toolkit: {env: [{name: CONTAINERD_SET_AS_DEFAULT, value: "true"}]}}`)
+	for key, want := range map[string]struct {
+		a  Action
+		to string
+	}{
+		"driver.version": {Mapped, "driver.image.tag"},
+		"driver.upgradePolicy.waitForCompletion.timeoutSeconds": {Decision, ""},
+		"driver.certConfig.name":                                {Decision, "driver.certConfig.name"},
+		"operator.defaultRuntime":                               {Mapped, "toolkit.runtime"},
+		"operator.logging":                                      {Dropped, ""},
+		"kataManager":                                           {Decision, ""},
+		"madeUp.x":                                              {Unknown, ""},
+		"toolkit.env":                                           {Decision, ""},
+	} {
+		e := entry(t, r, key)
+		if e.Action != want.a || (want.to != "" && !slices.Contains(e.To, want.to)) {
+			t.Errorf("%s: %s -> %v (%s), want %s -> %s", key, e.Action, e.To, e.Why, want.a, want.to)
+		}
+	}
+	if _, ok := getPath(r.Values, "driver.certConfig"); ok {
+		t.Error("certConfig.name written without keys: the chart refuses that")
+	}
+	var buf bytes.Buffer
+	if err := WriteReport(&buf, r); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "madeUp.x") || !strings.Contains(buf.String(), "no place in kube-gpu-stack") {
+		t.Errorf("report does not name the key with no place:\n%s", buf.String())
+	}
+}
+
+// TestFromCluster reads a ClusterPolicy, two NVIDIADrivers and the nodes through a fake dynamic client.
+func TestFromCluster(t *testing.T) {
+	obj := func(gvk schema.GroupVersionKind, name string, body map[string]any) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: body}
+		u.SetGroupVersionKind(gvk)
+		u.SetName(name)
+		return u
+	}
+	cp := obj(schema.GroupVersionKind{Group: "nvidia.com", Version: "v1", Kind: "ClusterPolicy"}, ClusterPolicyName, map[string]any{"spec": map[string]any{
+		"driver":           map[string]any{"useNvidiaDriverCRD": true, "usePrecompiled": false},
+		"toolkit":          map[string]any{"env": []any{map[string]any{"name": "CONTAINERD_CONFIG", "value": "/var/lib/rancher/rke2/agent/etc/containerd/config.toml"}}},
+		"sandboxWorkloads": map[string]any{"enabled": true},
+	}})
+	ndGVK := schema.GroupVersionKind{Group: "nvidia.com", Version: "v1alpha1", Kind: "NVIDIADriver"}
+	d1 := obj(ndGVK, "default", map[string]any{"spec": map[string]any{"default": true, "version": "595.91.07"}})
+	d2 := obj(ndGVK, "h100", map[string]any{"spec": map[string]any{"version": "580", "usePrecompiled": true, "nodeSelector": map[string]any{"nvidia.com/driver.pool": "h100"}}})
+	node := func(name string, labels map[string]any) *unstructured.Unstructured {
+		return obj(schema.GroupVersionKind{Version: "v1", Kind: "Node"}, name, map[string]any{"metadata": map[string]any{"name": name, "labels": labels}})
+	}
+	gpu := map[string]any{"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu-driver-upgrade-state": "upgrade-done",
+		"feature.node.kubernetes.io/kernel-version.full": "6.8.0-60-generic", "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+		"feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04"}
+	other := maps.Clone(gpu)
+	other["feature.node.kubernetes.io/kernel-version.full"] = "6.8.0-71-generic"
+	other["nvidia.com/mig.config"] = "all-1g.10gb"
+	scheme := runtime.NewScheme()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		ClusterPolicyGVR: "ClusterPolicyList", NVIDIADriverGVR: "NVIDIADriverList", nodeGVR: "NodeList",
+	}, cp, d1, d2, node("gpu-1", gpu), node("gpu-2", other), node("cpu-1", map[string]any{"kubernetes.io/os": "linux"}))
+
+	c, err := FromCluster(t.Context(), dyn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ConvertCluster(c)
+	wantValues(t, r, `
+global: {platform: rke2, sandboxWorkloads: {enabled: true}}
+driver:
+  usePrecompiled: false
+  image: {tag: "595.91.07"}
+  kernels: [6.8.0-60-generic, 6.8.0-71-generic]
+  pools:
+    - name: h100
+      nodeSelector: {matchLabels: {nvidia.com/driver.pool: h100}}
+      image: {tag: "580"}
+      usePrecompiled: true`)
+	var labels []string
+	for _, l := range r.Nodes {
+		labels = append(labels, l.Label+"="+l.Value+":"+string(rune('0'+l.Nodes)))
+	}
+	want := []string{"nvidia.com/gpu-driver-upgrade-state=upgrade-done:2", "nvidia.com/gpu.deploy.driver=true:2", "nvidia.com/gpu.present=true:2", "nvidia.com/mig.config=all-1g.10gb:1"}
+	if !reflect.DeepEqual(labels, want) {
+		t.Errorf("node labels %v, want %v", labels, want)
+	}
+	if e := entry(t, r, "(nodes) feature.node.kubernetes.io/system-os_release"); !strings.Contains(e.Why, "ubuntu24.04 x2") {
+		t.Errorf("OS summary %q", e.Why)
+	}
+	empty, err := FromCluster(t.Context(), dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		ClusterPolicyGVR: "ClusterPolicyList", NVIDIADriverGVR: "NVIDIADriverList", nodeGVR: "NodeList"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := entry(t, ConvertCluster(empty), "(cluster) ClusterPolicy cluster-policy"); e.Action != Decision {
+		t.Errorf("a missing ClusterPolicy is reported as %s", e.Action)
+	}
+	for _, key := range []string{"NVIDIADriver/h100.spec.version", "NVIDIADriver/default.spec.default", "toolkit.env", "driver.useNvidiaDriverCRD"} {
+		entry(t, r, key)
+	}
+}

@@ -1,0 +1,49 @@
+package stackcli
+
+import (
+	"io"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+)
+
+func migrateCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.Command {
+	o := gpumigrate.Options{}
+	cmd := &cobra.Command{
+		Use:   "migrate (-f VALUES | --from-cluster) [-o FILE] [--report FILE]",
+		Short: "Convert GPU Operator values, or a running operator's ClusterPolicy and NVIDIADrivers, into this chart's values",
+		Long: "Reads a GPU Operator values file (-f; YAML with a ClusterPolicy and NVIDIADriver objects works too) and/or the\n" +
+			"cluster (--from-cluster: the ClusterPolicy " + gpumigrate.ClusterPolicyName + ", every NVIDIADriver, and the labels the operator\n" +
+			"wrote on the nodes), and writes a values file for `helm install -f` (-o) and a report (--report, else standard\n" +
+			"output) that accounts for every input key: mapped to what, dropped and why, needing a decision, or with no place\n" +
+			"in kube-gpu-stack. NVIDIADrivers become driver.pools; the one marked default becomes the top-level driver values.\n" +
+			"With -f and --from-cluster both, the file's values refine the cluster's. It changes nothing in the cluster.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Stderr = cmd.ErrOrStderr()
+			if o.FromCluster {
+				cfg, err := flags.ToRESTConfig()
+				if err != nil {
+					return err
+				}
+				if o.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+					return err
+				}
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			_, err := o.Run(cmd.Context(), out)
+			return err
+		},
+	}
+	cmd.Flags().StringVarP(&o.File, "values", "f", "", "GPU Operator values `FILE` (or a ClusterPolicy and NVIDIADriver objects as YAML)")
+	cmd.Flags().BoolVar(&o.FromCluster, "from-cluster", false, "read the running operator's ClusterPolicy, NVIDIADrivers and node labels")
+	cmd.Flags().StringSliceVar(&o.Kernels, "kernel", nil, "a GPU node's kernel (feature.node.kubernetes.io/kernel-version.full) for precompiled drivers (repeatable; --from-cluster reads them from the nodes)")
+	cmd.Flags().StringVarP(&o.Out, "output", "o", "", "write the values to `FILE` (default standard output, the report then goes to standard error)")
+	cmd.Flags().StringVar(&o.Report, "report", "", "write the report to `FILE` (default standard output)")
+	return cmd
+}
