@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
 )
 
 // OpenShift admits a pod only under a SecurityContextConstraints (SCC) that its ServiceAccount (or the creating
@@ -22,6 +24,17 @@ import (
 //
 // The chart grants `privileged` to every account whose pods need any host access or a privileged container (as the
 // GPU Operator does), `nonroot-v2` to the accounts of pods that only pin a non-root UID, and nothing to the rest.
+
+// The openshift profile's driver serves RHCOS only: the other fixture nodes get every container operand but the
+// driver, the RHCOS nodes all of them.
+func init() {
+	m := sandboxOff(containerHostDriver)
+	m["rhcos416"] = containerRole
+	m["rhcos417-mig-capable"] = containerRole + " mig-manager"
+	m["rhcos418"] = containerRole
+	roleMatrix["openshift"] = m
+	extraNodes["openshift"] = nodefixtures.OpenShift()
+}
 
 // sccNeeded names the default SCC a pod spec needs, with the reason; "" is restricted-v2 (no grant needed).
 func sccNeeded(ps map[string]any) (scc, why string) {

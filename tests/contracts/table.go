@@ -476,7 +476,8 @@ var Table = []Contract{
 	},
 	{
 		Repository: "nvidia/cloud-native/nvidia-fs",
-		Tags:       regexp.MustCompile(`^2\.29\.4-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		// rhcos4.x tags: the GPU Operator appends the node's OS tag on OpenShift too; same contents as rhel9.
+		Tags:       regexp.MustCompile(`^2\.29\.4-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8|rhcos4\.[0-9]+)$`),
 		Source:     "none readable: github.com/NVIDIA/gds-nvidia-fs holds the module source only (tags up to v2.28.4), not the container",
 		Entrypoint: []string{"(image entrypoint)"},
 		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `bash -xc "... exec nvidia-gds-driver install"`.
@@ -493,7 +494,8 @@ var Table = []Contract{
 	},
 	{
 		Repository: "nvidia/cloud-native/gdrdrv",
-		Tags:       regexp.MustCompile(`^v2\.6-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		// rhcos4.x tags: the GPU Operator appends the node's OS tag on OpenShift too; same contents as rhel9.
+		Tags:       regexp.MustCompile(`^v2\.6-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8|rhcos4\.[0-9]+)$`),
 		Source:     "none readable: github.com/NVIDIA/gdrcopy@v2.6 holds the library and module, not the container",
 		Entrypoint: []string{"(image entrypoint)"},
 		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `exec nvidia-gdrcopy-driver install`.
