@@ -100,7 +100,7 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- if and $dtk.enabled (eq $os.id "rhcos") -}}
 {{- $builds = list -}}
 {{- range $dtk.rhcosVersions | default list }}{{ if hasPrefix (printf "%s." (replace "." "" $os.version)) . }}{{ $builds = append $builds . }}{{ end }}{{ end -}}
-{{- if not $builds }}{{ fail (printf "%s.os: %s with driver.driverToolkit.enabled needs the RHCOS builds of its nodes in driver.driverToolkit.rhcosVersions (their feature.node.kubernetes.io/system-os_release.OSTREE_VERSION, %s.<rhel>.<date>-<n>)" $key $os.tag (replace "." "" $os.version)) }}{{ end -}}
+{{- if not $builds }}{{ fail (printf "%s.os: %s with driver.driverToolkit.enabled needs the RHCOS builds of its nodes in driver.driverToolkit.rhcosVersions (their feature.node.kubernetes.io/system-os_release.OSTREE_VERSION, %s.<rhel>.<build>-<n>)" $key $os.tag (replace "." "" $os.version)) }}{{ end -}}
 {{- end -}}
 {{- range $build := $builds }}
 {{- range $kernel := $kernels }}
