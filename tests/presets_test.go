@@ -12,9 +12,10 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 )
 
-// The runtime presets are ordinary container-role profiles: every operand lands where container-only puts it.
+// The runtime presets are ordinary container-role profiles: every operand lands where container-only puts it
+// (openshift's driver serves RHCOS nodes only: its row is in openshift_test.go).
 func init() {
-	for _, p := range []string{"k3s", "rke2", "microk8s", "k0s", "openshift", "containerd-nri"} {
+	for _, p := range []string{"k3s", "rke2", "microk8s", "k0s", "containerd-nri"} {
 		roleMatrix[p] = sandboxOff(containerRole)
 	}
 }

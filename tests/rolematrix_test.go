@@ -130,12 +130,16 @@ var roleMatrix = map[string]matrix{
 // evaluator and compares the operands each node gets with the table above. Placement fails when a node gets two
 // DaemonSets of one operand (e.g. two driver OS variants); every DaemonSet must select some fixture node.
 func TestRoleMatrix(t *testing.T) {
-	var nodes []*corev1.Node
+	var base []*corev1.Node
 	for _, n := range nodefixtures.RoleMatrix() {
-		nodes = append(nodes, n.Object())
+		base = append(base, n.Object())
 	}
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
+			nodes := slices.Clone(base)
+			for _, n := range extraNodes[p.name] {
+				nodes = append(nodes, n.Object())
+			}
 			want, ok := roleMatrix[p.name]
 			if !ok {
 				t.Fatalf("profile %s has no row in the role matrix: add one", p.name)
@@ -169,6 +173,10 @@ func TestRoleMatrix(t *testing.T) {
 		})
 	}
 }
+
+// extraNodes are fixture nodes that only some profiles are matched against, besides nodefixtures.RoleMatrix (an OS
+// that only that profile serves).
+var extraNodes = map[string][]nodefixtures.Node{}
 
 // withRows returns m with the rows of over replacing its own.
 func withRows(m, over matrix) matrix {

@@ -75,12 +75,16 @@ func selects(t *testing.T, terms []corev1.NodeSelectorTerm, node *corev1.Node, w
 // tainted nodes too, and on the nodes as they are a placed DaemonSet is always one its terms select. So the plan's
 // DaemonSetFor names, for a node, the DaemonSet whose pod runs there.
 func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
-	var nodes []*corev1.Node
+	var base []*corev1.Node
 	for _, n := range nodefixtures.RoleMatrix() {
-		nodes = append(nodes, n.Object())
+		base = append(base, n.Object())
 	}
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
+			nodes := slices.Clone(base)
+			for _, n := range extraNodes[p.name] {
+				nodes = append(nodes, n.Object())
+			}
 			stream := render(t, newestKube, []string{p.file})
 			pools := gatePools(t, stream)
 			rendered := operandDaemonSets(t, stream, "driver")

@@ -46,6 +46,14 @@ var driverHostPaths = []HostPath{
 	{Subcommand: "init", Container: "/run/mellanox/drivers/usr/src", Host: "/usr/src", When: "USE_HOST_MOFED", Why: "host MOFED's ofa_kernel sources for nvidia-peermem"},
 }
 
+// proxyEnv are the proxy variables of the driver container's package downloads (apt, dnf, zypper and curl read
+// them while the driver builds; the chart sets them from global.proxy, as the GPU Operator does from the OpenShift
+// cluster Proxy).
+var proxyEnv = []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"}
+
+// driverVars is vars with the proxy variables.
+func driverVars(names ...string) map[string]EnvVar { return vars(append(names, proxyEnv...)...) }
+
 // driverFiles are the files the driver container waits for.
 var driverFiles = []File{
 	// init, GPU_DIRECT_RDMA_ENABLED: `until ... [ -f /run/nvidia/validations/.driver-ctr-ready ]`.
@@ -66,7 +74,7 @@ var Table = []Contract{
 		NeedsRoot:  true,
 		// ubuntu24.04/nvidia-driver: DRIVER_VERSION and TARGETARCH are required (${VAR:?}) and come from the image's
 		// ENV; the rest are optional.
-		Env: with(vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "UBUNTU_PRO_TOKEN",
+		Env: with(driverVars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "UBUNTU_PRO_TOKEN",
 			"DRIVER_CONFIG_DIGEST", "NVFM_CONFIG_FABRIC_MODE", "DRIVER_TYPE", "DRIVER_BRANCH", "VGPU_LICENSE_SERVER_TYPE",
 			"DISABLE_VGPU_VERSION_CHECK"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
 		ReadsFiles: driverFiles,
@@ -86,7 +94,7 @@ var Table = []Contract{
 		User:       "0",
 		NeedsRoot:  true,
 		// rhel9/nvidia-driver and rhel9/common.sh (GDS_ENABLED, GDRCOPY_ENABLED: wait for the sidecars' modules).
-		Env: with(vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_CONFIG_DIGEST",
+		Env: with(driverVars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_CONFIG_DIGEST",
 			"NVFM_CONFIG_FABRIC_MODE", "DRIVER_TYPE", "DRIVER_BRANCH", "VGPU_LICENSE_SERVER_TYPE", "DISABLE_VGPU_VERSION_CHECK",
 			"GDS_ENABLED", "GDRCOPY_ENABLED", "OPENSHIFT_VERSION", "RHEL_VERSION"), map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
 		ReadsFiles: driverFiles,
@@ -94,6 +102,50 @@ var Table = []Contract{
 		// no kubectl, client or token read anywhere under ubuntu*/ rhel9/ vgpu-manager/ (only tests/scripts use kubectl)
 		NoAPI:      true,
 		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c (2026-08-17)",
+	},
+	{
+		Repository: "nvidia/driver",
+		Tags:       regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+-rhcos4\.[0-9]+$`),
+		Source:     "github.com/NVIDIA/gpu-driver-container@06a208c rhel9/ (the rhcos4.x images are built from it)",
+		// rhel9/Dockerfile: COPY nvidia-driver, common.sh, ocp_dtk_entrypoint /usr/local/bin; ENTRYPOINT
+		// ["nvidia-driver", "init"]. With the Driver Toolkit the GPU Operator runs `ocp_dtk_entrypoint
+		// nv-ctr-run-with-dtk` instead: it copies its installer and ocp_dtk_entrypoint into
+		// /mnt/shared-nvidia-driver-toolkit, writes dir_prepared, waits for the DTK side container's build and loads it.
+		Entrypoint: []string{"nvidia-driver", "init"},
+		Binaries:   []string{"/usr/local/bin/nvidia-driver", "/usr/local/bin/common.sh", "/usr/local/bin/ocp_dtk_entrypoint"},
+		Shell:      distro,
+		User:       "0",
+		NeedsRoot:  true,
+		// rhel9/nvidia-driver, common.sh as the rhel9 row; rhel9/ocp_dtk_entrypoint reads RHCOS_VERSION and
+		// RHCOS_IMAGE_MISSING; dnf and curl in the build read the proxy variables (the GPU Operator sets them from the
+		// OpenShift cluster Proxy).
+		Env: with(driverVars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_CONFIG_DIGEST",
+			"NVFM_CONFIG_FABRIC_MODE", "DRIVER_TYPE", "DRIVER_BRANCH", "VGPU_LICENSE_SERVER_TYPE", "DISABLE_VGPU_VERSION_CHECK",
+			"GDS_ENABLED", "GDRCOPY_ENABLED", "OPENSHIFT_VERSION", "RHEL_VERSION", "RHCOS_VERSION", "RHCOS_IMAGE_MISSING"),
+			map[string]EnvVar{"DRIVER_VERSION": {}, "TARGETARCH": {}}),
+		ReadsFiles: driverFiles,
+		HostPaths:  driverHostPaths,
+		// no kubectl, client or token read anywhere under rhel9/ (ocp_dtk_entrypoint included)
+		NoAPI:      true,
+		Unverified: "the repository tags no driver versions: facts from the default branch at 06a208c; that rhcos4.x tags are built from rhel9/ and ship ocp_dtk_entrypoint, and which env ocp_dtk_entrypoint reads, are taken from the GPU Operator's DTK transform and not re-read at that commit",
+	},
+	{
+		// The OpenShift Driver Toolkit, the cluster's driver-toolkit ImageStream (openshift namespace), tagged by RHCOS
+		// build; the image is part of the OpenShift release payload.
+		Repository: "openshift/driver-toolkit",
+		Tags:       regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+-[0-9]+$`),
+		Source:     "github.com/openshift/driver-toolkit Dockerfile; GPU Operator assets/state-driver (openshift-driver-toolkit-ctr)",
+		// RHEL-based with the build's kernel-devel, kernel-headers, gcc, make, elfutils and kmod; no ENTRYPOINT the chart
+		// uses: the side container runs `bash -xc` and execs the ocp_dtk_entrypoint the driver container copied into
+		// the shared emptyDir.
+		Binaries:  []string{"/usr/bin/bash", "/usr/bin/sleep", "/mnt/shared-nvidia-driver-toolkit/ocp_dtk_entrypoint"},
+		Shell:     distro,
+		User:      "0",
+		NeedsRoot: true,
+		// ocp_dtk_entrypoint dtk-build-driver: RHCOS_VERSION (the build it runs for).
+		Env:        vars("RHCOS_VERSION"),
+		NoAPI:      true,
+		Unverified: "the Driver Toolkit image is not pulled here; its contents are taken from the openshift/driver-toolkit Dockerfile and the GPU Operator's use of it",
 	},
 	{
 		Repository: "nvidia/driver",
@@ -106,7 +158,7 @@ var Table = []Contract{
 		User:       "0",
 		NeedsRoot:  true,
 		// ubuntu22.04/precompiled/nvidia-driver reads no DRIVER_CONFIG_DIGEST.
-		Env:        vars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_BRANCH", "DRIVER_VERSION", "KERNEL_VERSION", "TARGETARCH"),
+		Env:        driverVars("GPU_DIRECT_RDMA_ENABLED", "USE_HOST_MOFED", "KERNEL_MODULE_TYPE", "DRIVER_BRANCH", "DRIVER_VERSION", "KERNEL_VERSION", "TARGETARCH"),
 		ReadsFiles: driverFiles,
 		HostPaths:  driverHostPaths,
 		// no kubectl, client or token read anywhere under ubuntu*/ rhel9/ vgpu-manager/ (only tests/scripts use kubectl)
@@ -430,7 +482,8 @@ var Table = []Contract{
 	},
 	{
 		Repository: "nvidia/cloud-native/nvidia-fs",
-		Tags:       regexp.MustCompile(`^2\.29\.4-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		// rhcos4.x tags: the GPU Operator appends the node's OS tag on OpenShift too; same contents as rhel9.
+		Tags:       regexp.MustCompile(`^2\.29\.4-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8|rhcos4\.[0-9]+)$`),
 		Source:     "none readable: github.com/NVIDIA/gds-nvidia-fs holds the module source only (tags up to v2.28.4), not the container",
 		Entrypoint: []string{"(image entrypoint)"},
 		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `bash -xc "... exec nvidia-gds-driver install"`.
@@ -447,7 +500,8 @@ var Table = []Contract{
 	},
 	{
 		Repository: "nvidia/cloud-native/gdrdrv",
-		Tags:       regexp.MustCompile(`^v2\.6-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8)$`),
+		// rhcos4.x tags: the GPU Operator appends the node's OS tag on OpenShift too; same contents as rhel9.
+		Tags:       regexp.MustCompile(`^v2\.6-(ubuntu22\.04|ubuntu24\.04|rhel9|rhel8|rhcos4\.[0-9]+)$`),
 		Source:     "none readable: github.com/NVIDIA/gdrcopy@v2.6 holds the library and module, not the container",
 		Entrypoint: []string{"(image entrypoint)"},
 		// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3): `exec nvidia-gdrcopy-driver install`.

@@ -22,6 +22,13 @@ func snapshotNodes(t *testing.T) map[string]cluster.NodeState {
 	return s
 }
 
+// profileSets are what a profile needs on the fixture nodes, which run Ubuntu and RHEL: the openshift profile's
+// driver serves RHCOS only (its RHCOS DaemonSets are placed on RHCOS fixtures by the role-matrix test), so here it
+// also gets the fixtures' OS tags, or the gate would rightly fail every GPU node for want of a driver.
+var profileSets = map[string][]string{
+	"openshift.yaml": {"driver.os={rhcos4.16,rhcos4.17,rhcos4.18,ubuntu22.04,ubuntu24.04,rhel9}"},
+}
+
 // TestProfilesInstallAndPlaceOperands installs every values profile into the real API server with the helm SDK,
 // waits for the rollout, and checks that each DaemonSet's pods run on exactly the simulated nodes the scheduler's
 // affinity rules select (the role matrix), then that uninstall leaves every node as it was.
@@ -34,7 +41,7 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			before := snapshotNodes(t)
 			start := time.Now()
-			rel := installProfile(t, f)
+			rel := installProfile(t, f, profileSets[filepath.Base(f)]...)
 			waitForPlacement(t, expectedPlacement(t, rel))
 			t.Logf("installed and rolled out in %s", time.Since(start).Round(time.Millisecond))
 			uninstall(t)

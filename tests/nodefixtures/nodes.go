@@ -116,6 +116,23 @@ func RoleMatrix() []Node {
 	}, slices.Concat(DriverPools(), DRA())...)
 }
 
+// OpenShift are RHCOS GPU workers as NFD labels them on OpenShift 4.16 to 4.18 (ID rhcos, VERSION_ID the OpenShift
+// minor, OSTREE_VERSION the RHCOS build), one of them MIG-capable. Only the openshift profile is matched against them.
+func OpenShift() []Node {
+	node := func(name, minor, build string, extra map[string]string) Node {
+		n := gpuNode(name, OS{"rhcos", "4." + minor}, "NVIDIA-H100-80GB-HBM3", extra)
+		n.Labels["feature.node.kubernetes.io/system-os_release.OSTREE_VERSION"] = build
+		n.Labels["feature.node.kubernetes.io/system-os_release.RHEL_VERSION"] = "9.4"
+		n.Labels["feature.node.kubernetes.io/kernel-version.full"] = "5.14.0-427.50.1.el9_4.x86_64"
+		return n
+	}
+	return []Node{
+		node("rhcos416", "16", "416.94.202501270445-0", nil),
+		node("rhcos417-mig-capable", "17", "417.94.202501071621-0", map[string]string{"nvidia.com/mig.capable": "true"}),
+		node("rhcos418", "18", "418.94.202502251302-0", nil),
+	}
+}
+
 // CCManagerSwitches are the gpu.deploy.* switches (suffixes) the CC manager (k8s-cc-manager v0.4.3,
 // gpu_operator_eviction.py COMPONENT_LABELS) pauses around a CC mode change.
 var CCManagerSwitches = []string{"vfio-manager", "vgpu-manager", "sandbox-validator", "sandbox-device-plugin", "vgpu-device-manager"}

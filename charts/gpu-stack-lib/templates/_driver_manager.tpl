@@ -435,10 +435,11 @@ gpu-stack-lib.poolDaemonSetName: the DaemonSet name of one pool's OS (and kernel
 {{/*
 gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver manager (driver, vGPU manager, VFIO
 manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
-(gpu-stack-lib.driverManagerLeaseRules). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL
+(gpu-stack-lib.driverManagerLeaseRules); its pods run privileged with host access (the privileged SCC on OpenShift).
+dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL
 */}}
 {{- define "gpu-stack-lib.driverManagerRbac" -}}
-{{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name
+{{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name "scc" "privileged"
   "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict) | fromYamlArray)
   "rules" (include "gpu-stack-lib.driverManagerLeaseRules" . | fromYamlArray)) -}}
 {{- end }}

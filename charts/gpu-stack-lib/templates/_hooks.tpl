@@ -36,7 +36,8 @@ gpu-stack-lib.hookJob: a hook Job running the project's image (`kube-gpu-stack A
 (the helm test hook: `helm test --logs` reads the log of the Pod named like the hook). One try (backoffLimit 0,
 restartPolicy Never): a failed check is a result, not a crash to retry. activeDeadlineSeconds is timeoutSeconds
 + 30, so the pod is stopped shortly after the binary's own deadline and before Helm's (5m by default). The pod
-runs under the Pod Security `restricted` profile, as the ServiceAccount named like the hook. dict:
+runs under the Pod Security `restricted` profile (on OpenShift the nonroot-v2 SCC: restricted-v2 refuses its fixed UID,
+so callers pass "scc" "nonroot-v2" to its RBAC), as the ServiceAccount named like the hook. dict:
   ctx              the umbrella chart's context (global.stackImage, global scheduling, pull secrets)
   name             object and ServiceAccount name
   component        app.kubernetes.io/component and the container's name

@@ -2,10 +2,12 @@
 gpu-stack-lib.rbac: a ServiceAccount and, when rules are given, a ClusterRole / Role bound to it.
 dict "ctx" . "name" NAME ["clusterRules" (list RULE ...)] ["rules" (list RULE ...)] ["component" COMPONENT]
 ["annotations" MAP: put on every object, e.g. Helm hook annotations (gpu-stack-lib.hookRbac)]
+["scc" NAME: on OpenShift, the SecurityContextConstraints the account's pods need (gpu-stack-lib.sccRules)]
 Cluster-scoped names carry the release namespace so two releases in two namespaces do not collide.
 */}}
 {{- define "gpu-stack-lib.rbac" -}}
 {{- $meta := dict "ctx" .ctx "name" .name "component" .component -}}
+{{- $rules := concat (.rules | default list) (include "gpu-stack-lib.sccRules" (dict "ctx" .ctx "scc" .scc) | fromYamlArray) -}}
 {{- $annotations := .annotations -}}
 {{- $clusterName := include "gpu-stack-lib.rbacClusterName" . -}}
 apiVersion: v1
@@ -54,7 +56,7 @@ subjects:
     name: {{ .name }}
     namespace: {{ .ctx.Release.Namespace }}
 {{- end }}
-{{- if .rules }}
+{{- if $rules }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -65,7 +67,7 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 rules:
-  {{- toYaml .rules | nindent 2 }}
+  {{- toYaml $rules | nindent 2 }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -84,6 +86,29 @@ subjects:
     name: {{ .name }}
     namespace: {{ .ctx.Release.Namespace }}
 {{- end }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.sccRules: on OpenShift (global.platform=openshift), the Role rule that lets a ServiceAccount `use` the
+SecurityContextConstraints named scc, as a YAML list; empty elsewhere (the API group exists only there) and without
+scc. OpenShift admits a pod only under an SCC its account may use, and every account may use only restricted-v2 by
+default, which refuses privileged containers, hostPath volumes and host namespaces (hostPID, hostIPC,
+hostNetwork), and any fixed runAsUser outside the namespace's UID range. So:
+  privileged   pods with a privileged container, a hostPath volume or a host namespace (what the GPU Operator grants
+               its operands);
+  nonroot-v2   pods that need nothing of the host but run as a fixed non-root UID (the hook Jobs, 65532).
+A Role in the release namespace is enough: SCC admission asks whether the pod's account may use the SCC in the
+pod's namespace. dict "ctx" . "scc" NAME
+*/}}
+{{- define "gpu-stack-lib.sccRules" -}}
+{{- if and .scc (eq (.ctx.Values.global.platform | default "generic") "openshift") -}}
+- apiGroups: [security.openshift.io]
+  resources: [securitycontextconstraints]
+  resourceNames: [{{ .scc }}]
+  verbs: [use]
+{{- else -}}
+[]
+{{- end -}}
 {{- end }}
 
 {{/* gpu-stack-lib.rbacClusterName: the name of gpu-stack-lib.rbac's ClusterRole and ClusterRoleBinding; dict "ctx" . "name" NAME */}}

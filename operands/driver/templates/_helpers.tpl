@@ -52,10 +52,11 @@ checked by the schema. dict "value" VALUE "key" KEY
 
 {{/*
 driver.variants: every driver DaemonSet the chart renders, one per container pool x OS tag (x kernel with
-usePrecompiled), as {"items": [...]} in render order, each {"pool", "key" (the pool's values key, for errors),
+usePrecompiled, x RHCOS build with driverToolkit), as {"items": [...]} in render order, each {"pool", "key" (the pool's values key, for errors),
 "values" (the pool's values; precompiled pools get the nvidia.com/precompiled pod label), "os" (OSINFO), "imageOS"
 (OSINFO whose tag is the image's suffix: <kernel>-<os tag> for precompiled drivers), "kernel", "name", "match" (the
 OS/kernel requirements and the pool's selector), "matchAny" (the default pool's exclusion of the other pools),
+"rhcosVersion" and "dtkImage" (with the OpenShift Driver Toolkit: the RHCOS build and its DTK image, else ""),
 "digest" (DRIVER_CONFIG_DIGEST)}. The one source of these facts: daemonset.yaml renders the DaemonSets from it and
 the umbrella's hooks read it (DRIVER_POOLS), so the pre-upgrade plan compares the digests the DaemonSets carry.
 Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host and none pools have no variant.
@@ -83,7 +84,25 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- end -}}
 {{- $ctx := dict "Values" $v -}}
 {{- include "driver.checks" $ctx -}}
-{{- range $os := (include "gpu-stack-lib.osList" (dict "tags" $v.os "key" (printf "%s.os" $key)) | fromJson).items }}
+{{- $dtk := $v.driverToolkit | default dict -}}
+{{- $osList := (include "gpu-stack-lib.osList" (dict "tags" $v.os "key" (printf "%s.os" $key)) | fromJson).items -}}
+{{- if $dtk.enabled -}}
+{{- if $v.usePrecompiled }}{{ fail (printf "%s.driverToolkit.enabled=true with %s.usePrecompiled=true: precompiled drivers are built already; turn one off" $key $key) }}{{ end -}}
+{{- range $build := $dtk.rhcosVersions | default list -}}
+{{- $found := false -}}
+{{- range $osList }}{{ if and (eq .id "rhcos") (hasPrefix (printf "%s." (replace "." "" .version)) $build) }}{{ $found = true }}{{ end }}{{ end -}}
+{{- if not $found }}{{ fail (printf "driver.driverToolkit.rhcosVersions: RHCOS build %s belongs to no rhcos OS tag of %s.os (build 418.94.x is rhcos4.18)" $build $key) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- range $os := $osList }}
+{{- /* on RHCOS with the Driver Toolkit, one DaemonSet per RHCOS build of the OS tag (its DTK image has that build's kernel) */ -}}
+{{- $builds := list "" -}}
+{{- if and $dtk.enabled (eq $os.id "rhcos") -}}
+{{- $builds = list -}}
+{{- range $dtk.rhcosVersions | default list }}{{ if hasPrefix (printf "%s." (replace "." "" $os.version)) . }}{{ $builds = append $builds . }}{{ end }}{{ end -}}
+{{- if not $builds }}{{ fail (printf "%s.os: %s with driver.driverToolkit.enabled needs the RHCOS builds of its nodes in driver.driverToolkit.rhcosVersions (their feature.node.kubernetes.io/system-os_release.OSTREE_VERSION, %s.<rhel>.<build>-<n>)" $key $os.tag (replace "." "" $os.version)) }}{{ end -}}
+{{- end -}}
+{{- range $build := $builds }}
 {{- range $kernel := $kernels }}
 {{- /* precompiled images are tagged <version>-<kernel>-<os tag> */ -}}
 {{- $imageOS := $os -}}
@@ -94,20 +113,33 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- $match = append $match (dict "key" "feature.node.kubernetes.io/kernel-version.full" "operator" "In" "values" (list $kernel)) -}}
 {{- $parts = append $parts (regexReplaceAll "[^a-z0-9]+" (lower $kernel) "-" | trimAll "-") -}}
 {{- end -}}
+{{- $dtkImage := "" -}}
+{{- $variantValues := $v -}}
+{{- if $build -}}
+{{- $match = append $match (dict "key" "feature.node.kubernetes.io/system-os_release.OSTREE_VERSION" "operator" "In" "values" (list $build)) -}}
+{{- $parts = append $parts (regexReplaceAll "[^a-z0-9]+" $build "-" | trimAll "-") -}}
+{{- $dtkImage = get ($dtk.images | default dict) $build | default (printf "%s/%s:%s" $dtk.image.registry $dtk.image.repository $build) -}}
+{{- /* the GPU Operator's DTK driver pods carry this label */ -}}
+{{- $variantValues = deepCopy $v -}}
+{{- $_ := set $variantValues "podLabels" (merge (dict "openshift.driver-toolkit" "true") (deepCopy ($v.podLabels | default dict))) -}}
+{{- end -}}
 {{- $name := include "gpu-stack-lib.poolDaemonSetName" (dict "prefix" "nvidia-driver" "pool" $pool.name "parts" $parts) -}}
 {{- if has $name $names }}{{ fail (printf "%s: DaemonSet name %s is generated twice; rename the pool or drop the duplicate OS tag or kernel" $key $name) }}{{ end -}}
 {{- $names = append $names $name -}}
 {{- $items = append $items (dict
   "pool" $pool.name
   "key" $key
-  "values" $v
+  "values" $variantValues
   "os" $os
   "imageOS" $imageOS
   "kernel" $kernel
+  "rhcosVersion" $build
+  "dtkImage" $dtkImage
   "name" $name
   "match" $match
   "matchAny" $pool.exclude
-  "digest" (include "driver.configDigest" (dict "ctx" $ctx "os" $os "imageOS" $imageOS))) -}}
+  "digest" (include "driver.configDigest" (dict "ctx" $ctx "os" $os "imageOS" $imageOS "dtkImage" $dtkImage))) -}}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -118,9 +150,9 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{/*
 driver.configDigest: DRIVER_CONFIG_DIGEST of one OS's DaemonSet: a sha256 over only what changes the installed
 driver (images without their registry, so moving to a mirror reinstalls nothing; module type; RDMA, GDS, GDRCopy;
-the licensing, repository, certificate and module-parameter sources). With an unchanged digest the driver
-manager keeps the loaded driver and its workloads. dict "ctx" . "os" OSINFO ["imageOS" OSINFO: the tag suffix of
-the driver image, <kernel>-<os tag> for precompiled drivers]
+the licensing, repository, certificate and module-parameter sources; the Driver Toolkit image). With an unchanged
+digest the driver manager keeps the loaded driver and its workloads. dict "ctx" . "os" OSINFO ["imageOS" OSINFO: the
+tag suffix of the driver image, <kernel>-<os tag> for precompiled drivers] ["dtkImage" REF]
 */}}
 {{- define "driver.configDigest" -}}
 {{- $v := .ctx.Values -}}
@@ -136,6 +168,8 @@ the driver image, <kernel>-<os tag> for precompiled drivers]
   "certConfig" $v.certConfig.name
   "kernelModuleConfig" $v.kernelModuleConfig.name
 -}}
+{{- /* the DTK image is the kernel the driver is built for; only DTK DaemonSets carry the field, so others keep their digest */ -}}
+{{- with .dtkImage }}{{ $_ := set $fields "driverToolkit" (regexReplaceAll "^[^/]+/" . "") }}{{ end -}}
 {{- toJson $fields | sha256sum -}}
 {{- end }}
 
@@ -284,4 +318,56 @@ dict "ctx" . "name" NAME "image" REF "install" INSTALL_COMMAND "module" MODULE
     "exec" (dict "command" (list "sh" "-c" (printf "grep -q '^%s ' /proc/modules" .module)))
     "initialDelaySeconds" 10 "periodSeconds" 10 "timeoutSeconds" 10 "failureThreshold" 120))
 ) -}}
+{{- end }}
+
+{{/*
+driver.openshift: what OpenShift adds to one driver DaemonSet, as {"env", "mounts", "volumes", "containers"} (empty
+elsewhere). The cluster proxy (global.proxy) as the driver container's HTTP_PROXY, HTTPS_PROXY, NO_PROXY and their
+lower-case forms, for the package downloads of its build. The cluster trust bundle (global.proxy.trustedCA) as
+/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem, the file the GPU Operator mounts (key ca-bundle.crt of the
+injected ConfigMap); one file, so the image's other bundles and driver.certConfig's files in that directory stay.
+With the Driver Toolkit (a variant with an rhcosVersion): the emptyDir /mnt/shared-nvidia-driver-toolkit the driver
+container fills with its installer and the side container openshift-driver-toolkit-ctr builds in, RHCOS_VERSION
+in both (the GPU Operator's state-driver DaemonSet and its DTK transform). dict "ctx" POOL_CONTEXT "root" . "variant" VARIANT
+*/}}
+{{- define "driver.openshift" -}}
+{{- $g := .root.Values.global | default dict -}}
+{{- $proxy := $g.proxy | default dict -}}
+{{- $d := .variant -}}
+{{- $env := dict -}}
+{{- $mounts := list -}}
+{{- $volumes := list -}}
+{{- $containers := list -}}
+{{- range $name, $key := dict "HTTP_PROXY" "httpProxy" "HTTPS_PROXY" "httpsProxy" "NO_PROXY" "noProxy" -}}
+{{- with get $proxy $key -}}
+{{- $_ := set $env $name . -}}
+{{- $_ := set $env (lower $name) . -}}
+{{- end -}}
+{{- end -}}
+{{- if ($proxy.trustedCA | default dict).enabled -}}
+{{- $mounts = append $mounts (dict "name" "trusted-ca" "mountPath" "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem" "subPath" "tls-ca-bundle.pem" "readOnly" true) -}}
+{{- $volumes = append $volumes (dict "name" "trusted-ca" "configMap" (dict "name" $proxy.trustedCA.configMapName "items" (list (dict "key" "ca-bundle.crt" "path" "tls-ca-bundle.pem")))) -}}
+{{- end -}}
+{{- if $d.rhcosVersion -}}
+{{- $shared := dict "name" "shared-nvidia-driver-toolkit" "mountPath" "/mnt/shared-nvidia-driver-toolkit" -}}
+{{- $_ := set $env "RHCOS_VERSION" $d.rhcosVersion -}}
+{{- $mounts = append $mounts $shared -}}
+{{- $volumes = append $volumes (dict "name" "shared-nvidia-driver-toolkit" "emptyDir" dict) -}}
+{{- /* waits for the driver container's dir_prepared, then builds with the DTK's kernel headers; the driver container loads the result */ -}}
+{{- $containers = append $containers (include "gpu-stack-lib.container" (dict
+  "ctx" .ctx
+  "name" "openshift-driver-toolkit-ctr"
+  "image" $d.dtkImage
+  "command" (list "bash" "-xc")
+  "args" (list "until [ -f /mnt/shared-nvidia-driver-toolkit/dir_prepared ]; do echo Waiting for nvidia-driver-ctr to prepare the shared directory; sleep 10; done; exec /mnt/shared-nvidia-driver-toolkit/ocp_dtk_entrypoint dtk-build-driver")
+  "env" (dict "RHCOS_VERSION" $d.rhcosVersion "NVIDIA_VISIBLE_DEVICES" "void")
+  "volumeMounts" (list
+    $shared
+    (dict "name" "var-log" "mountPath" "/var/log")
+    (dict "name" "mlnx-ofed-usr-src" "mountPath" "/run/mellanox/drivers/usr/src" "mountPropagation" "HostToContainer")
+    (dict "name" "host-os-release" "mountPath" "/host-etc/os-release" "readOnly" true))
+  "securityContext" (dict "privileged" true "seLinuxOptions" (dict "level" "s0"))
+) | fromYaml) -}}
+{{- end -}}
+{{- toJson (dict "env" $env "mounts" $mounts "volumes" $volumes "containers" $containers) -}}
 {{- end }}
