@@ -24,6 +24,7 @@ const overlay = `global:
 var everythingOn = []string{
 	"dcgm.enabled=true", "dcgmExporter.remoteHostEngine=nvidia-dcgm:5555", "nodeStatusExporter.enabled=true",
 	"driver.gds.enabled=true", "driver.gdrcopy.enabled=true", "monitoring.dashboards.enabled=true",
+	"global.health.nodeCondition.enabled=true",
 }
 
 func writeTemp(t *testing.T, name, content string) string {
