@@ -187,7 +187,7 @@ func renderExampleValues(t *testing.T, vals map[string]any) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chartrender.Render(t.Context(), chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1]); err != nil {
+	if _, err := chartrender.Render(t.Context(), chrt, vals, chartrender.Newest); err != nil {
 		t.Fatalf("the example's values do not render the chart: %v", err)
 	}
 	fresh, err := chartrender.Load(chartrender.ChartDir()) // rendering prunes disabled subcharts from chrt

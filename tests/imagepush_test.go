@@ -53,15 +53,7 @@ func TestImagePushThenInstall(t *testing.T) {
 			set = append(set, f)
 		}
 	}
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values([]string{profileFile("container-only")}, set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := chartrender.Render(context.Background(), chrt, vals, newestKube)
+	stream, err := chartrender.RenderRepo(context.Background(), []string{profileFile("container-only")}, set)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func renderErr(t *testing.T, kubeVersion string, files []string, set ...string) 
 }
 
 // newestKube is the Kubernetes version most tests render for.
-var newestKube = chartrender.KubeVersions[len(chartrender.KubeVersions)-1]
+var newestKube = chartrender.Newest
 
 // object is one rendered manifest, decoded generically, with the template it came from.
 type object struct {

@@ -8,7 +8,6 @@ package admission
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -36,22 +35,7 @@ import (
 var kube *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink()})
-	switch {
-	case skip:
-		fmt.Println("SKIP admission:", err)
-		return 0
-	case err != nil:
-		fmt.Println("admission:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	return m.Run()
+	os.Exit(cluster.Main(m, "admission", cluster.Options{Log: cluster.LogSink()}, func(c *cluster.Cluster) { kube = c }))
 }
 
 const (
@@ -74,16 +58,8 @@ func install(t *testing.T) {
 		return
 	}
 	ctx := t.Context()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	// the GPU health agent and its taint on, so its account is rendered and held to its node too
-	vals, err := chartrender.Values(nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := chartrender.Render(ctx, chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -108,6 +108,23 @@ func Render(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVer
 	return b.String(), nil
 }
 
+// Newest is the newest Kubernetes version the chart is rendered for.
+var Newest = KubeVersions[len(KubeVersions)-1]
+
+// RenderRepo renders the repository's chart (ChartDir) with values files (in order) and --set overrides for the
+// Newest Kubernetes, as Render does.
+func RenderRepo(ctx context.Context, files, set []string) (string, error) {
+	chrt, err := Load(ChartDir())
+	if err != nil {
+		return "", err
+	}
+	vals, err := Values(files, set)
+	if err != nil {
+		return "", err
+	}
+	return Render(ctx, chrt, vals, Newest)
+}
+
 // Action is the Helm action a render is for, as templates see it (.Release.IsInstall / IsUpgrade), and the APIs the
 // cluster serves beyond the built-in ones and APIVersions (.Capabilities.APIVersions; Argo CD passes the cluster's).
 type Action struct {

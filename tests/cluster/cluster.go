@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -299,6 +300,24 @@ func ForPackage(opts Options) (c *Cluster, skip bool, err error) {
 	}
 	c.StopOnSignal()
 	return c, false, nil
+}
+
+// Main is a test package's TestMain: it starts the package's cluster (ForPackage), hands it to use, runs the
+// tests and stops the cluster, and returns the exit code. Without a control plane outside CI it prints a SKIP line
+// naming the package and returns 0.
+func Main(m *testing.M, name string, opts Options, use func(*Cluster)) int {
+	c, skip, err := ForPackage(opts)
+	switch {
+	case skip:
+		fmt.Printf("SKIP %s: %v\n", name, err)
+		return 0
+	case err != nil:
+		fmt.Printf("%s: %v\n", name, err)
+		return 1
+	}
+	defer c.Stop()
+	use(c)
+	return m.Run()
 }
 
 // LogSink is where a test package sends the control plane's logs: the file E2E_LOG names, else nowhere.

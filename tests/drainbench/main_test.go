@@ -32,22 +32,7 @@ import (
 var kube *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	c, skip, err := cluster.ForPackage(cluster.Options{})
-	switch {
-	case skip:
-		fmt.Println("SKIP drainbench:", err)
-		return 0
-	case err != nil:
-		fmt.Println("drainbench:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	return m.Run()
+	os.Exit(cluster.Main(m, "drainbench", cluster.Options{}, func(c *cluster.Cluster) { kube = c }))
 }
 
 // counter counts the API requests a client makes, with their times.

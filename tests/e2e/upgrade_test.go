@@ -23,15 +23,7 @@ import (
 // renderedDriverPools is the DRIVER_POOLS env the chart gives its hooks for the mixed profile.
 func renderedDriverPools(t *testing.T) string {
 	t.Helper()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values([]string{mixedProfile()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := chartrender.Render(t.Context(), chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	stream, err := chartrender.RenderRepo(t.Context(), []string{mixedProfile()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

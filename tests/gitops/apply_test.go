@@ -31,7 +31,7 @@ func renderRelease(t *testing.T, name, namespace string, includeCRDs bool, files
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := chartutil.ParseKubeVersion(chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	kv, err := chartutil.ParseKubeVersion(chartrender.Newest)
 	if err != nil {
 		t.Fatal(err)
 	}

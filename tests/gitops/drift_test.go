@@ -233,15 +233,7 @@ func profileFiles(t *testing.T) []string {
 // newest Kubernetes the golden tests use, and decodes every object of the stream, hooks included.
 func renderObjects(t *testing.T, files []string, set ...string) []renderedObject {
 	t.Helper()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values(files, set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := chartrender.Render(t.Context(), chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	stream, err := chartrender.RenderRepo(t.Context(), files, set)
 	if err != nil {
 		t.Fatalf("render %v: %v", files, err)
 	}

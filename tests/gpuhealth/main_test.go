@@ -12,7 +12,6 @@
 package gpuhealth
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -22,20 +21,5 @@ import (
 var kube *cluster.Cluster
 
 func TestMain(m *testing.M) {
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	c, skip, err := cluster.ForPackage(cluster.Options{Log: cluster.LogSink()})
-	switch {
-	case skip:
-		fmt.Println("SKIP gpuhealth:", err)
-		return 0
-	case err != nil:
-		fmt.Println("gpuhealth:", err)
-		return 1
-	}
-	defer c.Stop()
-	kube = c
-	return m.Run()
+	os.Exit(cluster.Main(m, "gpuhealth", cluster.Options{Log: cluster.LogSink()}, func(c *cluster.Cluster) { kube = c }))
 }

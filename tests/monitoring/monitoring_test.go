@@ -81,15 +81,7 @@ var profile = filepath.Join(chartrender.RepoRoot(), "values", "monitoring.yaml")
 
 func render(t *testing.T, files []string, set ...string) rendered {
 	t.Helper()
-	chrt, err := chartrender.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartrender.Values(files, set)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := chartrender.Render(t.Context(), chrt, vals, chartrender.KubeVersions[len(chartrender.KubeVersions)-1])
+	stream, err := chartrender.RenderRepo(t.Context(), files, set)
 	if err != nil {
 		t.Fatalf("render %v %v: %v", files, set, err)
 	}
