@@ -46,13 +46,18 @@ type Image struct {
 	Digest v1.Hash
 }
 
-// ParseImage reads registry/repository:tag or registry/repository:tag@sha256:….
+// ParseImage reads registry/repository:tag or registry/repository:tag@sha256:…, as images.txt lists images: what an
+// air-gapped copy can reproduce exactly, so the registry is named (nothing implied, such as Docker Hub) and so is
+// the tag (no implied :latest).
 func ParseImage(s string) (Image, error) {
 	s = strings.TrimSpace(s)
 	ref, digest, pinned := strings.Cut(s, "@")
 	tag, err := name.NewTag(ref, name.StrictValidation)
 	if err != nil {
 		return Image{}, fmt.Errorf("image %q: want registry/repository:tag[@sha256:…]: %w", s, err)
+	}
+	if RegistryOf(ref) == "" {
+		return Image{}, fmt.Errorf("image %q names no registry (its first path part must be a host: registry.example.com/...)", s)
 	}
 	img := Image{Ref: ref, Tag: tag}
 	if pinned {
@@ -61,6 +66,16 @@ func ParseImage(s string) (Image, error) {
 		}
 	}
 	return img, nil
+}
+
+// RegistryOf is the registry host a reference names explicitly, or "" when it names none. The first path part
+// is a host when it has a '.' or ':' or is localhost, the rule container runtimes apply.
+func RegistryOf(ref string) string {
+	first, _, ok := strings.Cut(ref, "/")
+	if ok && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		return first
+	}
+	return ""
 }
 
 // String is the reference with its digest where known: the form the image lists use.

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
 )
 
 // FileName is the image list's name inside the chart directory (it ships in the packaged chart).
@@ -32,21 +32,17 @@ func Format(refs []string) []byte {
 	return []byte(b.String())
 }
 
-// Parse reads images.txt content: one reference a line, '#' comment lines and blank lines skipped. Each reference
-// must pass CheckReference; errors name the line. The references come back in file order.
+// Parse reads images.txt content with the bundle's own reader (airgap.ReadImageList: one reference a line, '#'
+// comment lines and blank lines skipped, each one a registry/repository:tag[@digest] that names its registry);
+// errors name the line (images.txt:N:). The references come back in file order, each once.
 func Parse(content string) ([]string, error) {
-	var refs []string
-	n := 0
-	for line := range strings.Lines(content) {
-		n++
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if err := CheckReference(line); err != nil {
-			return nil, fmt.Errorf("line %d: %w", n, err)
-		}
-		refs = append(refs, line)
+	imgs, err := airgap.ReadImageList(strings.NewReader(content), FileName)
+	if err != nil {
+		return nil, err
+	}
+	refs := make([]string, 0, len(imgs))
+	for _, img := range imgs {
+		refs = append(refs, img.String())
 	}
 	return refs, nil
 }
@@ -64,27 +60,14 @@ func ParseFile(path string) ([]string, error) {
 	return refs, nil
 }
 
-// CheckReference accepts what an air-gapped copy can reproduce exactly: a reference that names its registry
-// (nothing implied, such as Docker Hub) and a tag or digest (no implied :latest).
+// CheckReference accepts what images.txt may list (airgap.ParseImage).
 func CheckReference(ref string) error {
-	if _, err := name.ParseReference(ref, name.StrictValidation); err != nil {
-		return fmt.Errorf("image %q: %w", ref, err)
-	}
-	if RegistryOf(ref) == "" {
-		return fmt.Errorf("image %q names no registry (its first path part must be a host: registry.example.com/...)", ref)
-	}
-	return nil
+	_, err := airgap.ParseImage(ref)
+	return err
 }
 
-// RegistryOf is the registry host a reference names explicitly, or "" when it names none. The first path part
-// is a host when it has a '.' or ':' or is localhost, the rule container runtimes apply.
-func RegistryOf(ref string) string {
-	first, _, ok := strings.Cut(ref, "/")
-	if ok && (strings.ContainsAny(first, ".:") || first == "localhost") {
-		return first
-	}
-	return ""
-}
+// RegistryOf is the registry host a reference names explicitly, or "" (airgap.RegistryOf).
+func RegistryOf(ref string) string { return airgap.RegistryOf(ref) }
 
 // UserSuppliedPrefixes are where the profiles name images that only the user can pull, with their own licence:
 // NVIDIA AI Enterprise's registry namespace, which holds the vGPU manager. A profile names such an image as a

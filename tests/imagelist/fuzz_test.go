@@ -13,7 +13,7 @@ func FuzzParse(f *testing.F) {
 	f.Fuzz(func(t *testing.T, content string) {
 		refs, err := Parse(content)
 		if err != nil {
-			if !strings.HasPrefix(err.Error(), "line ") {
+			if !strings.HasPrefix(err.Error(), FileName+":") {
 				t.Fatalf("error %q does not name the line", err)
 			}
 			return

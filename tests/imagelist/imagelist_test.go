@@ -209,7 +209,7 @@ func TestParseNamesTheBadLine(t *testing.T) {
 			t.Errorf("%q (%s): accepted", tc.line, tc.why)
 			continue
 		}
-		if !strings.Contains(err.Error(), "line 4") {
+		if !strings.HasPrefix(err.Error(), FileName+":4: ") {
 			t.Errorf("%q: error %q does not name line 4", tc.line, err)
 		}
 	}
