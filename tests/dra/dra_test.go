@@ -23,6 +23,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
@@ -34,7 +35,7 @@ const (
 	workloads = "ml"
 	// trainers is how many single-GPU claim pods the workload runs: one more than the DRA pool's GPUs, so one waits
 	// for a GPU rather than land on a device-plugin node, and gets one when that pool moves to DRA.
-	trainers = 2*gpusPerNode + 1
+	trainers = 2*draplugin.GPUsPerNode + 1
 )
 
 var (
@@ -71,7 +72,7 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 	plugin, stopPlugin := context.WithCancel(ctx)
 	defer stopPlugin()
 	pluginErrs := make(chan error, 1)
-	go playPlugin(plugin, kube.Client, namespace, pluginErrs)
+	go draplugin.Play(plugin, kube.Client, namespace, pluginErrs)
 
 	rel, err := target().Install(ctx, []string{profile})
 	if err != nil {
@@ -91,7 +92,7 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 	// 1. allocation on DRA nodes only
 	step := time.Now()
 	startWorkload(t)
-	claimNodes := waitForTrainers(t, len(draNodes)*gpusPerNode)
+	claimNodes := waitForTrainers(t, len(draNodes)*draplugin.GPUsPerNode)
 	for pod, node := range claimNodes {
 		if !slices.Contains(draNodes, node) {
 			t.Errorf("claim pod %s runs on %s, not a DRA node %v", pod, node, draNodes)
@@ -110,7 +111,7 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 			t.Errorf("device-plugin node %s runs the DRA kubelet plugin", n)
 		}
 	}
-	if got, _ := slicedNodes(ctx, kube.Client); !slices.Equal(got, draNodes) {
+	if got, _ := draplugin.SlicedNodes(ctx, kube.Client); !slices.Equal(got, draNodes) {
 		t.Errorf("gpu.nvidia.com slices on %v, want exactly the DRA nodes %v", got, draNodes)
 	}
 	t.Logf("claims allocated and pods running on %v in %s", claimNodes, time.Since(step).Round(time.Millisecond))
@@ -260,7 +261,7 @@ func waitForSlices(t *testing.T, want []string, errs <-chan error) {
 		default:
 		}
 		var err error
-		got, err = slicedNodes(ctx, kube.Client)
+		got, err = draplugin.SlicedNodes(ctx, kube.Client)
 		return err == nil && slices.Equal(got, want), err
 	})
 	if err != nil {
@@ -288,7 +289,7 @@ func startWorkload(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: workloads},
 		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
 			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
-				DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				DeviceClassName: draplugin.GPUDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
 			}}},
 		}}},
 	}
@@ -412,7 +413,7 @@ func checkClaims(t *testing.T, podNodes map[string]string) {
 			continue
 		}
 		r := results[0]
-		if r.Driver != gpuDriver || r.Pool != podNodes[pod] {
+		if r.Driver != draplugin.GPUDriver || r.Pool != podNodes[pod] {
 			t.Errorf("claim %s of %s (on %s): device %s/%s/%s, want a gpu.nvidia.com device of pool %s",
 				c.Name, pod, podNodes[pod], r.Driver, r.Pool, r.Device, podNodes[pod])
 		}

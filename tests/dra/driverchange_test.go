@@ -24,6 +24,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
 )
 
@@ -107,7 +108,7 @@ func TestDRADriverChangeOrder(t *testing.T) {
 	plugin, stopPlugin := context.WithCancel(ctx)
 	defer stopPlugin()
 	pluginErrs := make(chan error, 1)
-	go playPlugin(plugin, kube.Client, namespace, pluginErrs)
+	go draplugin.Play(plugin, kube.Client, namespace, pluginErrs)
 
 	tg := target()
 	if _, err := tg.Install(ctx, []string{profile}, settings...); err != nil {
@@ -248,7 +249,7 @@ func currentRevision(t *testing.T) int64 {
 // pluginPodsOn names the DRA kubelet plugin pods on node that are not being deleted ("" when none).
 func pluginPodsOn(node string) string {
 	pods, err := kube.Client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{
-		LabelSelector: pluginSelector, FieldSelector: "spec.nodeName=" + node})
+		LabelSelector: draplugin.PluginSelector, FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
 		return err.Error()
 	}
@@ -363,7 +364,7 @@ func startPinnedHolder(t *testing.T) string {
 		ObjectMeta: metav1.ObjectMeta{Name: "one-gpu", Namespace: holderNS},
 		Spec: resourcev1.ResourceClaimTemplateSpec{Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
 			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{
-				DeviceClassName: gpuDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
+				DeviceClassName: draplugin.GPUDriver, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1,
 			}}},
 		}}},
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
 )
 
 // snapshotNodes records every node's state.
@@ -37,6 +39,10 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no profiles: %v", err)
 	}
+	// the DRA profiles' kubelet plugin publishes each DRA node's ResourceSlice, which the gate waits for
+	plugin, stopPlugin := context.WithCancel(t.Context())
+	defer stopPlugin()
+	go draplugin.Play(plugin, kube.Client, target().Namespace, make(chan error, 1))
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			before := snapshotNodes(t)

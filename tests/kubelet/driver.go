@@ -50,6 +50,26 @@ type DriverHost struct {
 	Stop func(step string) bool
 }
 
+// labelAllocation writes the driver pod's GPU_ALLOCATION on its node as the driver manager does on a node without
+// the label (nodestate.SetAllocation, recorded so the pre-delete cleanup removes it); a labelled node is left as it is.
+func (k *Kubelet) labelAllocation(ctx context.Context, pod *corev1.Pod) error {
+	manager := containerWith(pod.Spec.InitContainers, "driver-manager")
+	if manager == nil {
+		return nil
+	}
+	mode := envOf(pod, manager)("GPU_ALLOCATION")
+	if mode == "" {
+		return nil
+	}
+	_, err := nodestate.Update(ctx, k.client, pod.Spec.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+		if n.Labels[nodestate.AllocationLabel] != "" {
+			return nodestate.Patch{}, nil
+		}
+		return nodestate.SetAllocation(n, mode)
+	})
+	return err
+}
+
 // SetDriverFault makes every driver whose image tag starts with tag fail the validator's driver check with reason
 // on any node where the driver container loaded it (a driver that installs but never validates); an empty reason
 // clears it. The validators of the nodes running such a driver re-run their checks at once, as a crash-looping
@@ -109,6 +129,12 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 	h := k.hosts[pod.Spec.NodeName]
 	k.mu.Unlock()
 	if h == nil {
+		// without a host the driver manager does not run; what it leaves on a node new to the stack is played: the
+		// pool's allocation mode, which places the device plugin or the DRA kubelet plugin
+		if err := k.labelAllocation(ctx, pod); err != nil {
+			k.setStatus(ctx, pod, running(pod, false, &initStuck{0, "CrashLoopBackOff", err.Error()}))
+			return
+		}
 		k.setStatus(ctx, pod, running(pod, true, nil))
 		return
 	}

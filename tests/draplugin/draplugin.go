@@ -1,4 +1,6 @@
-package dra
+// Package draplugin plays NVIDIA's gpus DRA kubelet plugin on simulated nodes: it publishes a node's ResourceSlice
+// while the chart's kubelet-plugin pod runs there, and removes it when the pod goes, as the kubelet does.
+package draplugin
 
 import (
 	"context"
@@ -16,23 +18,23 @@ import (
 )
 
 const (
-	// gpuDriver is the DRA driver of NVIDIA GPUs; the gpu.nvidia.com DeviceClass selects its devices of type gpu.
-	gpuDriver = "gpu.nvidia.com"
-	// pluginSelector selects the chart's DRA kubelet-plugin pods (the name the reference driver manager waits on).
-	pluginSelector = "app=nvidia-dra-driver-kubelet-plugin"
-	// gpusPerNode is how many GPU devices each node's slice publishes.
-	gpusPerNode = 4
+	// GPUDriver is the DRA driver of NVIDIA GPUs; the gpu.nvidia.com DeviceClass selects its devices of type gpu.
+	GPUDriver = "gpu.nvidia.com"
+	// PluginSelector selects the chart's DRA kubelet-plugin pods (the name the reference driver manager waits on).
+	PluginSelector = "app=nvidia-dra-driver-kubelet-plugin"
+	// GPUsPerNode is how many GPU devices each node's slice publishes.
+	GPUsPerNode = 4
 )
 
-// sliceName is the one ResourceSlice of a node's pool (pool = node name, as the gpus plugin names it).
-func sliceName(node string) string { return node + "-" + gpuDriver }
+// SliceName is the one ResourceSlice of a node's pool (pool = node name, as the gpus plugin names it).
+func SliceName(node string) string { return node + "-" + GPUDriver }
 
 // gpuSlice is what the gpus kubelet plugin publishes for a node: one pool named after the node, its GPUs with the
 // attributes the DeviceClasses' CEL selectors read (type) and those workloads select on (uuid, productName, ...).
 func gpuSlice(node *corev1.Node) *resourcev1.ResourceSlice {
 	product := node.Labels["nvidia.com/gpu.product"]
 	var devices []resourcev1.Device
-	for i := range gpusPerNode {
+	for i := range GPUsPerNode {
 		devices = append(devices, resourcev1.Device{
 			Name: fmt.Sprintf("gpu-%d", i),
 			Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
@@ -49,12 +51,12 @@ func gpuSlice(node *corev1.Node) *resourcev1.ResourceSlice {
 	}
 	return &resourcev1.ResourceSlice{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: sliceName(node.Name),
+			Name: SliceName(node.Name),
 			// the kubelet plugin library owns a node's slices by its Node
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
 		},
 		Spec: resourcev1.ResourceSliceSpec{
-			Driver:   gpuDriver,
+			Driver:   GPUDriver,
 			Pool:     resourcev1.ResourcePool{Name: node.Name, Generation: 1, ResourceSliceCount: 1},
 			NodeName: ptr.To(node.Name),
 			Devices:  devices,
@@ -62,10 +64,10 @@ func gpuSlice(node *corev1.Node) *resourcev1.ResourceSlice {
 	}
 }
 
-// playPlugin plays the gpus kubelet plugin and the kubelet's cleanup of it until ctx ends: a node with a Running
+// Play plays the gpus kubelet plugin and the kubelet's cleanup of it until ctx ends: a node with a Running
 // kubelet-plugin pod gets its slice; a node without one loses it (the kubelet deletes a driver's slices once its
 // plugin has unregistered). It reports each reconcile error on errs, without blocking.
-func playPlugin(ctx context.Context, client kubernetes.Interface, namespace string, errs chan<- error) {
+func Play(ctx context.Context, client kubernetes.Interface, namespace string, errs chan<- error) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -84,7 +86,7 @@ func playPlugin(ctx context.Context, client kubernetes.Interface, namespace stri
 }
 
 func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace string) error {
-	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: pluginSelector})
+	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: PluginSelector})
 	if err != nil {
 		return err
 	}
@@ -100,7 +102,7 @@ func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace
 	}
 	published := map[string]bool{}
 	for _, s := range have.Items {
-		if s.Spec.Driver != gpuDriver || s.Spec.NodeName == nil {
+		if s.Spec.Driver != GPUDriver || s.Spec.NodeName == nil {
 			continue
 		}
 		if !slices.Contains(serving, *s.Spec.NodeName) {
@@ -126,15 +128,15 @@ func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace
 	return nil
 }
 
-// slicedNodes are the nodes with a gpu.nvidia.com slice now.
-func slicedNodes(ctx context.Context, client kubernetes.Interface) ([]string, error) {
+// SlicedNodes are the nodes with a gpu.nvidia.com slice now.
+func SlicedNodes(ctx context.Context, client kubernetes.Interface) ([]string, error) {
 	have, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, s := range have.Items {
-		if s.Spec.Driver == gpuDriver && s.Spec.NodeName != nil {
+		if s.Spec.Driver == GPUDriver && s.Spec.NodeName != nil {
 			out = append(out, *s.Spec.NodeName)
 		}
 	}
