@@ -29,7 +29,7 @@ demo:
 
 ## golden: rewrite golden files and values schemas after an intended chart change (review the diff!)
 golden:
-	UPDATE_GOLDEN=1 $(GO) test ./tests/ -run 'TestGolden|TestValuesSchemaUpToDate|TestImages'
+	UPDATE_GOLDEN=1 $(GO) test ./tests/chart -run 'TestGolden|TestValuesSchemaUpToDate|TestImages'
 
 ## generate: rewrite the chart's Grafana dashboards (charts/kube-gpu-stack/dashboards/*.json) from ci/dashboards
 generate:

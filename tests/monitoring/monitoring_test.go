@@ -1,5 +1,5 @@
 // Package monitoring tests the chart's alerts against Prometheus' own tools: the PrometheusRule rendered with
-// values/monitoring.yaml must pass promtool's rule unit tests (tests/testdata/monitoring), and every PromQL
+// values/monitoring.yaml must pass promtool's rule unit tests (tests/monitoring/testdata), and every PromQL
 // expression the chart ships, in rules and dashboards, must parse and select only metrics that an exporter the chart
 // configures emits. promtool and the checker come from the separate module ci/prometheus (ci/build-prometheus.sh).
 package monitoring
@@ -196,9 +196,9 @@ func TestAlertRuleUnitTests(t *testing.T) {
 	if out, err := run(t, dir, filepath.Join(bin, "promtool"), "check", "rules", "rules.yaml"); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
-	tests, err := filepath.Glob(filepath.Join("..", "testdata", "monitoring", "*.test.yaml"))
+	tests, err := filepath.Glob(filepath.Join("testdata", "*.test.yaml"))
 	if err != nil || len(tests) == 0 {
-		t.Fatalf("no rule unit tests in tests/testdata/monitoring: %v", err)
+		t.Fatalf("no rule unit tests in tests/monitoring/testdata: %v", err)
 	}
 	args := []string{"test", "rules"}
 	for _, f := range tests {
@@ -223,7 +223,7 @@ func TestAlertRuleUnitTests(t *testing.T) {
 func TestEveryAlertIsUnitTested(t *testing.T) {
 	r := render(t, []string{profile})
 	fires, silent := map[string]bool{}, map[string]bool{}
-	files, _ := filepath.Glob(filepath.Join("..", "testdata", "monitoring", "*.test.yaml"))
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.test.yaml"))
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {

@@ -1,4 +1,4 @@
-package tests
+package chart
 
 import (
 	"os"
@@ -13,7 +13,7 @@ import (
 )
 
 // TestGolden renders every values profile for the oldest and newest supported Kubernetes and compares the bytes
-// with tests/testdata/<profile>.<kube minor>.golden.yaml. A change to the chart's output shows up as a golden diff
+// with tests/chart/testdata/golden/<profile>.<kube minor>.golden.yaml. A change to the chart's output shows up as a golden diff
 // to review; UPDATE_GOLDEN=1 rewrites the files.
 func TestGolden(t *testing.T) {
 	for _, p := range profiles(t) {

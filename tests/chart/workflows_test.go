@@ -1,4 +1,4 @@
-package tests
+package chart
 
 import (
 	"crypto/sha256"
@@ -56,7 +56,7 @@ func TestWorkflowsPassActionlint(t *testing.T) {
 	if out, err := run(workflows...); err != nil {
 		t.Errorf("actionlint: %v\n%s", err, out)
 	}
-	out, err := run(filepath.Join("tests", "testdata", "workflows", "broken.yml"))
+	out, err := run(filepath.Join("tests", "chart", "testdata", "workflows", "broken.yml"))
 	for _, want := range []string{"pushh", "runs-on", "steps.nothing"} {
 		if err == nil || !strings.Contains(out, want) {
 			t.Errorf("actionlint passed or missed %q in the broken workflow: %v\n%s", want, err, out)
