@@ -25,7 +25,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
 // debian12 is a GPU node whose OS no driver DaemonSet has an image for: no pool's OS tag covers it.

@@ -13,9 +13,9 @@ import (
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/airgaptest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
 
 // TestAirgapBundleMirrorRender: with the chart's real images.txt, an in-process "upstream" registry on 127.0.0.1

@@ -8,9 +8,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 // draRole is the container role on a node whose pool allocates GPUs through DRA: the DRA kubelet plugin instead of

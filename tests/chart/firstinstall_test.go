@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // gateTimeout is the validation gate's --timeout in a rendered stream.

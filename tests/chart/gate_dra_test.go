@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // TestGateReadsResourceSlicesOnlyWithDRA: with the DRA driver the post-install gate and `helm test` run `check

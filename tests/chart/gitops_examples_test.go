@@ -24,7 +24,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // fluxDefaultTimeout is HelmReleaseSpec.Timeout's default, which install, upgrade and test fall back to.

@@ -9,7 +9,7 @@ import (
 
 	"helm.sh/helm/v3/pkg/action"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // TestGolden renders every values profile for the oldest and newest supported Kubernetes and compares the bytes

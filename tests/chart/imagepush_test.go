@@ -10,9 +10,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/airgaptest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
 
 // TestImagePushThenInstall is the README's install-from-a-clone path: the image `image build` writes (here a small

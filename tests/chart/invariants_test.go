@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // overlay adds a marker pull secret and toleration to the global values; every pod must carry both.

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // migrateInputs is where the GPU Operator inputs of the migrate tests live (the operator's own defaults vendored).

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
 // OpenShift admits a pod only under a SecurityContextConstraints (SCC) that its ServiceAccount (or the creating

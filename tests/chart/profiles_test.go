@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // updateGolden rewrites golden files (and generated schemas) instead of comparing: UPDATE_GOLDEN=1 go test ./tests/...

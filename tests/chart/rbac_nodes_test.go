@@ -24,7 +24,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // TestValidatorChecksMayRecordOnTheirNode: a validator check that knows its node (NODE_NAME) records its outcome

@@ -12,10 +12,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 // operandDaemonSets decodes the rendered DaemonSets of one operand (app.kubernetes.io/component), by name.

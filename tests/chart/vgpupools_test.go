@@ -10,9 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 var vmVGPUProfile = filepath.Join(chartrender.RepoRoot(), "values", "vm-vgpu.yaml")

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // actionlint builds the pinned actionlint of ci/actionlint (its own module, so the project's go.mod stays clean)

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // TestComputeDomainCRDOnTheAPIServer: the ComputeDomain CRD the chart ships (operands/dra-driver/files/crds) as

@@ -21,13 +21,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 const (

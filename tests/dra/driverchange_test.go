@@ -23,9 +23,9 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 const (

@@ -12,8 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/airgaptest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
 
 // TestAirgapInstallFromPrivateRegistry: the chart archive from the air-gapped bundle, pushed with Helm's registry

@@ -9,9 +9,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/draplugin"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
 )
 
 // snapshotNodes records every node's state.

@@ -8,9 +8,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 // kube is the package's one cluster, shared by every test (each test uses its own release and namespace).

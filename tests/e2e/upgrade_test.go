@@ -15,9 +15,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
 )
 
 // renderedDriverPools is the DRIVER_POOLS env the chart gives its hooks for the mixed profile.

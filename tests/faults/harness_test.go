@@ -21,9 +21,9 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/workloads"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
 const (

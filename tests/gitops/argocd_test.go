@@ -24,11 +24,11 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 // The Argo CD Application of these tests: its name is the Helm release name Argo CD renders with, and its

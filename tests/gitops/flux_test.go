@@ -24,10 +24,10 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/kubelet"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 const (

@@ -17,7 +17,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // ownMetrics are the series the stack's own node status exporter serves, as its code names them (ownmetrics).

@@ -22,8 +22,8 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 // Target is where releases go: a kubeconfig, a release name and its namespace.
