@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -111,4 +112,45 @@ func helmCLI(t *testing.T) string {
 		t.Fatalf("go tool -n helm printed %q: %v", path, err)
 	}
 	return path
+}
+
+// TestRenderIsDeterministic renders each profile twice: Argo CD compares renders, so they must be byte-equal.
+func TestRenderIsDeterministic(t *testing.T) {
+	for _, p := range profiles(t) {
+		a := render(t, newestKube, []string{p.file})
+		b := render(t, newestKube, []string{p.file})
+		if a != b {
+			t.Errorf("%s renders differently twice:\n%s", p.name, lineDiff(a, b))
+		}
+	}
+}
+
+// TestTemplatesAvoidNondeterminism: no template calls lookup or a random/time function (Argo CD re-renders and
+// compares; `helm template` has no cluster for lookup).
+func TestTemplatesAvoidNondeterminism(t *testing.T) {
+	banned := regexp.MustCompile(`\b(lookup|now|date|dateInZone|dateModify|unixEpoch|randAlphaNum|randAlpha|randNumeric|randAscii|randInt|randBytes|uuidv4|genCA|genCAWithKey|genPrivateKey|genSelfSignedCert|genSelfSignedCertWithKey|genSignedCert|genSignedCertWithKey|derivePassword|htpasswd)\b`)
+	action := regexp.MustCompile(`{{[^}]*}}`)
+	root := chartrender.RepoRoot()
+	var files []string
+	for _, pattern := range []string{"charts/*/templates/*", "operands/*/templates/*", "operands/*/templates/*/*", "charts/*/templates/*/*"} {
+		m, _ := filepath.Glob(filepath.Join(root, pattern))
+		files = append(files, m...)
+	}
+	if len(files) < 20 {
+		t.Fatalf("found only %d template files", len(files))
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue // a directory
+		}
+		for _, a := range action.FindAllString(string(data), -1) {
+			if strings.HasPrefix(a, "{{/*") || strings.HasPrefix(a, "{{- /*") {
+				continue
+			}
+			if m := banned.FindString(a); m != "" {
+				t.Errorf("%s uses %s: %s", f, m, a)
+			}
+		}
+	}
 }

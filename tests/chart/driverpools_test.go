@@ -2,6 +2,7 @@ package chart
 
 import (
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -10,9 +11,14 @@ import (
 	"helm.sh/helm/v3/pkg/cli/values"
 	"helm.sh/helm/v3/pkg/getter"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 // driver-pools: every GPU node is a container node; the host pool's nodes get everything but the driver.
@@ -201,5 +207,483 @@ func TestDriverPoolsFanOut(t *testing.T) {
 	}
 	if seen != 2 {
 		t.Errorf("want two distinct precompiled DaemonSets, got %v", names)
+	}
+}
+
+// driverPool is one DRIVER_POOLS entry, as the hooks read it.
+type driverPool = driverpools.Pool
+
+// gatePools decodes the gate Job's DRIVER_POOLS with the hooks' own parser and checks the test Pod and the
+// pre-upgrade Job carry the same.
+func gatePools(t *testing.T, stream string) []driverPool {
+	t.Helper()
+	raw := map[string]string{}
+	for _, h := range hookObjects(t, stream) {
+		if h.name() == gateName && h.kind() == "Job" || h.name() == testName && h.kind() == "Pod" || h.name() == preUpgradeName && h.kind() == "Job" {
+			v, ok := podOf(t, h).env("DRIVER_POOLS")
+			if !ok {
+				t.Fatalf("%s has no DRIVER_POOLS", h.key())
+			}
+			raw[h.name()] = v
+		}
+	}
+	if raw[gateName] == "" || raw[gateName] != raw[testName] || raw[gateName] != raw[preUpgradeName] {
+		t.Fatalf("DRIVER_POOLS of the gate, the test and the pre-upgrade plan differ or are missing: %q vs %q vs %q",
+			raw[gateName], raw[testName], raw[preUpgradeName])
+	}
+	pools, err := driverpools.Parse(raw[gateName])
+	if err != nil {
+		t.Fatalf("DRIVER_POOLS %s: %v", raw[gateName], err)
+	}
+	return pools
+}
+
+// TestDriverPoolsEnvMatchesDriverDaemonSets: the DRIVER_POOLS the gate gets describe the driver DaemonSets that
+// are rendered: matched with the same selector evaluator the gate uses, every GPU node is selected by exactly
+// one pool, and a node a driver DaemonSet schedules on is selected by that DaemonSet's pool; host pools have no
+// DaemonSet. Covered: the default pool alone, pools on one label, and pools whose selectors need several terms
+// to exclude (the default pool's OR'ed alternatives). Without the driver chart the list is empty.
+func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
+	multiTerm := writeTemp(t, "pools.yaml", `driver:
+  pools:
+    - name: r570
+      nodeSelector:
+        matchLabels: {nvidia.com/driver.pool: r570}
+      image: {tag: "570.195.03"}
+    - name: old-kernel
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: In, values: [precompiled]}
+          - {key: feature.node.kubernetes.io/kernel-version.full, operator: In, values: [5.15.0-140-generic]}
+      os: [ubuntu22.04]
+    - name: host
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: Exists}
+          - {key: nvidia.com/driver.pool, operator: NotIn, values: [r570, precompiled]}
+      source: host
+`)
+	values := func(name string) string { return filepath.Join(chartrender.RepoRoot(), "values", name+".yaml") }
+	for _, tc := range []struct {
+		name  string
+		files []string
+		pools []string
+		// node -> pool, for nodes whose pool is the point of the case
+		want map[string]string
+	}{
+		{"default-only", []string{values("container-only")}, []string{"default"},
+			map[string]string{"pool-r570-rhel9": "default", "container-ubuntu2204": "default"}},
+		{"driver-pools", []string{values("driver-pools")}, []string{"default", "r570", "precompiled", "host"},
+			map[string]string{"pool-r570-rhel9": "r570", "pool-precompiled-k6-8": "precompiled", "pool-host": "host", "container-rhel9": "default"}},
+		{"multi-term", []string{multiTerm}, []string{"default", "r570", "old-kernel", "host"},
+			map[string]string{"pool-precompiled-k5-15": "old-kernel", "pool-precompiled-k6-8": "default", "pool-host": "host", "pool-r570-ubuntu2404": "r570"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := render(t, newestKube, tc.files)
+			pools := gatePools(t, stream)
+			var names []string
+			for _, p := range pools {
+				names = append(names, p.Name)
+			}
+			if !slices.Equal(names, tc.pools) {
+				t.Fatalf("DRIVER_POOLS pools %v, want %v (the default pool first, then as listed)", names, tc.pools)
+			}
+			if tc.name == "multi-term" && len(pools[0].NodeSelectorTerms) < 2 {
+				t.Fatalf("the default pool has %d terms; the case needs several", len(pools[0].NodeSelectorTerms))
+			}
+			dss, err := placement.DaemonSets(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var drivers []placement.DaemonSet
+			for _, ds := range dss {
+				if ds.Operand == "driver" {
+					drivers = append(drivers, ds)
+				}
+			}
+			poolOfDS := func(ds string) string {
+				best := ""
+				for _, p := range pools {
+					prefix := "nvidia-driver-" + p.Name + "-"
+					if p.Name == "default" {
+						prefix = "nvidia-driver-daemonset-"
+					}
+					if strings.HasPrefix(ds, prefix) && len(p.Name) > len(best) {
+						best = p.Name
+					}
+				}
+				return best
+			}
+			var nodes []*corev1.Node
+			for _, n := range nodefixtures.RoleMatrix() {
+				nodes = append(nodes, n.Object())
+			}
+			place, err := placement.Place(drivers, nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, n := range nodes {
+				if n.Labels["nvidia.com/gpu.present"] != "true" {
+					continue
+				}
+				var selected []driverPool
+				for _, p := range pools {
+					ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: p.NodeSelectorTerms}, n)
+					if err != nil {
+						t.Fatalf("pool %s: %v", p.Name, err)
+					}
+					if ok {
+						selected = append(selected, p)
+					}
+				}
+				if len(selected) != 1 {
+					t.Errorf("GPU node %s is selected by %d pools %v", n.Name, len(selected), selected)
+					continue
+				}
+				got[n.Name] = selected[0].Name
+				if ds, ok := place[n.Name]["driver"]; ok && poolOfDS(ds) != selected[0].Name {
+					t.Errorf("node %s: driver DaemonSet %s (pool %s), but DRIVER_POOLS selects pool %s", n.Name, ds, poolOfDS(ds), selected[0].Name)
+				}
+				if _, ok := place[n.Name]["driver"]; ok && selected[0].Source != "container" {
+					t.Errorf("node %s gets a driver DaemonSet, but its pool %s has source %s", n.Name, selected[0].Name, selected[0].Source)
+				}
+			}
+			for node, pool := range tc.want {
+				if got[node] != pool {
+					t.Errorf("node %s: DRIVER_POOLS selects pool %q, want %q", node, got[node], pool)
+				}
+			}
+			placed := 0
+			for _, n := range nodes {
+				if _, ok := place[n.Name]["driver"]; ok {
+					placed++
+				}
+			}
+			if placed == 0 {
+				t.Fatal("no driver DaemonSet placed on any fixture; the comparison proved nothing")
+			}
+		})
+	}
+
+	t.Run("no-driver", func(t *testing.T) {
+		if pools := gatePools(t, render(t, newestKube, []string{values("host-driver")})); len(pools) != 0 {
+			t.Errorf("driver.enabled=false renders DRIVER_POOLS %v, want []", pools)
+		}
+	})
+}
+
+// podDigests are the DRIVER_CONFIG_DIGEST values of a pod template's containers (init and main), by container.
+func podDigests(spec corev1.PodSpec) map[string]string {
+	out := map[string]string{}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		for _, e := range c.Env {
+			if e.Name == "DRIVER_CONFIG_DIGEST" {
+				out[c.Name] = e.Value
+			}
+		}
+	}
+	return out
+}
+
+// neutral is a copy of node without its nvidia.com/gpu.deploy.* switches and taints: what is left decides whether a
+// GPU operand may run there by role and by its own node selection.
+func neutral(node *corev1.Node) *corev1.Node {
+	n := node.DeepCopy()
+	maps.DeleteFunc(n.Labels, func(k, _ string) bool { return strings.HasPrefix(k, "nvidia.com/gpu.deploy.") })
+	n.Spec.Taints = nil
+	return n
+}
+
+// TestDriverPoolsListTheDriverDaemonSets: in every profile, the driver DaemonSets that DRIVER_POOLS lists (what the
+// pre-upgrade plan compares digests with) are exactly the rendered driver DaemonSets, each with the
+// DRIVER_CONFIG_DIGEST its pod template carries, in the pool whose selection covers its nodes; and on the fixture
+// nodes each DaemonSet's nodeSelectorTerms select exactly the GPU container nodes the DaemonSet is placed on (with
+// the scheduler's evaluator). "GPU container nodes" are those the operator validator, a container-role operand with
+// no node selection of its own, runs on once the gpu.deploy.* switches and taints are set aside; the driver is
+// placed by the same rule on the same neutralized nodes, so the comparison holds for paused, switched-off and
+// tainted nodes too, and on the nodes as they are a placed DaemonSet is always one its terms select. So the plan's
+// DaemonSetFor names, for a node, the DaemonSet whose pod runs there.
+func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
+	var base []*corev1.Node
+	for _, n := range nodefixtures.RoleMatrix() {
+		base = append(base, n.Object())
+	}
+	for _, p := range profiles(t) {
+		t.Run(p.name, func(t *testing.T) {
+			nodes := slices.Clone(base)
+			for _, n := range extraNodes[p.name] {
+				nodes = append(nodes, n.Object())
+			}
+			stream := render(t, newestKube, []string{p.file})
+			pools := gatePools(t, stream)
+			rendered := operandDaemonSets(t, stream, "driver")
+
+			listed := map[string]driverPool{} // DaemonSet -> its pool
+			for _, pool := range pools {
+				if pool.Source != "container" && len(pool.DaemonSets) > 0 {
+					t.Errorf("pool %s (source %s) lists driver DaemonSets %v", pool.Name, pool.Source, pool.DaemonSets)
+				}
+				if pool.MaxUnavailable == nil || pool.AutoUpgrade == nil {
+					t.Errorf("pool %s: maxUnavailable %v, autoUpgrade %v; want the pool's upgradePolicy", pool.Name, pool.MaxUnavailable, pool.AutoUpgrade)
+				}
+				for _, ds := range pool.DaemonSets {
+					if _, dup := listed[ds.Name]; dup {
+						t.Errorf("driver DaemonSet %s listed twice", ds.Name)
+					}
+					listed[ds.Name] = pool
+				}
+			}
+			if got, want := slices.Sorted(maps.Keys(listed)), slices.Sorted(maps.Keys(rendered)); !slices.Equal(got, want) {
+				t.Fatalf("DRIVER_POOLS lists driver DaemonSets\n %v\nthe chart renders\n %v", got, want)
+			}
+			if len(rendered) == 0 {
+				return // no containerized driver (host-driver): nothing to place
+			}
+
+			var validators []placement.DaemonSet
+			var drivers []placement.DaemonSet
+			dss, err := placement.DaemonSets(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, ds := range dss {
+				switch ds.Operand {
+				case "operator-validator":
+					validators = append(validators, ds)
+				case "driver":
+					drivers = append(drivers, ds)
+				}
+			}
+			if len(validators) != 1 || len(drivers) != len(rendered) {
+				t.Fatalf("%d validator and %d of %d driver DaemonSets found for placement", len(validators), len(drivers), len(rendered))
+			}
+			containerNode := map[string]bool{}
+			for _, n := range nodes {
+				ok, err := validators[0].Schedules(neutral(n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				containerNode[n.Name] = ok
+			}
+
+			selectedSome, skippedSome := false, false
+			for _, pool := range pools {
+				for _, entry := range pool.DaemonSets {
+					ds := rendered[entry.Name]
+					digests := podDigests(ds.Spec.Template.Spec)
+					if len(digests) < 2 {
+						t.Errorf("%s: DRIVER_CONFIG_DIGEST in %d containers, want the driver manager's and the driver's", ds.Name, len(digests))
+					}
+					for c, d := range digests {
+						if d != entry.Digest {
+							t.Errorf("%s: container %s has DRIVER_CONFIG_DIGEST %s, DRIVER_POOLS says %s", ds.Name, c, d, entry.Digest)
+						}
+					}
+					if entry.Digest == "" {
+						t.Errorf("%s: no digest in DRIVER_POOLS", ds.Name)
+					}
+					var pds placement.DaemonSet
+					for _, d := range drivers {
+						if d.Name == ds.Name {
+							pds = d
+						}
+					}
+					for _, n := range nodes {
+						if n.Labels["nvidia.com/gpu.present"] != "true" {
+							continue
+						}
+						sel := selects(t, entry.NodeSelectorTerms, n, ds.Name)
+						placed, err := pds.Schedules(n)
+						if err != nil {
+							t.Fatal(err)
+						}
+						placedNeutral, err := pds.Schedules(neutral(n))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if placed && (!sel || !containerNode[n.Name]) {
+							t.Errorf("%s runs on %s (a container node: %v), but its DRIVER_POOLS terms select it: %v", ds.Name, n.Name, containerNode[n.Name], sel)
+						}
+						if containerNode[n.Name] && sel != placedNeutral {
+							t.Errorf("GPU container node %s: %s is placed there: %v, its DRIVER_POOLS terms select it: %v", n.Name, ds.Name, placedNeutral, sel)
+						}
+						if sel && !selects(t, pool.NodeSelectorTerms, n, "pool "+pool.Name) {
+							t.Errorf("%s selects %s, which its pool %s does not", ds.Name, n.Name, pool.Name)
+						}
+						if containerNode[n.Name] {
+							selectedSome = selectedSome || sel
+							skippedSome = skippedSome || !sel
+						}
+					}
+				}
+			}
+			if !selectedSome || !skippedSome {
+				t.Fatalf("on the fixtures the driver terms selected some container node: %v, left some out: %v; the comparison proved little",
+					selectedSome, skippedSome)
+			}
+		})
+	}
+}
+
+// TestValidationTimeoutReachesEachPoolsGate: driver.upgradePolicy.validationTimeoutSeconds is the --timeout of the
+// driver-upgrade-gate sidecar of every driver DaemonSet, and a pool's own upgradePolicy overrides it for that pool's
+// DaemonSets only.
+func TestValidationTimeoutReachesEachPoolsGate(t *testing.T) {
+	file := filepath.Join(chartrender.RepoRoot(), "values", "driver-pools.yaml")
+	stream := render(t, newestKube, []string{file}, "driver.upgradePolicy.validationTimeoutSeconds=300",
+		"driver.pools[0].upgradePolicy.validationTimeoutSeconds=45")
+	dss := operandDaemonSets(t, stream, "driver")
+	if len(dss) == 0 {
+		t.Fatal("no driver DaemonSet rendered")
+	}
+	for name, ds := range dss {
+		want := "300s"
+		if strings.HasPrefix(name, "nvidia-driver-r570-") { // pools[0]
+			want = "45s"
+		}
+		var args []string
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			if c.Name == "driver-upgrade-gate" {
+				args = c.Args
+			}
+		}
+		if i := slices.Index(args, "--timeout"); i < 0 || i+1 >= len(args) || args[i+1] != want {
+			t.Errorf("%s: the upgrade gate's args %v, want --timeout %s", name, args, want)
+		}
+	}
+}
+
+var vmVGPUProfile = filepath.Join(chartrender.RepoRoot(), "values", "vm-vgpu.yaml")
+
+const vgpuPoolLabel = "nvidia.com/vgpu-manager.pool"
+
+// vgpuPools: on top of the vm-vgpu profile (default pool: ubuntu22.04), an older vGPU manager on two OSes, a pool
+// on ubuntu24.04 with its own driver manager tag, and nodes with a pre-installed vGPU manager.
+const vgpuPools = `
+vgpuManager:
+  pools:
+    - name: r570
+      nodeSelector:
+        matchLabels: {nvidia.com/vgpu-manager.pool: r570}
+      image: {tag: "570.172.07"}
+      os: [ubuntu22.04, rhel9]
+    - name: noble
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/vgpu-manager.pool, operator: In, values: [noble]}
+      os: [ubuntu24.04]
+      manager:
+        image: {tag: "0.2.0"}
+    - name: preinstalled
+      source: host
+      nodeSelector:
+        matchLabels: {nvidia.com/vgpu-manager.pool: host}
+`
+
+// vgpuNode is a vm-vgpu GPU node of an OS, in a vGPU manager pool when pool is not empty.
+func vgpuNode(name string, o nodefixtures.OS, workload, pool string) *corev1.Node {
+	l := o.Labels()
+	maps.Copy(l, map[string]string{
+		"feature.node.kubernetes.io/pci-10de.present": "true",
+		"nvidia.com/gpu.present":                      "true",
+		"nvidia.com/gpu.product":                      "NVIDIA-L40S",
+		"nvidia.com/gpu.workload.config":              workload,
+	})
+	if pool != "" {
+		l[vgpuPoolLabel] = pool
+	}
+	return nodefixtures.Node{Name: name, Labels: l, GPUs: 8}.Object()
+}
+
+func vgpuPoolsFile(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "vgpu-pools.yaml")
+	if err := os.WriteFile(f, []byte(vgpuPools), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Each container pool renders one vGPU manager DaemonSet per OS tag, and every vm-vgpu node gets exactly the
+// DaemonSet of its pool and OS (none on host pools, none on other roles).
+func TestVGPUManagerPools(t *testing.T) {
+	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)})
+	dss, err := placement.DaemonSets(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vgpu []placement.DaemonSet
+	for _, ds := range dss {
+		if ds.Operand == "vgpu-manager" {
+			vgpu = append(vgpu, ds)
+		}
+	}
+	var names []string
+	for _, ds := range vgpu {
+		names = append(names, ds.Name)
+	}
+	slices.Sort(names)
+	want := []string{
+		"nvidia-vgpu-manager-daemonset-ubuntu2204",
+		"nvidia-vgpu-manager-noble-ubuntu2404",
+		"nvidia-vgpu-manager-r570-rhel9", "nvidia-vgpu-manager-r570-ubuntu2204",
+	}
+	if !slices.Equal(names, want) {
+		t.Fatalf("vGPU manager DaemonSets:\n got  %v\n want %v", names, want)
+	}
+
+	nodes := []*corev1.Node{
+		vgpuNode("default-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", ""),
+		vgpuNode("default-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", ""), // the default pool lists ubuntu22.04 only
+		vgpuNode("r570-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "r570"),
+		vgpuNode("r570-rhel9", nodefixtures.RHEL96, "vm-vgpu", "r570"),
+		vgpuNode("r570-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "r570"), // not an OS of the pool
+		vgpuNode("noble-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "noble"),
+		vgpuNode("host-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "host"),
+		vgpuNode("unknown-pool-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "other"), // default pool
+		vgpuNode("passthrough-r570", nodefixtures.Ubuntu2204, "vm-passthrough", "r570"),
+	}
+	p, err := placement.Place(vgpu, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := map[string]string{
+		"default-ubuntu2204":      "nvidia-vgpu-manager-daemonset-ubuntu2204",
+		"r570-ubuntu2204":         "nvidia-vgpu-manager-r570-ubuntu2204",
+		"r570-rhel9":              "nvidia-vgpu-manager-r570-rhel9",
+		"noble-ubuntu2404":        "nvidia-vgpu-manager-noble-ubuntu2404",
+		"unknown-pool-ubuntu2204": "nvidia-vgpu-manager-daemonset-ubuntu2204",
+	}
+	for _, n := range nodes {
+		if got := p[n.Name]["vgpu-manager"]; got != expect[n.Name] {
+			t.Errorf("node %s: vGPU manager DaemonSet %q, want %q", n.Name, got, expect[n.Name])
+		}
+	}
+
+	// the pool's overrides reach its pods; unset fields inherit the top-level values
+	for name, img := range map[string]string{
+		"nvidia-vgpu-manager-r570-rhel9":           "nvcr.io/nvaie/vgpu-manager:570.172.07-rhel9",
+		"nvidia-vgpu-manager-noble-ubuntu2404":     "nvcr.io/nvaie/vgpu-manager:595.91.07-ubuntu24.04",
+		"nvidia-vgpu-manager-daemonset-ubuntu2204": "nvcr.io/nvaie/vgpu-manager:595.91.07-ubuntu22.04",
+	} {
+		ds := driverDaemonSet(t, stream, name)
+		if got := ds.Spec.Template.Spec.Containers[0].Image; got != img {
+			t.Errorf("%s: image %s, want %s", name, got, img)
+		}
+		manager := ds.Spec.Template.Spec.InitContainers[0].Image
+		if strings.HasSuffix(manager, ":0.2.0") != strings.Contains(name, "-noble-") {
+			t.Errorf("%s: driver manager image %s", name, manager)
+		}
+	}
+}
+
+// Two pools that can select one node fail at render, naming both pools and the label.
+func TestVGPUManagerPoolsOverlap(t *testing.T) {
+	_, err := renderErr(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)},
+		"vgpuManager.pools[1].nodeSelector.matchExpressions[0].values={noble,r570}")
+	want := `vgpuManager.pools: pools "r570" and "noble" can select the same node: label nvidia.com/vgpu-manager.pool does not separate them`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("want an error containing %q, got %v", want, err)
 	}
 }

@@ -43,17 +43,6 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestRenderIsDeterministic renders each profile twice: Argo CD compares renders, so they must be byte-equal.
-func TestRenderIsDeterministic(t *testing.T) {
-	for _, p := range profiles(t) {
-		a := render(t, newestKube, []string{p.file})
-		b := render(t, newestKube, []string{p.file})
-		if a != b {
-			t.Errorf("%s renders differently twice:\n%s", p.name, lineDiff(a, b))
-		}
-	}
-}
-
 // lineDiff shows the first differing lines of two texts with a little context.
 func lineDiff(a, b string) string {
 	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")

@@ -3,12 +3,8 @@ package chart
 import (
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 	"testing"
-
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // overlay adds a marker pull secret and toleration to the global values; every pod must carry both.
@@ -119,36 +115,6 @@ func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
 		}
 		if pods == 0 {
 			t.Errorf("%s renders no pod", p.name)
-		}
-	}
-}
-
-// TestTemplatesAvoidNondeterminism: no template calls lookup or a random/time function (Argo CD re-renders and
-// compares; `helm template` has no cluster for lookup).
-func TestTemplatesAvoidNondeterminism(t *testing.T) {
-	banned := regexp.MustCompile(`\b(lookup|now|date|dateInZone|dateModify|unixEpoch|randAlphaNum|randAlpha|randNumeric|randAscii|randInt|randBytes|uuidv4|genCA|genCAWithKey|genPrivateKey|genSelfSignedCert|genSelfSignedCertWithKey|genSignedCert|genSignedCertWithKey|derivePassword|htpasswd)\b`)
-	action := regexp.MustCompile(`{{[^}]*}}`)
-	root := chartrender.RepoRoot()
-	var files []string
-	for _, pattern := range []string{"charts/*/templates/*", "operands/*/templates/*", "operands/*/templates/*/*", "charts/*/templates/*/*"} {
-		m, _ := filepath.Glob(filepath.Join(root, pattern))
-		files = append(files, m...)
-	}
-	if len(files) < 20 {
-		t.Fatalf("found only %d template files", len(files))
-	}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			continue // a directory
-		}
-		for _, a := range action.FindAllString(string(data), -1) {
-			if strings.HasPrefix(a, "{{/*") || strings.HasPrefix(a, "{{- /*") {
-				continue
-			}
-			if m := banned.FindString(a); m != "" {
-				t.Errorf("%s uses %s: %s", f, m, a)
-			}
 		}
 	}
 }

@@ -4,13 +4,18 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
@@ -126,4 +131,82 @@ func objects(t *testing.T, stream string) []object {
 		out = append(out, object{Source: source, Raw: raw})
 	}
 	return out
+}
+
+// operandDaemonSets decodes the rendered DaemonSets of one operand (app.kubernetes.io/component), by name.
+func operandDaemonSets(t *testing.T, stream, component string) map[string]*appsv1.DaemonSet {
+	t.Helper()
+	out := map[string]*appsv1.DaemonSet{}
+	for _, o := range objects(t, stream) {
+		if o.kind() != "DaemonSet" {
+			continue
+		}
+		ds := decode[appsv1.DaemonSet](t, o)
+		if ds.Labels["app.kubernetes.io/component"] == component {
+			out[ds.Name] = ds
+		}
+	}
+	return out
+}
+
+func selects(t *testing.T, terms []corev1.NodeSelectorTerm, node *corev1.Node, what string) bool {
+	t.Helper()
+	ok, err := schedule.Selects(&corev1.NodeSelector{NodeSelectorTerms: terms}, node)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return ok
+}
+
+// rulesFor returns the ClusterRole rules bound to a ServiceAccount of the release namespace.
+func rulesFor(t *testing.T, stream, sa string) []rbacv1.PolicyRule {
+	t.Helper()
+	roles := map[string][]rbacv1.PolicyRule{}
+	var bound []string
+	for _, o := range objects(t, stream) {
+		switch o.kind() {
+		case "ClusterRole":
+			roles[o.name()] = decode[rbacv1.ClusterRole](t, o).Rules
+		case "ClusterRoleBinding":
+			b := decode[rbacv1.ClusterRoleBinding](t, o)
+			for _, s := range b.Subjects {
+				if s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == chartrender.Namespace {
+					bound = append(bound, b.RoleRef.Name)
+				}
+			}
+		}
+	}
+	var out []rbacv1.PolicyRule
+	for _, r := range bound {
+		out = append(out, roles[r]...)
+	}
+	return out
+}
+
+// allows reports whether rules grant verb on a core-group resource.
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) && len(r.ResourceNames) == 0
+	})
+}
+
+// TestProfileKubeFloor: a profile that needs a newer Kubernetes than the oldest supported one fails to render on
+// the older ones, saying which version it needs.
+func TestProfileKubeFloor(t *testing.T) {
+	checked := 0
+	for _, p := range profiles(t) {
+		for _, kv := range chartrender.KubeVersions {
+			if slices.Contains(p.kubeVersions(), kv) {
+				continue
+			}
+			checked++
+			_, err := renderErr(t, kv, []string{p.file})
+			if err == nil || !strings.Contains(err.Error(), "Kubernetes >= "+p.minKube) {
+				t.Errorf("%s on %s: got %v, want an error naming Kubernetes >= %s", p.name, kv, err, p.minKube)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no profile needs a newer Kubernetes than the oldest supported: the DRA profiles lost their floor")
+	}
 }

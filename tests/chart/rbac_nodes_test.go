@@ -461,3 +461,27 @@ func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
 		t.Error("the policy renders although the API server does not serve admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy")
 	}
 }
+
+// TestValidatorRBAC: the validators may do what their checks do on the cluster: the operator validator lists pods
+// in every namespace (the plugin check sums the GPU requests of its node's pods) and patches its Node; the sandbox
+// validator records its checks' outcomes on its Node.
+func TestValidatorRBAC(t *testing.T) {
+	stream := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml")})
+	for _, tc := range []struct {
+		sa   string
+		need [][2]string
+	}{
+		{"nvidia-operator-validator", [][2]string{{"nodes", "get"}, {"nodes", "patch"}, {"pods", "list"}}},
+		{"nvidia-sandbox-validator", [][2]string{{"nodes", "get"}, {"nodes", "list"}, {"nodes", "watch"}, {"nodes", "patch"}}},
+	} {
+		rules := rulesFor(t, stream, tc.sa)
+		if len(rules) == 0 {
+			t.Errorf("%s: no ClusterRole bound", tc.sa)
+		}
+		for _, n := range tc.need {
+			if !allows(rules, "", n[0], n[1]) {
+				t.Errorf("%s may not %s %s cluster-wide", tc.sa, n[1], n[0])
+			}
+		}
+	}
+}
