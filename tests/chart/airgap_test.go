@@ -16,9 +16,9 @@ import (
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
 

@@ -11,9 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
 )
 
 // knownOpenFindings are chart defects the contract table finds that are not fixed yet. A violation matching one is

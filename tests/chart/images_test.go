@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/action"
@@ -17,113 +16,34 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
 )
 
 // TestImages renders every profile for every supported Kubernetes version, alone and with the optional operands
-// no profile enables (everythingOn), hooks and helm test Pods included, and checks that
+// no profile enables, hooks and helm test Pods included (imagelist.Collect, as make generate does), and checks that
 // charts/kube-gpu-stack/images.txt lists exactly the images they run, and that Chart.yaml's artifacthub.io/images
 // annotation names the same ones. Licensed images only their owner can pull (imagelist.UserSupplied) are left out.
-// A profile that points global.imageRegistry at a mirror contributes the upstream images it mirrors (rendered
-// with the mirror unset), and its mirrored render must be exactly those images moved to the mirror.
-// UPDATE_GOLDEN=1 rewrites images.txt and the annotation.
 func TestImages(t *testing.T) {
 	log.SetOutput(io.Discard) // the chart loader logs one notice per operand symlink
-	var mu sync.Mutex
-	rendered := map[string][]string{} // image -> the renders that run it
-	userSupplied := map[string]bool{}
-	hooks, tests, renders := false, false, 0
-	// One parallel subtest per render: the renders are independent and take most of the time.
-	t.Run("render", func(t *testing.T) {
-		for _, p := range profiles(t) {
-			for _, kv := range p.kubeVersions() {
-				for _, set := range [][]string{nil, everythingOn} {
-					where := p.name + "/" + kv + "/alone"
-					if set != nil {
-						where = p.name + "/" + kv + "/every-optional-operand"
-					}
-					t.Run(where, func(t *testing.T) {
-						t.Parallel()
-						vals, err := chartrender.Values([]string{p.file}, set)
-						if err != nil {
-							t.Fatal(err)
-						}
-						global, _ := vals["global"].(map[string]any)
-						mirror, _ := global["imageRegistry"].(string)
-						var upstream []string
-						var stream string
-						n := 1
-						if mirror == "" {
-							stream = renderReleased(t, vals, kv, where)
-							upstream = renderedImages(t, stream, where)
-						} else {
-							mirrored := renderedImages(t, renderReleased(t, vals, kv, where), where)
-							global["imageRegistry"] = ""
-							stream = renderReleased(t, vals, kv, where+" without its mirror")
-							upstream = renderedImages(t, stream, where+" without its mirror")
-							checkMirrored(t, where, mirror, upstream, mirrored)
-							n++
-						}
-						mu.Lock()
-						defer mu.Unlock()
-						renders += n
-						hooks = hooks || strings.Contains(stream, "helm.sh/hook: pre-upgrade")
-						tests = tests || strings.Contains(stream, "helm.sh/hook: test")
-						for _, img := range upstream {
-							if imagelist.UserSupplied(img) {
-								userSupplied[img] = true
-								continue
-							}
-							rendered[img] = append(rendered[img], where)
-						}
-					})
-				}
-			}
-		}
-	})
-	if t.Failed() {
-		t.FailNow() // a failed render leaves the image set incomplete: comparing or rewriting it would mislead
+	set, err := imagelist.Collect(t.Context(), chartrender.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !hooks || !tests {
-		t.Fatalf("no render held a pre-upgrade hook (%v) or a helm test Pod (%v): the renderer drops hooks, so the image list would miss their images", hooks, tests)
-	}
-	for _, prefix := range imagelist.UserSuppliedPrefixes {
-		if !slices.ContainsFunc(slices.Collect(maps.Keys(userSupplied)), func(img string) bool { return strings.HasPrefix(img, prefix) }) {
-			t.Errorf("imagelist.UserSuppliedPrefixes has %s, which no profile renders: drop it", prefix)
-		}
-	}
-	images := slices.Sorted(maps.Keys(rendered))
-	t.Logf("%d images (and %d user-supplied, not listed: %v) from %d renders: %d profiles x %d Kubernetes versions, alone and with every optional operand",
-		len(images), len(userSupplied), slices.Sorted(maps.Keys(userSupplied)), renders, len(profiles(t)), len(chartrender.KubeVersions))
+	rendered := set.Rendered
+	images := set.Images()
+	t.Logf("%d images (and %d user-supplied, not listed: %v) from %d renders", len(images), len(set.UserSupplied), set.UserSupplied, set.Renders)
 
 	listPath := filepath.Join(chartrender.ChartDir(), imagelist.FileName)
 	chartPath := filepath.Join(chartrender.ChartDir(), "Chart.yaml")
 	// Failure messages name them from the repository root.
 	listName, _ := filepath.Rel(chartrender.RepoRoot(), listPath)
 	chartName, _ := filepath.Rel(chartrender.RepoRoot(), chartPath)
-	if updateGolden {
-		if err := os.WriteFile(listPath, imagelist.Format(images), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		chartYAML, err := os.ReadFile(chartPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		updated, err := imagelist.SetChartAnnotation(chartYAML, imagelist.ImagesAnnotation, imagelist.FormatArtifactHubImages(images))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(chartPath, updated, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
 
 	t.Run("images.txt", func(t *testing.T) {
 		listed, err := imagelist.ParseFile(listPath)
 		if err != nil {
-			t.Fatalf("%v (run make golden to create it)", err)
+			t.Fatalf("%v (run make generate)", err)
 		}
 		for _, img := range images {
 			if !slices.Contains(listed, img) {
@@ -140,7 +60,7 @@ func TestImages(t *testing.T) {
 			t.Errorf("%s names the rendered images but is not in its generated form (header, order, duplicates)", listName)
 		}
 		if t.Failed() {
-			t.Log("review the chart change, then run make golden")
+			t.Log("review the chart change, then run make generate")
 		}
 	})
 
@@ -155,7 +75,7 @@ func TestImages(t *testing.T) {
 		}
 		value, ok := annotations[imagelist.ImagesAnnotation]
 		if !ok {
-			t.Fatalf("%s has no %s annotation (run make golden)", chartName, imagelist.ImagesAnnotation)
+			t.Fatalf("%s has no %s annotation (run make generate)", chartName, imagelist.ImagesAnnotation)
 		}
 		entries, err := imagelist.ParseArtifactHubImages(value)
 		if err != nil {
@@ -182,7 +102,7 @@ func TestImages(t *testing.T) {
 			t.Errorf("%s's %s names the listed images but not in its generated form (names, order)", chartName, imagelist.ImagesAnnotation)
 		}
 		if t.Failed() {
-			t.Log("run make golden to rewrite the annotation from the render")
+			t.Log("run make generate to rewrite the annotation from the render")
 		}
 	})
 
@@ -218,58 +138,6 @@ func summarize(renders []string) string {
 		return strings.Join(renders, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(renders[:3], ", "), len(renders)-3)
-}
-
-// renderReleased renders the chart at its released versions: the project's own image is tagged with the chart's
-// appVersion, which chartrender.Load pins to a placeholder for stable goldens.
-func renderReleased(t *testing.T, vals map[string]any, kubeVersion, where string) string {
-	t.Helper()
-	chrt, err := loader.Load(chartrender.ChartDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := action.CheckDependencies(chrt, chrt.Metadata.Dependencies); err != nil {
-		t.Fatal(err)
-	}
-	out, err := chartrender.Render(t.Context(), chrt, vals, kubeVersion)
-	if err != nil {
-		t.Fatalf("render %s: %v", where, err)
-	}
-	return out
-}
-
-// renderedImages lists a render's images, each a reference an air-gapped copy can reproduce exactly.
-func renderedImages(t *testing.T, stream, where string) []string {
-	t.Helper()
-	images, err := imagelist.FromManifests(stream)
-	if err != nil {
-		t.Fatalf("%s: %v", where, err)
-	}
-	for _, img := range images {
-		if err := imagelist.CheckReference(img); err != nil {
-			t.Errorf("%s renders %v", where, err)
-		}
-	}
-	return images
-}
-
-// checkMirrored checks that a render through a mirror runs exactly the upstream images, each moved to the mirror.
-func checkMirrored(t *testing.T, where, mirror string, upstream, mirrored []string) {
-	t.Helper()
-	var moved []string
-	for _, img := range upstream {
-		moved = append(moved, mirror+strings.TrimPrefix(img, imagelist.RegistryOf(img)))
-	}
-	for _, img := range mirrored {
-		if !slices.Contains(moved, img) {
-			t.Errorf("%s renders %s, which is none of its upstream images moved to %s", where, img, mirror)
-		}
-	}
-	for i, img := range moved {
-		if !slices.Contains(mirrored, img) {
-			t.Errorf("%s does not take %s from its mirror (want %s)", where, upstream[i], img)
-		}
-	}
 }
 
 // TestArtifactHubAnnotations checks the annotations Artifact Hub shows besides the images: the license and the

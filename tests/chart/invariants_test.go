@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // overlay adds a marker pull secret and toleration to the global values; every pod must carry both.
@@ -17,11 +19,7 @@ const overlay = `global:
 
 // everythingOn enables the operands and features that no profile turns on by default, so their images and pod
 // specs are covered too.
-var everythingOn = []string{
-	"dcgm.enabled=true", "dcgmExporter.remoteHostEngine=nvidia-dcgm:5555", "nodeStatusExporter.enabled=true",
-	"driver.gds.enabled=true", "driver.gdrcopy.enabled=true", "monitoring.dashboards.enabled=true",
-	"global.health.nodeCondition.enabled=true",
-}
+var everythingOn = chartrender.EveryOptionalOperand
 
 func writeTemp(t *testing.T, name, content string) string {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/valuesschema"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
@@ -254,7 +255,11 @@ func operatorKeyHints(t *testing.T) (all, umbrella map[string]string) {
 	}
 	walk("", load(chartrender.ChartDir()))
 	umbrella = maps.Clone(hints)
-	for name, key := range subchartKeys(t) {
+	keys, err := valuesschema.SubchartKeys(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, key := range keys {
 		if name != "gpu-stack-lib" {
 			walk(key, load(filepath.Join(chartrender.ChartDir(), "charts", name)))
 		}
@@ -323,7 +328,11 @@ func TestMigrateTargetsExist(t *testing.T) {
 	}
 	root := load(chartrender.ChartDir())
 	sub := map[string]map[string]any{}
-	for name, key := range subchartKeys(t) {
+	keys, err := valuesschema.SubchartKeys(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, key := range keys {
 		if name != "gpu-stack-lib" {
 			sub[key] = load(filepath.Join(chartrender.ChartDir(), "charts", name))
 		}

@@ -2,8 +2,6 @@ package chart
 
 import (
 	"os"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -12,52 +10,32 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/util/version"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
-// updateGolden rewrites golden files (and generated schemas) instead of comparing: UPDATE_GOLDEN=1 go test ./tests/...
+// updateGolden rewrites the golden files instead of comparing: make golden (UPDATE_GOLDEN=1 go test ./tests/chart).
 var updateGolden = os.Getenv("UPDATE_GOLDEN") == "1"
 
-// profile is one values file under values/: one cluster shape. minKube is the oldest Kubernetes minor it supports
-// ("1.34"), from a "Needs Kubernetes >= 1.NN" line in its header comment; empty when it runs on every supported one.
+// profile is one values file under values/ (chartrender.Profile).
 type profile struct{ name, file, minKube string }
 
-// needsKube is how a profile's header says which Kubernetes it needs (the DRA profiles: resource.k8s.io/v1).
-var needsKube = regexp.MustCompile(`(?m)^#.*Needs Kubernetes >= (1\.[0-9]+)`)
-
-// kubeVersions are the supported Kubernetes versions the profile renders for: chartrender.KubeVersions from its
-// minKube on.
+// kubeVersions are the supported Kubernetes versions the profile renders for (chartrender.Profile.KubeVersions).
 func (p profile) kubeVersions() []string {
-	var out []string
-	for _, kv := range chartrender.KubeVersions {
-		if p.minKube == "" || version.MustParseGeneric(kv).AtLeast(version.MustParseGeneric(p.minKube)) {
-			out = append(out, kv)
-		}
-	}
-	return out
+	return chartrender.Profile{Name: p.name, File: p.file, MinKube: p.minKube}.KubeVersions()
 }
 
 func profiles(t *testing.T) []profile {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), "values", "*.yaml"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no values profiles found: %v", err)
+	all, err := chartrender.Profiles(chartrender.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
 	}
 	var out []profile
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := profile{name: strings.TrimSuffix(filepath.Base(f), ".yaml"), file: f}
-		if m := needsKube.FindSubmatch(b); m != nil {
-			p.minKube = string(m[1])
-		}
-		out = append(out, p)
+	for _, p := range all {
+		out = append(out, profile{name: p.Name, file: p.File, minKube: p.MinKube})
 	}
 	return out
 }

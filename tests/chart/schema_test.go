@@ -7,72 +7,29 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chartutil"
-
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/valuesschema"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/valuesschema"
 )
 
-// chartDirs are the charts that carry a values schema: the umbrella and every operand.
-func chartDirs(t *testing.T) []string {
-	t.Helper()
-	operands, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), "operands", "*"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]string{chartrender.ChartDir()}, operands...)
-}
-
-// TestValuesSchemaUpToDate regenerates every chart's values.schema.json from its values.yaml and fails when the
-// committed schema differs, or when a values key has no comment saying what it does.
+// TestValuesSchemaUpToDate regenerates every chart's values.schema.json from its values.yaml (as make generate
+// does) and fails when the committed schema differs, or when a values key has no comment saying what it does.
 func TestValuesSchemaUpToDate(t *testing.T) {
-	common := filepath.Join(chartrender.RepoRoot(), "charts", "gpu-stack-lib", "operand-values.yaml")
-	aliases := subchartKeys(t)
-	for _, dir := range chartDirs(t) {
-		t.Run(filepath.Base(dir), func(t *testing.T) {
-			c := common
-			if dir == chartrender.ChartDir() {
-				c = ""
-			}
-			got, err := valuesschema.Generate(dir, c, gpumigrate.SchemaHints(aliases[filepath.Base(dir)]))
+	files, err := valuesschema.All(chartrender.RepoRoot())
+	if err != nil {
+		t.Fatalf("%v (document the key in values.yaml, then run make generate)", err)
+	}
+	for _, f := range files {
+		name, _ := filepath.Rel(chartrender.RepoRoot(), f.Path)
+		t.Run(filepath.Base(filepath.Dir(f.Path)), func(t *testing.T) {
+			want, err := os.ReadFile(f.Path)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%v (run make generate)", err)
 			}
-			path := filepath.Join(dir, "values.schema.json")
-			if updateGolden {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run UPDATE_GOLDEN=1 go test ./tests/ to generate it)", err)
-			}
-			if string(want) != string(got) {
-				t.Errorf("%s is stale: regenerate it with UPDATE_GOLDEN=1 go test ./tests/\n%s", path, lineDiff(string(want), string(got)))
+			if string(want) != string(f.Content) {
+				t.Errorf("%s is stale: run make generate\n%s", name, lineDiff(string(want), string(f.Content)))
 			}
 		})
 	}
-}
-
-// subchartKeys maps each operand chart's directory name to its key in the umbrella's values (its alias); the
-// umbrella itself is "".
-func subchartKeys(t *testing.T) map[string]string {
-	t.Helper()
-	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys := map[string]string{}
-	for _, d := range md.Dependencies {
-		keys[d.Name] = d.Name
-		if d.Alias != "" {
-			keys[d.Name] = d.Alias
-		}
-	}
-	return keys
 }
 
 // TestBadValuesFailNamingTheKey renders each file in testdata/bad-values; each must fail, and the error must

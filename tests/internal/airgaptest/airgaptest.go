@@ -22,8 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/chartutil"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/imagelist"
 )
 
 // Mirrored is a bundle built from upstream and mirrored into private.
