@@ -12,6 +12,8 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/valuesschema"
@@ -19,14 +21,33 @@ import (
 
 func main() {
 	root := flag.String("root", ".", "the repository root")
+	// The schemas take a moment; the image list renders every profile (about a minute on 2 cores).
+	what := flag.String("what", "schemas,images", "what to write: schemas (values.schema.json), images (images.txt and the Chart.yaml annotation), or both")
 	flag.Parse()
-	if err := run(context.Background(), *root); err != nil {
+	if err := run(context.Background(), *root, strings.Split(*what, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "generate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, root string) error {
+func run(ctx context.Context, root string, what []string) error {
+	for _, w := range what {
+		if w != "schemas" && w != "images" {
+			return fmt.Errorf("-what: unknown %q (want schemas, images or both)", w)
+		}
+	}
+	if slices.Contains(what, "schemas") {
+		if err := writeSchemas(root); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(what, "images") {
+		return writeImages(ctx, root)
+	}
+	return nil
+}
+
+func writeSchemas(root string) error {
 	schemas, err := valuesschema.All(root)
 	if err != nil {
 		return err
@@ -37,7 +58,10 @@ func run(ctx context.Context, root string) error {
 		}
 	}
 	fmt.Printf("wrote %d values.schema.json files\n", len(schemas))
+	return nil
+}
 
+func writeImages(ctx context.Context, root string) error {
 	log.SetOutput(io.Discard) // the chart loader logs one notice per operand symlink
 	set, err := imagelist.Collect(ctx, root)
 	if err != nil {

@@ -229,7 +229,7 @@ var Table = []Contract{
 		// that list; "all" or "xids" in DISABLE turns the check off before any event is registered, and then an ENABLE
 		// list does nothing (IsAllDisabled reads only the "all" entry), so "only these Xids are fatal" cannot be said.
 		// Only XidCriticalError events count: the ECC events it registers for are skipped. The chart renders both from
-		// global.health.xids (tests/gpuhealth_test.go reads them as this code does).
+		// global.health.xids (tests/chart/gpuhealth_test.go reads them as this code does).
 		Env: with(vars("MIG_STRATEGY", "GFD_MIG_STRATEGY", "FAIL_ON_INIT_ERROR", "GFD_FAIL_ON_INIT_ERROR", "NVIDIA_DRIVER_ROOT",
 			"NVIDIA_DEV_ROOT", "PASS_DEVICE_SPECS", "DEVICE_LIST_STRATEGY", "DEVICE_ID_STRATEGY", "GDRCOPY_ENABLED", "GDS_ENABLED",
 			"MOFED_ENABLED", "CDI_ANNOTATION_PREFIX", "NVIDIA_CDI_HOOK_PATH", "NVIDIA_CTK_PATH", "DRIVER_ROOT_CTR_PATH",

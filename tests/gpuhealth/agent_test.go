@@ -20,7 +20,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/gpuhealthtest"
 )
 
-// policy is the chart's default global.health with the taint on (tests/gpuhealth_test.go checks the render).
+// policy is the chart's default global.health with the taint on (tests/chart/gpuhealth_test.go checks the render).
 var policy = gpuhealth.Policy{
 	Fatal:         []uint64{48, 63, 64, 74, 79, 94, 95, 119, 120},
 	Application:   []uint64{13, 31, 43, 45, 68},
