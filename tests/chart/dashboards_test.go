@@ -1,6 +1,7 @@
-// Package dashboards_test renders the chart's dashboard ConfigMaps (templates/dashboards.yaml) and checks them
-// against the dashboard files the chart ships.
-package dashboards_test
+package chart
+
+// The chart's dashboard ConfigMaps (templates/dashboards.yaml), rendered and checked against the dashboard files the
+// chart ships.
 
 import (
 	"os"
@@ -14,8 +15,6 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
-
-const newestKube = "v1.37.0"
 
 // dashboardConfigMaps renders the chart with set and returns its dashboard ConfigMaps, and the whole stream.
 func dashboardConfigMaps(t *testing.T, set ...string) ([]corev1.ConfigMap, string) {
