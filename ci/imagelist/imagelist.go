@@ -1,5 +1,6 @@
 // Package imagelist finds the images a rendered chart runs and reads and writes the two lists that name them: the
-// chart's images.txt (read by the air-gap bundle) and Chart.yaml's artifacthub.io/images annotation.
+// chart's images.txt (read by the air-gap bundle) and Chart.yaml's artifacthub.io/images annotation. Collect and
+// Write are what `make generate` runs (ci/generate); tests/chart checks the committed lists against Collect.
 //
 // An image counts when a workload's pod template names it (containers, init containers, ephemeral containers) or
 // when a container's env var listed in ImageEnvNames carries it: those are images a pod launches as workloads of
