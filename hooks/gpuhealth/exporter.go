@@ -189,6 +189,7 @@ type exporterWatch struct {
 
 	boot    string  // the node's boot ID
 	latched []Fault // fatal Xids seen in this boot
+	seen    []string
 	gpus    int
 	lastOK  time.Time
 	last    *Verdict
@@ -251,9 +252,12 @@ func (w *exporterWatch) step(ctx context.Context) error {
 	switch {
 	case err == nil:
 		w.lastOK, w.gpus = time.Now(), r.GPUs
-		for _, s := range r.Seen {
-			w.logf("%s", s)
+		for _, s := range r.Seen { // once while it stays in the window
+			if !slices.Contains(w.seen, s) {
+				w.logf("%s", s)
+			}
 		}
+		w.seen = r.Seen
 		for _, f := range r.Xids {
 			w.latched = appendFault(w.latched, f)
 		}

@@ -65,7 +65,7 @@ func TestReadExposition(t *testing.T) {
 	if err != nil || len(r.State) != 0 {
 		t.Errorf("no watches: %+v, %v", r.State, err)
 	}
-	// the image's default collectors have no Xid count: the agent cannot read Xids, and says so
+	// the image's default collectors have no Xid count: the exporterAgent cannot read Xids, and says so
 	if _, err := ReadExposition(strings.NewReader("# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 40\n"), chartPolicy); !errors.Is(err, ErrNoXidCount) {
 		t.Errorf("default collectors: %v", err)
 	}
@@ -83,17 +83,17 @@ func assertFaults(t *testing.T, what string, got []Fault, want []string) {
 	}
 }
 
-// agent is the exporter source's loop, stepped by the test.
-type agent struct {
+// exporterAgent is the exporter source's loop, stepped by the test.
+type exporterAgent struct {
 	t      *testing.T
 	client kubernetes.Interface
 	w      *exporterWatch
 	log    strings.Builder
 }
 
-func newAgent(t *testing.T, client kubernetes.Interface, url string, staleAfter time.Duration) *agent {
+func newExporterAgent(t *testing.T, client kubernetes.Interface, url string, staleAfter time.Duration) *exporterAgent {
 	t.Helper()
-	a := &agent{t: t, client: client}
+	a := &exporterAgent{t: t, client: client}
 	o := &Options{NodeName: "gpu-node", Client: client, Policy: chartPolicy, Source: SourceDCGMExporter, ExporterURL: url, StaleAfter: staleAfter}
 	o.Complete()
 	if err := o.Validate(); err != nil {
@@ -111,7 +111,7 @@ func newAgent(t *testing.T, client kubernetes.Interface, url string, staleAfter 
 }
 
 // step scrapes once and returns the node's condition and whether the taint is on.
-func (a *agent) step() (corev1.NodeCondition, bool) {
+func (a *exporterAgent) step() (corev1.NodeCondition, bool) {
 	a.t.Helper()
 	if err := a.w.step(context.Background()); err != nil {
 		a.t.Fatal(err)
@@ -133,11 +133,11 @@ func (a *agent) step() (corev1.NodeCondition, bool) {
 	return c, tainted
 }
 
-func gpuNode(boot string) *corev1.Node {
+func bootedNode(boot string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-node"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: boot}}}
 }
 
-func reboot(t *testing.T, client kubernetes.Interface, boot string) {
+func rebootNode(t *testing.T, client kubernetes.Interface, boot string) {
 	t.Helper()
 	n, err := client.CoreV1().Nodes().Get(context.Background(), "gpu-node", metav1.GetOptions{})
 	if err != nil {
@@ -149,7 +149,7 @@ func reboot(t *testing.T, client kubernetes.Interface, boot string) {
 	}
 }
 
-func want(t *testing.T, c corev1.NodeCondition, tainted bool, status corev1.ConditionStatus, reason string, taint bool) {
+func wantNode(t *testing.T, c corev1.NodeCondition, tainted bool, status corev1.ConditionStatus, reason string, taint bool) {
 	t.Helper()
 	if c.Status != status || c.Reason != reason || tainted != taint {
 		t.Fatalf("condition %s %s (%s), tainted %v; want %s %s, tainted %v", c.Status, c.Reason, c.Message, tainted, status, reason, taint)
@@ -157,19 +157,19 @@ func want(t *testing.T, c corev1.NodeCondition, tainted bool, status corev1.Cond
 }
 
 // A fatal Xid sets the condition False and the taint; it stays False after it leaves the exporter's window, in a
-// restarted agent too, until the node boots again.
+// restarted exporterAgent too, until the node boots again.
 func TestExporterFatalXidLatchesUntilReboot(t *testing.T) {
-	client := fake.NewClientset(gpuNode("boot-1"))
+	client := fake.NewClientset(bootedNode("boot-1"))
 	exp := exportertest.Start(exportertest.GPU{UUID: uuid0}, exportertest.GPU{UUID: uuid1})
 	defer exp.Close()
-	a := newAgent(t, client, exp.URL(), time.Minute)
+	a := newExporterAgent(t, client, exp.URL(), time.Minute)
 
 	c, tainted := a.step()
-	want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+	wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 
 	exp.Set(exportertest.GPU{UUID: uuid0}, exportertest.GPU{UUID: uuid1, Xids: map[uint64]int{79: 1}})
 	c, tainted = a.step()
-	want(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 	if !strings.Contains(c.Message, "GPU 1 ("+uuid1+"): Xid 79") || !strings.Contains(c.Message, "boot boot-1") {
 		t.Fatalf("message %q", c.Message)
 	}
@@ -177,20 +177,20 @@ func TestExporterFatalXidLatchesUntilReboot(t *testing.T) {
 	// the window passed: the exporter counts nothing any more
 	exp.Set(exportertest.GPU{UUID: uuid0}, exportertest.GPU{UUID: uuid1})
 	c, tainted = a.step()
-	want(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 
-	// a restarted agent reads the latch back from the condition
-	b := newAgent(t, client, exp.URL(), time.Minute)
+	// a restarted exporterAgent reads the latch back from the condition
+	b := newExporterAgent(t, client, exp.URL(), time.Minute)
 	c, tainted = b.step()
-	want(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 	if !strings.Contains(c.Message, "Xid 79") {
 		t.Fatalf("message after restart %q", c.Message)
 	}
 
 	// the node rebooted: healthy again
-	reboot(t, client, "boot-2")
+	rebootNode(t, client, "boot-2")
 	c, tainted = b.step()
-	want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+	wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 	if c.Message != "all 2 GPUs healthy" {
 		t.Fatalf("message %q", c.Message)
 	}
@@ -198,12 +198,12 @@ func TestExporterFatalXidLatchesUntilReboot(t *testing.T) {
 
 // An application Xid is the workload's fault: the GPU stays healthy.
 func TestExporterApplicationXidStaysHealthy(t *testing.T) {
-	client := fake.NewClientset(gpuNode("boot-1"))
+	client := fake.NewClientset(bootedNode("boot-1"))
 	exp := exportertest.Start(exportertest.GPU{UUID: uuid0, Xids: map[uint64]int{13: 3, 43: 1}})
 	defer exp.Close()
-	a := newAgent(t, client, exp.URL(), time.Minute)
+	a := newExporterAgent(t, client, exp.URL(), time.Minute)
 	c, tainted := a.step()
-	want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+	wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 	if !strings.Contains(a.log.String(), "Xid 13 (application)") {
 		t.Fatalf("log:\n%s", a.log.String())
 	}
@@ -211,15 +211,15 @@ func TestExporterApplicationXidStaysHealthy(t *testing.T) {
 
 // Row remapping is read afresh: pending is False until the GPU reset applied it, then True again.
 func TestExporterRowRemapPendingFollowsTheGPU(t *testing.T) {
-	client := fake.NewClientset(gpuNode("boot-1"))
+	client := fake.NewClientset(bootedNode("boot-1"))
 	exp := exportertest.Start(exportertest.GPU{UUID: uuid0, RowRemapPending: true})
 	defer exp.Close()
-	a := newAgent(t, client, exp.URL(), time.Minute)
+	a := newExporterAgent(t, client, exp.URL(), time.Minute)
 	c, tainted := a.step()
-	want(t, c, tainted, corev1.ConditionFalse, ReasonRowRemapPending, true)
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonRowRemapPending, true)
 	exp.Set(exportertest.GPU{UUID: uuid0})
 	c, tainted = a.step()
-	want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+	wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 }
 
 // An exporter that does not answer never makes the GPUs healthy: the last verdict holds for StaleAfter, then the
@@ -227,45 +227,45 @@ func TestExporterRowRemapPendingFollowsTheGPU(t *testing.T) {
 func TestExporterUnreachable(t *testing.T) {
 	const stale = 100 * time.Millisecond
 	t.Run("from True", func(t *testing.T) {
-		client := fake.NewClientset(gpuNode("boot-1"))
+		client := fake.NewClientset(bootedNode("boot-1"))
 		exp := exportertest.Start(exportertest.GPU{UUID: uuid0})
 		defer exp.Close()
-		a := newAgent(t, client, exp.URL(), stale)
+		a := newExporterAgent(t, client, exp.URL(), stale)
 		c, tainted := a.step()
-		want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+		wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 		exp.Down(true)
 		c, tainted = a.step()
-		want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false) // within the bound
+		wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false) // within the bound
 		time.Sleep(stale + 20*time.Millisecond)
 		c, tainted = a.step()
-		want(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
+		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
 		if !strings.Contains(c.Message, "503") {
 			t.Fatalf("message %q", c.Message)
 		}
 		exp.Down(false)
 		c, tainted = a.step()
-		want(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
+		wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false)
 	})
 	t.Run("from False", func(t *testing.T) {
-		client := fake.NewClientset(gpuNode("boot-1"))
+		client := fake.NewClientset(bootedNode("boot-1"))
 		exp := exportertest.Start(exportertest.GPU{UUID: uuid0, Xids: map[uint64]int{48: 1}})
 		defer exp.Close()
-		a := newAgent(t, client, exp.URL(), stale)
+		a := newExporterAgent(t, client, exp.URL(), stale)
 		c, tainted := a.step()
-		want(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+		wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 		exp.Close()
 		time.Sleep(stale + 20*time.Millisecond)
 		for range 2 {
 			c, tainted = a.step()
-			want(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+			wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 		}
 	})
 	t.Run("never reached", func(t *testing.T) {
-		client := fake.NewClientset(gpuNode("boot-1"))
-		a := newAgent(t, client, "http://127.0.0.1:1/metrics", stale)
+		client := fake.NewClientset(bootedNode("boot-1"))
+		a := newExporterAgent(t, client, "http://127.0.0.1:1/metrics", stale)
 		time.Sleep(stale + 20*time.Millisecond)
 		c, tainted := a.step()
-		want(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
+		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
 	})
 	t.Run("without the Xid count", func(t *testing.T) {
 		// the image's default collectors (dcp-metrics-included.csv) have no DCGM_EXP_XID_ERRORS_COUNT
@@ -273,11 +273,11 @@ func TestExporterUnreachable(t *testing.T) {
 			io.WriteString(w, "# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\",UUID=\""+uuid0+"\"} 40\n")
 		}))
 		defer srv.Close()
-		client := fake.NewClientset(gpuNode("boot-1"))
-		a := newAgent(t, client, srv.URL+"/metrics", stale)
+		client := fake.NewClientset(bootedNode("boot-1"))
+		a := newExporterAgent(t, client, srv.URL+"/metrics", stale)
 		time.Sleep(stale + 20*time.Millisecond)
 		c, tainted := a.step()
-		want(t, c, tainted, corev1.ConditionUnknown, ReasonExporterIncomplete, false)
+		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterIncomplete, false)
 		if !strings.Contains(c.Message, "dcgmExporter.config.profile=health") {
 			t.Fatalf("message %q", c.Message)
 		}
@@ -286,7 +286,7 @@ func TestExporterUnreachable(t *testing.T) {
 
 // auto reads NVML in a cgo build and the exporter in a static one, where the chart gave its URL.
 func TestSourceSelection(t *testing.T) {
-	client := fake.NewClientset(gpuNode("boot-1"))
+	client := fake.NewClientset(bootedNode("boot-1"))
 	for _, tc := range []struct {
 		source, url string
 		monitor     Monitor
