@@ -242,9 +242,12 @@ func (w *exporterWatch) readNode(ctx context.Context) error {
 
 // step scrapes once and reports the verdict when it changed.
 func (w *exporterWatch) step(ctx context.Context) error {
-	if len(w.latched) > 0 { // only a new boot lifts the latch
+	if len(w.latched) > 0 { // only a new boot lifts the latch; an API error keeps it until the next step
 		if err := w.readNode(ctx); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return nil
+			}
+			w.logf("reading the boot ID: %v", err)
 		}
 	}
 	r, err := w.scrape(ctx)

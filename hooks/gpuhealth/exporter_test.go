@@ -12,9 +12,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/exportertest"
 )
@@ -312,5 +315,32 @@ func TestSourceSelection(t *testing.T) {
 	o.Complete()
 	if err := o.Validate(); err == nil {
 		t.Error("unknown source accepted")
+	}
+}
+
+// An API error while reading the boot ID keeps the latch: the agent goes on, and the condition stays False.
+func TestExporterLatchSurvivesAnAPIError(t *testing.T) {
+	client := fake.NewClientset(bootedNode("boot-1"))
+	exp := exportertest.Start(exportertest.GPU{UUID: uuid0, Xids: map[uint64]int{94: 1}})
+	defer exp.Close()
+	a := newExporterAgent(t, client, exp.URL(), time.Minute)
+	c, tainted := a.step()
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+	exp.Set(exportertest.GPU{UUID: uuid0})
+	failing := true
+	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if failing {
+			return true, nil, apierrors.NewServiceUnavailable("etcd leader changed")
+		}
+		return false, nil, nil
+	})
+	if err := a.w.step(context.Background()); err != nil {
+		t.Fatalf("step: %v", err)
+	}
+	failing = false
+	c, tainted = a.step()
+	wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
+	if !strings.Contains(a.log.String(), "reading the boot ID") {
+		t.Fatalf("log:\n%s", a.log.String())
 	}
 }
