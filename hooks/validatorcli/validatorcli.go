@@ -162,7 +162,7 @@ const healthEnvHelp = `Environment (as the chart sets it, from global.health):
   DRIVER_INSTALL_DIR        the driver container's root, searched next (default /run/nvidia/driver)
   HEALTH_FATAL_XIDS         comma-separated Xids that make a GPU unhealthy
   HEALTH_APPLICATION_XIDS   comma-separated Xids that are the application's own fault (logged only)
-  HEALTH_WATCHES            comma-separated NVML health watches that count as fatal (eccDoubleBit, rowRemapFailure, rowRemapPending)
+  HEALTH_WATCHES            comma-separated health watches that count as fatal (eccDoubleBit, rowRemapFailure, rowRemapPending)
   HEALTH_CONDITION_TYPE     the node condition written (default nvidia.com/GPUHealthy)
   HEALTH_TAINT              KEY:EFFECT of the taint put on while the condition is False (empty: none)
   HEALTH_SOURCE             where the GPUs are read: nvml, dcgm-exporter, or auto (default: NVML in a cgo build, the
