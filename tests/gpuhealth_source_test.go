@@ -63,6 +63,11 @@ func TestHealthAgentSources(t *testing.T) {
 					t.Errorf("selector %s=%s does not select the exporter's pods (%v)", k, v, exp.Spec.Template.Labels)
 				}
 			}
+			// the exporter's ServiceMonitor selects the nvidia-dcgm-exporter Service by its name label: the node-local
+			// one must not match, or Prometheus would scrape every exporter twice
+			if svc.Labels["app.kubernetes.io/name"] == "nvidia-dcgm-exporter" {
+				t.Errorf("the node-local Service carries the exporter Service's name label: %v", svc.Labels)
+			}
 			if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9400 || svc.Spec.Ports[0].TargetPort.StrVal != "metrics" {
 				t.Errorf("ports %+v", svc.Spec.Ports)
 			}
