@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -36,6 +38,15 @@ type Options struct {
 	// Monitor defaults to the build's own: go-nvml with cgo, ErrNVMLNotBuiltIn without.
 	Monitor Monitor
 
+	// Source is where the agent reads the GPUs: SourceNVML, SourceDCGMExporter, or SourceAuto (the default):
+	// NVML in a cgo build, the DCGM exporter in a static one (when ExporterURL is set).
+	Source string
+	// ExporterURL is the /metrics of the DCGM exporter on this node (the chart's node-local Service).
+	ExporterURL string
+	// ScrapeInterval (default 15s) and ScrapeTimeout (default 10s) pace the exporter's scrapes; StaleAfter (default
+	// 2m) is how long failed scrapes keep the last verdict before it turns Unknown.
+	ScrapeInterval, ScrapeTimeout, StaleAfter time.Duration
+
 	// static: Monitor is a static build's, which cannot load NVML wherever the library is.
 	static bool
 }
@@ -54,7 +65,29 @@ func (o *Options) Complete() {
 	if o.Monitor == nil {
 		o.Monitor, o.static = defaultMonitor(), staticBuild
 	}
+	if o.Source == "" {
+		o.Source = SourceAuto
+	}
+	if o.Source == SourceAuto && o.static && o.ExporterURL != "" {
+		o.Source = SourceDCGMExporter
+	}
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = 15 * time.Second
+	}
+	if o.ScrapeTimeout <= 0 {
+		o.ScrapeTimeout = 10 * time.Second
+	}
+	if o.StaleAfter <= 0 {
+		o.StaleAfter = 2 * time.Minute
+	}
 }
+
+// Sources of the agent (global.health.nodeCondition.source).
+const (
+	SourceAuto         = "auto"
+	SourceNVML         = "nvml"
+	SourceDCGMExporter = "dcgm-exporter"
+)
 
 // Validate names what is missing.
 func (o *Options) Validate() error {
@@ -63,6 +96,15 @@ func (o *Options) Validate() error {
 	}
 	if o.Client == nil {
 		return errors.New("no API client")
+	}
+	switch o.Source {
+	case SourceAuto, SourceNVML:
+	case SourceDCGMExporter:
+		if o.ExporterURL == "" {
+			return errors.New("the dcgm-exporter source needs the exporter's URL (HEALTH_DCGM_EXPORTER_URL)")
+		}
+	default:
+		return fmt.Errorf("unknown source %q (want %s, %s or %s)", o.Source, SourceAuto, SourceNVML, SourceDCGMExporter)
 	}
 	return o.Policy.Validate()
 }
@@ -79,6 +121,14 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 			return errors.Join(err, rerr)
 		}
 		return err
+	}
+	if o.Source == SourceDCGMExporter {
+		w := exporterWatch{o: o, rep: rep, logf: logf, http: &http.Client{}}
+		logf("node %s: reading GPU health from the DCGM exporter at %s every %s", o.NodeName, o.ExporterURL, o.ScrapeInterval)
+		if err := w.run(ctx); err != nil && ctx.Err() == nil {
+			return err
+		}
+		return nil
 	}
 	if o.static { // said first: finding the library would not help
 		return fail(ReasonNVMLNotBuiltIn, ErrNVMLNotBuiltIn)

@@ -1,5 +1,5 @@
-// Package gpuhealth is the node GPU health agent (`validator health`): it watches the node's GPUs through NVML,
-// judges what it sees by the chart's one health policy (global.health: fatal and application Xids, the NVML
+// Package gpuhealth is the node GPU health agent (`validator health`): it watches the node's GPUs through NVML
+// (a cgo build) or the node's DCGM exporter (any build), judges what it sees by the chart's one health policy (global.health: fatal and application Xids, the NVML
 // health watches), and writes the verdict on the Node as a condition (and, if asked, a taint) that the scheduler
 // and external remediation (Node Problem Detector, NVSentinel, cloud auto-repair) can act on.
 package gpuhealth
@@ -16,7 +16,8 @@ import (
 // DefaultConditionType is the node condition the agent owns unless told otherwise.
 const DefaultConditionType corev1.NodeConditionType = "nvidia.com/GPUHealthy"
 
-// Watches are the NVML health signals besides Xids that the policy may count as fatal.
+// Watches are the health signals besides Xids that the policy may count as fatal (NVML's, or the DCGM exporter's
+// gauges of the same: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, DCGM_FI_DEV_ROW_REMAP_FAILURE, DCGM_FI_DEV_ROW_REMAP_PENDING).
 const (
 	// WatchECCDoubleBit: an uncorrectable (double-bit) ECC error event.
 	WatchECCDoubleBit = "eccDoubleBit"

@@ -20,6 +20,10 @@ const (
 	ReasonNVMLNotBuiltIn = "NVMLNotBuiltIn"
 	ReasonNVMLNotFound   = "NVMLNotFound"
 	ReasonNVMLFailed     = "NVMLFailed"
+	// The DCGM exporter source: no answer (or no parsable one) for longer than the agent's bound, or an answer
+	// without the Xid count.
+	ReasonExporterUnreachable = "DCGMExporterUnreachable"
+	ReasonExporterIncomplete  = "DCGMExporterMetricsMissing"
 )
 
 // Fault is one reason a GPU is unhealthy.

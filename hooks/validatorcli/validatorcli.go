@@ -162,19 +162,25 @@ const healthEnvHelp = `Environment (as the chart sets it, from global.health):
   DRIVER_INSTALL_DIR        the driver container's root, searched next (default /run/nvidia/driver)
   HEALTH_FATAL_XIDS         comma-separated Xids that make a GPU unhealthy
   HEALTH_APPLICATION_XIDS   comma-separated Xids that are the application's own fault (logged only)
-  HEALTH_WATCHES            comma-separated NVML health watches that count as fatal (eccDoubleBit, rowRemapFailure, rowRemapPending)
+  HEALTH_WATCHES            comma-separated health watches that count as fatal (eccDoubleBit, rowRemapFailure, rowRemapPending)
   HEALTH_CONDITION_TYPE     the node condition written (default nvidia.com/GPUHealthy)
-  HEALTH_TAINT              KEY:EFFECT of the taint put on while the condition is False (empty: none)`
+  HEALTH_TAINT              KEY:EFFECT of the taint put on while the condition is False (empty: none)
+  HEALTH_SOURCE             where the GPUs are read: nvml, dcgm-exporter, or auto (default: NVML in a cgo build, the
+                            DCGM exporter in a static one)
+  HEALTH_DCGM_EXPORTER_URL  the /metrics of this node's DCGM exporter (the dcgm-exporter source)`
 
 // healthCommand is `validator health`, the node GPU health agent.
 func healthCommand(out io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "health",
-		Short: "Watch this node's GPUs through NVML and write their health, judged by the chart's policy, as a node condition (and optional taint)",
-		Long: "Watch this node's GPUs through NVML and write their health, judged by the chart's policy, as a node condition " +
-			"(and optional taint). On start it probes the GPUs afresh, so a condition left False before a GPU reset or " +
-			"a reboot is cleared by a healthy probe. A static build (CGO_ENABLED=0) cannot load NVML: it sets the " +
-			"condition Unknown and exits non-zero.\n\n" + healthEnvHelp,
+		Short: "Watch this node's GPUs (through NVML or the node's DCGM exporter) and write their health, judged by the chart's policy, as a node condition (and optional taint)",
+		Long: "Watch this node's GPUs and write their health, judged by the chart's policy, as a node condition (and " +
+			"optional taint). Through NVML (a cgo build) it probes the GPUs afresh on start, so a condition left False " +
+			"before a GPU reset or a reboot is cleared by a healthy probe. Through the node's DCGM exporter (any build) " +
+			"it scrapes the exporter's Xid counts and health gauges; a fatal Xid stays latched until the node's boot " +
+			"ID changes, and an exporter that does not answer turns the condition Unknown, never True. A static " +
+			"build (CGO_ENABLED=0) without the exporter's URL cannot read the GPUs: it sets the condition Unknown " +
+			"and exits non-zero.\n\n" + healthEnvHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o, err := healthFromEnv()
@@ -201,6 +207,8 @@ func healthFromEnv() (gpuhealth.Options, error) {
 		NodeName:         os.Getenv("NODE_NAME"),
 		HostRoot:         os.Getenv("HOST_ROOT"),
 		DriverInstallDir: os.Getenv("DRIVER_INSTALL_DIR"),
+		Source:           os.Getenv("HEALTH_SOURCE"),
+		ExporterURL:      os.Getenv("HEALTH_DCGM_EXPORTER_URL"),
 	}
 	o.Policy.ConditionType = corev1.NodeConditionType(os.Getenv("HEALTH_CONDITION_TYPE"))
 	var err error

@@ -138,13 +138,16 @@ func TestHealthReadsThePolicyFromTheEnvironment(t *testing.T) {
 	t.Setenv("HEALTH_WATCHES", "eccDoubleBit, rowRemapFailure")
 	t.Setenv("HEALTH_CONDITION_TYPE", "example.com/GPUOK")
 	t.Setenv("HEALTH_TAINT", "nvidia.com/gpu-unhealthy:NoExecute")
+	t.Setenv("HEALTH_SOURCE", "dcgm-exporter")
+	t.Setenv("HEALTH_DCGM_EXPORTER_URL", "http://nvidia-dcgm-exporter-node.gpu-operator.svc:9400/metrics")
 	o, err := healthFromEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := o.Policy
 	if o.NodeName != "gpu-node" || len(p.Fatal) != 2 || p.Fatal[1] != 79 || len(p.Application) != 1 || len(p.Watches) != 2 ||
-		p.ConditionType != "example.com/GPUOK" || p.Taint == nil || p.Taint.Effect != "NoExecute" {
+		p.ConditionType != "example.com/GPUOK" || p.Taint == nil || p.Taint.Effect != "NoExecute" ||
+		o.Source != "dcgm-exporter" || o.ExporterURL != "http://nvidia-dcgm-exporter-node.gpu-operator.svc:9400/metrics" {
 		t.Fatalf("options %+v, policy %+v", o, p)
 	}
 	t.Setenv("HEALTH_FATAL_XIDS", "48,seventy-nine")

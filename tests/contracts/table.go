@@ -338,6 +338,20 @@ var Table = []Contract{
 			{Container: "/var/lib/kubelet/pod-resources", When: "DCGM_EXPORTER_KUBERNETES", Why: "maps GPUs to pods through the kubelet's pod-resources API"},
 		},
 		Unverified: "tag 4.6.0-4.8.3 is absent from the mirror; facts from 4.5.3-4.8.2, the newest tag present",
+		// What the GPU health agent's dcgm-exporter source (hooks/gpuhealth/exporter.go) relies on, read at
+		// 4.5.3-4.8.2 and the mirror's head after it (d5e5f51):
+		// - internal/pkg/collector/xid_collector.go, expcollector.go: DCGM_EXP_XID_ERRORS_COUNT is exported only when
+		//   the collectors CSV lists it (the image's dcp-metrics-included.csv does not; the chart's health profile
+		//   does). Per GPU it is the number of DCGM_FI_DEV_XID_ERRORS samples since now minus the window
+		//   (GetValuesSince), one series per xid label, with window_size_in_ms; a GPU with none has one series valued 0
+		//   and no xid label. pkg/cmd/app.go: --xid-count-window-size / DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE, default
+		//   300000 ms. So a count drops back to 0 one window after the Xid: the agent latches fatal Xids itself.
+		// - gpu_health_collector.go: DCGM_EXP_GPU_HEALTH_STATUS per health_watch (PCIE ... DRIVER, and ALL for
+		//   GPU-wide Xids such as 79) with the DCGM result as value (PASS 0, WARN 10, FAIL 20) and health_error_code.
+		// - base_collector.go createMetric: labels gpu, UUID (uuid with --use-old-namespace), pci_bus_id, device,
+		//   modelName, Hostname (renamed hostname at d5e5f51, after the tag). The GPU list is read once at the
+		//   exporter's start (deviceinfo), so a GPU that falls off the bus keeps its series and its Xid 79 is
+		//   counted; the agent does not rely on series vanishing.
 	},
 	{
 		Repository: "nvidia/cloud-native/k8s-mig-manager",

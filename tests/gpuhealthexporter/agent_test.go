@@ -1,0 +1,223 @@
+package gpuhealthexporter
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/exportertest"
+)
+
+// policy is the chart's default global.health with the taint on.
+var policy = gpuhealth.Policy{
+	Fatal:         []uint64{48, 63, 64, 74, 79, 94, 95, 119, 120},
+	Application:   []uint64{13, 31, 43, 45, 68},
+	Watches:       gpuhealth.KnownWatches,
+	ConditionType: gpuhealth.DefaultConditionType,
+	Taint:         &corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Effect: corev1.TaintEffectNoSchedule},
+}
+
+const (
+	uuid0 = "GPU-6b5c1f0e-8a1d-4c5e-9f39-0d2b6a1c7e10"
+	uuid1 = "GPU-1f4e2a9b-3c7d-4e8f-a0b1-c2d3e4f5a6b7"
+	// staleAfter is the agent's bound on a silent exporter, short for the test.
+	staleAfter = 2 * time.Second
+)
+
+// runningAgent is `validator health` run in-process as its pod runs it.
+type runningAgent struct {
+	cancel context.CancelFunc
+	done   chan error
+	mu     sync.Mutex
+	log    strings.Builder
+}
+
+func (a *runningAgent) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.log.Write(p)
+}
+
+func (a *runningAgent) String() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.log.String()
+}
+
+// startAgent runs the agent with source (dcgm-exporter, or auto in a static build) on url, as the chart's env sets it.
+func startAgent(t *testing.T, node, source, url string) *runningAgent {
+	t.Helper()
+	o := gpuhealth.Options{NodeName: node, Client: kube.Client, Policy: policy, Source: source, ExporterURL: url,
+		ScrapeInterval: 100 * time.Millisecond, StaleAfter: staleAfter}
+	o.Complete()
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &runningAgent{cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- o.Run(ctx, a) }()
+	t.Cleanup(func() { a.cancel() })
+	return a
+}
+
+func (a *runningAgent) stop(t *testing.T) {
+	t.Helper()
+	a.cancel()
+	select {
+	case err := <-a.done:
+		if err != nil {
+			t.Fatalf("agent: %v\nlog:\n%s", err, a)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not stop")
+	}
+}
+
+// addNode registers a plain Node booted as boot: the node lifecycle controller writes it too (Ready Unknown, its
+// not-ready taints), so the agent's patches and updates meet a real concurrent writer.
+func addNode(t *testing.T, name, boot string) {
+	t.Helper()
+	if _, err := kube.Client.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setBoot(t, name, boot)
+}
+
+// setBoot writes the boot ID as the kubelet does after a reboot.
+func setBoot(t *testing.T, name, boot string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		n.Status.NodeInfo.BootID = boot
+		_, err = kube.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s: boot ID %s: %v", name, boot, err)
+	}
+}
+
+func getNode(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitNode waits until ok holds for the node as the API server has it.
+func waitNode(t *testing.T, node, what string, ok func(*corev1.Node) bool) *corev1.Node {
+	t.Helper()
+	var last *corev1.Node
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := kube.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = n
+		return ok(n), nil
+	})
+	if err != nil {
+		t.Fatalf("node %s: not %s within 30s: conditions %+v, taints %+v", node, what, last.Status.Conditions, last.Spec.Taints)
+	}
+	return last
+}
+
+// holds checks that ok keeps holding for d (several scrapes and, past staleAfter, the agent's bound).
+func holds(t *testing.T, node, what string, d time.Duration, ok func(*corev1.Node) bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if n := getNode(t, node); !ok(n) {
+			t.Fatalf("node %s: no longer %s: conditions %+v, taints %+v", node, what, n.Status.Conditions, n.Spec.Taints)
+		}
+	}
+}
+
+func condition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == policy.ConditionType {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func tainted(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == policy.Taint.Key && t.Effect == policy.Taint.Effect {
+			return true
+		}
+	}
+	return false
+}
+
+func is(s corev1.ConditionStatus, reason string, taint bool) func(*corev1.Node) bool {
+	return func(n *corev1.Node) bool {
+		c := condition(n)
+		return c != nil && c.Status == s && c.Reason == reason && tainted(n) == taint
+	}
+}
+
+// exercise is the agent's life on one node through the exporter: healthy, then a fatal Xid (False, tainted) that
+// stays latched after the exporter's window has forgotten it, through an exporter outage and an agent restart,
+// until the node reboots (its boot ID changes); then an exporter that stays silent turns the condition Unknown,
+// never True, leaving the taint alone.
+func exercise(t *testing.T, node, source string) {
+	addNode(t, node, "boot-1")
+	exp := exportertest.Start(exportertest.GPU{UUID: uuid0}, exportertest.GPU{UUID: uuid1})
+	defer exp.Close()
+
+	a := startAgent(t, node, source, exp.URL())
+	waitNode(t, node, "healthy", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
+
+	exp.Set(exportertest.GPU{UUID: uuid0, Xids: map[uint64]int{13: 2}}, exportertest.GPU{UUID: uuid1, Xids: map[uint64]int{79: 1}})
+	n := waitNode(t, node, "unhealthy and tainted", is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
+	if msg := condition(n).Message; !strings.Contains(msg, "GPU 1 ("+uuid1+"): Xid 79") || strings.Contains(msg, "Xid 13") ||
+		!strings.Contains(msg, "boot-1") {
+		t.Fatalf("message %q", msg)
+	}
+
+	// the exporter's window passed; then it goes silent for longer than the agent's bound
+	exp.Set(exportertest.GPU{UUID: uuid0}, exportertest.GPU{UUID: uuid1})
+	holds(t, node, "latched", time.Second, is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
+	exp.Down(true)
+	holds(t, node, "latched while the exporter is down", staleAfter+time.Second, is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
+	exp.Down(false)
+
+	// a restarted agent (its pod rescheduled, the same boot) reads the latch back from the condition
+	a.stop(t)
+	if strings.Count(a.String(), "Xid 13 (application)") != 1 {
+		t.Fatalf("the application Xid is not logged once:\n%s", a)
+	}
+	a = startAgent(t, node, source, exp.URL())
+	holds(t, node, "latched after a restart", time.Second, is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
+
+	setBoot(t, node, "boot-2")
+	waitNode(t, node, "healthy after the reboot", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
+	if !strings.Contains(a.String(), "booted again") {
+		t.Fatalf("log:\n%s", a)
+	}
+
+	exp.Down(true)
+	holds(t, node, "healthy within the bound", staleAfter/2, is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
+	n = waitNode(t, node, "Unknown", is(corev1.ConditionUnknown, gpuhealth.ReasonExporterUnreachable, false))
+	if msg := condition(n).Message; !strings.Contains(msg, exp.URL()) {
+		t.Fatalf("message %q", msg)
+	}
+	a.stop(t)
+}
+
+func TestExporterSourceOnTheAPIServer(t *testing.T) {
+	exercise(t, "gpu-health-exporter", gpuhealth.SourceDCGMExporter)
+}
