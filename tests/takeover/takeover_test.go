@@ -66,8 +66,9 @@ func gpuNodeNames() []string {
 }
 
 // operatorLabels are what the GPU Operator and its labeller leave on a GPU node: every operand switch true (its
-// labeller writes them all, enabled in the ClusterPolicy or not), its upgrade controller's state, the MIG manager's
-// default layout.
+// labeller writes them all, enabled in the ClusterPolicy or not: gpu-operator v26.7.0 controllers/state_manager.go,
+// gpuStateLabels; mig-manager on MIG-capable nodes), its upgrade controller's state, the MIG manager's default
+// layout. Its uninstall removes none of them: the operator removes them only from nodes that lose their GPU.
 var operatorLabels = map[string]string{
 	"nvidia.com/gpu.deploy.driver":                "true",
 	"nvidia.com/gpu.deploy.container-toolkit":     "true",
