@@ -128,8 +128,9 @@ type Options struct {
 	Log *slog.Logger
 	// Now is the clock for nodestate.UpgradeSinceAnnotation (default time.Now).
 	Now func() time.Time
-	// AfterStep, when set, is called after each of Steps; an error stops the run at once and is returned as is,
-	// with nothing restored — what a kill at that point leaves (for tests and harnesses proving convergence).
+	// AfterStep, when set, is called after each of Steps (and AdoptStep, adopt.go); an error stops the run at once
+	// and is returned as is, with nothing restored — what a kill at that point leaves (for tests and harnesses
+	// proving convergence).
 	AfterStep func(step string) error
 	// SkipWait bounds the wait on a node labelled nodestate.UpgradeSkipLabel=true (0: until the label goes or the
 	// run's context ends).
