@@ -301,9 +301,9 @@ type LoadedDriver struct {
 
 // LoadedDriver reads the loaded nvidia module's version and flavour. Both files are the kernel's own: the module's
 // MODULE_VERSION in sysfs (NVIDIA's recommended source of the version), and the NVRM banner in procfs, which names
-// the open flavour "NVIDIA UNIX Open Kernel Module" and the proprietary one "NVIDIA UNIX <arch> Kernel Module"
-// (NVIDIA's README, "Open Linux Kernel Modules"). Anything unreadable or unrecognised is an error: the caller must
-// not act on a guess.
+// the open flavour "NVIDIA UNIX Open Kernel Module for <arch>" and the proprietary one "NVIDIA UNIX <arch> Kernel
+// Module" (NVIDIA's README, "Open Linux Kernel Modules"; some open builds print "NVIDIA UNIX Open Kernel <arch>
+// Kernel Module"). Anything unreadable or unrecognised is an error: the caller must not act on a guess.
 func (h Host) LoadedDriver() (LoadedDriver, error) {
 	var d LoadedDriver
 	b, err := os.ReadFile(h.host("sys", "module", "nvidia", "version"))
@@ -322,7 +322,7 @@ func (h Host) LoadedDriver() (LoadedDriver, error) {
 	switch {
 	case !strings.HasPrefix(banner, "NVRM version:") || !strings.Contains(banner, d.Version):
 		return d, fmt.Errorf("loaded driver's banner %q (proc/driver/nvidia/version) does not name version %s", strings.TrimSpace(banner), d.Version)
-	case strings.Contains(banner, "Open Kernel Module"):
+	case strings.Contains(banner, " Open Kernel "):
 		d.Flavour = FlavourOpen
 	case strings.Contains(banner, "Kernel Module"):
 		d.Flavour = FlavourProprietary
