@@ -40,8 +40,7 @@ import (
 const (
 	// namespace is the operator's, which the chart then installs into (the README's commands).
 	namespace  = "gpu-operator"
-	release    = "gpu"
-	workloadNS = "ml"
+	release = "gpu"
 	// operatorVersion is the driver the operator loaded (its ClusterPolicy's driver.version); operatorDigest is
 	// what its driver container recorded in /run/nvidia/nvidia-driver.state (an FNV-32a number, gpu-operator
 	// v26.7.0 internal/utils.GetObjectHashIgnoreEmptyKeys).
@@ -226,7 +225,7 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 
 // startWorkloads runs a GPU and a CPU workload on every GPU node, the GPU ones behind a PodDisruptionBudget that
 // lets one go at a time, and returns the GPU pods' UIDs by node.
-func startWorkloads(t *testing.T) map[string]types.UID {
+func startWorkloads(t *testing.T, workloadNS string) map[string]types.UID {
 	t.Helper()
 	ctx := t.Context()
 	if err := workloads.Deploy(ctx, kube.Client, workloadNS, gpuNodeNames()); err != nil {
@@ -242,10 +241,11 @@ func startWorkloads(t *testing.T) map[string]types.UID {
 		running, err := workloads.RunningGPU(ctx, kube.Client, workloadNS)
 		return err == nil && len(running) == len(gpuNodeNames()), fmt.Sprintf("running on %v (%v)", running, err)
 	})
-	return gpuPodUIDs(t)
+	t.Cleanup(func() { _ = kube.Client.CoreV1().Namespaces().Delete(context.Background(), workloadNS, metav1.DeleteOptions{}) })
+	return gpuPodUIDs(t, workloadNS)
 }
 
-func gpuPodUIDs(t *testing.T) map[string]types.UID {
+func gpuPodUIDs(t *testing.T, workloadNS string) map[string]types.UID {
 	t.Helper()
 	pods, err := kube.Client.CoreV1().Pods(workloadNS).List(t.Context(), metav1.ListOptions{LabelSelector: "app=" + workloads.GPUApp})
 	if err != nil {
@@ -272,7 +272,7 @@ type watcher struct {
 	done        sync.WaitGroup
 }
 
-func watchTakeover(t *testing.T) *watcher {
+func watchTakeover(t *testing.T, workloadNS string) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	w := &watcher{cordoned: map[string]bool{}, stop: cancel}
@@ -379,17 +379,19 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 	ctx := t.Context()
 	hosts := map[string]*kmodtest.Fixture{}
 	operator(t, hosts)
-	uids := startWorkloads(t)
+	const workloadNS = "ml"
+	uids := startWorkloads(t, workloadNS)
 
 	// the README's steps: migrate, remove the operator, install with migrate's values
 	values := migrate(t)
-	w := watchTakeover(t)
+	w := watchTakeover(t, workloadNS)
 	removeOperator(t)
 	start := time.Now()
 	if _, err := target().Install(ctx, []string{values}); err != nil {
 		logRuns(t, start)
 		t.Fatalf("install (the gate is its post-install hook): %v", err)
 	}
+	t.Cleanup(func() { _ = target().Uninstall() }) // for the next test, when this one stops early
 	// the gate finished every node
 	poll(t, time.Minute, "every GPU node upgrade-done", func() (bool, string) {
 		for _, n := range gpuNodeNames() {
@@ -409,7 +411,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 		if len(w.everCordon) > 0 {
 			t.Errorf("nodes cordoned during the takeover: %v", w.everCordon)
 		}
-		for n, uid := range gpuPodUIDs(t) {
+		for n, uid := range gpuPodUIDs(t, workloadNS) {
 			if uids[n] != uid {
 				t.Errorf("the GPU pod on %s was replaced", n)
 			}
@@ -473,7 +475,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 
 	// the driver upgrade after the takeover: the normal bounded rollout (maxUnavailable from migrate: 1)
 	t.Run("a driver upgrade after the takeover is the bounded rollout", func(t *testing.T) {
-		w := watchTakeover(t)
+		w := watchTakeover(t, workloadNS)
 		start := time.Now()
 		tg := target()
 		if _, err := tg.Upgrade(ctx, []string{values}, "driver.image.tag="+newVersion); err != nil {
@@ -496,7 +498,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 		if w.maxCordoned == 0 {
 			t.Error("no node was ever cordoned: the rollout was not observed")
 		}
-		after := gpuPodUIDs(t)
+		after := gpuPodUIDs(t, workloadNS)
 		for _, n := range gpuNodeNames() {
 			if uids[n] == after[n] {
 				t.Errorf("the GPU pod on %s was not moved off for the driver change", n)
@@ -520,6 +522,72 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 		if got := node(t, n).Labels["nvidia.com/mig.config"]; got != "all-disabled" {
 			t.Errorf("%s: uninstall changed the operator's nvidia.com/mig.config to %q", n, got)
 		}
+	}
+}
+
+// TestTakeoverWithAnotherDriverVersion: values that ask for another driver version than the operator's take the
+// driver change path on every node: nothing adopted, the operator's driver unloaded and replaced, every GPU pod
+// evicted through the Eviction API (the PodDisruptionBudget honoured), and the gate passes. A first install paces
+// nothing (the DaemonSet starts every driver pod at once; driver.upgradePolicy.maxUnavailable paces rollouts of an
+// installed chart), which is why the README takes over with the operator's version and upgrades after.
+func TestTakeoverWithAnotherDriverVersion(t *testing.T) {
+	ctx := t.Context()
+	hosts := map[string]*kmodtest.Fixture{}
+	operator(t, hosts)
+	const workloadNS = "ml-other-version"
+	uids := startWorkloads(t, workloadNS)
+	values := migrate(t)
+	w := watchTakeover(t, workloadNS)
+	removeOperator(t)
+	start := time.Now()
+	if _, err := target().Install(ctx, []string{values}, "driver.image.tag="+newVersion); err != nil {
+		logRuns(t, start)
+		t.Fatalf("install: %v", err)
+	}
+	t.Cleanup(func() { _ = target().Uninstall() })
+	poll(t, 2*time.Minute, "every GPU node upgrade-done with the new driver", func() (bool, string) {
+		for _, n := range gpuNodeNames() {
+			nd := node(t, n)
+			if nd.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeDone) || nd.Spec.Unschedulable {
+				return false, n + " is " + nd.Labels[nodestate.UpgradeStateLabel]
+			}
+		}
+		return true, ""
+	})
+	w.end()
+	t.Logf("takeover with driver %s of %d nodes in %s; %d nodes cordoned at once at most", newVersion, len(hosts),
+		time.Since(start).Round(100*time.Millisecond), w.maxCordoned)
+	digest := driverDigest(t)
+	after := gpuPodUIDs(t, workloadNS)
+	for n, f := range hosts {
+		unloaded, evicted := false, false
+		for _, c := range f.Kernel.CallList() {
+			unloaded = unloaded || c == "delete_module nvidia"
+		}
+		for _, r := range stand.Runs() {
+			if r.Component != kubelet.DriverManagerRun || r.Node != n || !r.Started.After(start) {
+				continue
+			}
+			if strings.Contains(r.Output, "adopted") {
+				t.Errorf("%s: the driver manager adopted a driver of another version:\n%s", n, r.Output)
+			}
+			evicted = evicted || strings.Contains(r.Output, "GPU pods evicted")
+		}
+		if !unloaded || !evicted {
+			t.Errorf("%s: operator's driver unloaded %v, GPU pods evicted through the Eviction API %v; want both", n, unloaded, evicted)
+		}
+		if d, _, _ := f.Host().RecordedDigest(); d != digest {
+			t.Errorf("%s: host records %q, want the new driver's %s", n, d, digest)
+		}
+		if uids[n] == after[n] {
+			t.Errorf("%s: the GPU pod was not moved off for the driver change", n)
+		}
+	}
+	if t.Failed() {
+		logRuns(t, start)
+	}
+	if err := target().Uninstall(); err != nil {
+		t.Fatal(err)
 	}
 }
 
