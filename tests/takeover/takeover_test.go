@@ -39,8 +39,8 @@ import (
 
 const (
 	// namespace is the operator's, which the chart then installs into (the README's commands).
-	namespace  = "gpu-operator"
-	release = "gpu"
+	namespace = "gpu-operator"
+	release   = "gpu"
 	// operatorVersion is the driver the operator loaded (its ClusterPolicy's driver.version); operatorDigest is
 	// what its driver container recorded in /run/nvidia/nvidia-driver.state (an FNV-32a number, gpu-operator
 	// v26.7.0 internal/utils.GetObjectHashIgnoreEmptyKeys).
@@ -241,7 +241,9 @@ func startWorkloads(t *testing.T, workloadNS string) map[string]types.UID {
 		running, err := workloads.RunningGPU(ctx, kube.Client, workloadNS)
 		return err == nil && len(running) == len(gpuNodeNames()), fmt.Sprintf("running on %v (%v)", running, err)
 	})
-	t.Cleanup(func() { _ = kube.Client.CoreV1().Namespaces().Delete(context.Background(), workloadNS, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = kube.Client.CoreV1().Namespaces().Delete(context.Background(), workloadNS, metav1.DeleteOptions{})
+	})
 	return gpuPodUIDs(t, workloadNS)
 }
 
