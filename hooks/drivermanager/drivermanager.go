@@ -9,6 +9,11 @@
 //	              (the driver container never starts; the DaemonSet lets go of the node)
 //	              modules loaded, DRIVER_CONFIG_DIGEST = recorded digest  -> fast path: keep the driver; a node
 //	              that is not upgrade-done (failed, retried, interrupted) validates it first
+//	              modules loaded by another installer (the GPU Operator's driver container: no digest of ours
+//	              recorded) that are exactly what this pod installs (DriverVersion, KernelModuleType)
+//	                                                                       -> adopt: record our digest, keep the
+//	              driver, evict nothing, validation-required (the validator vouches for it); otherwise the change
+//	              path below
 //	              no modules loaded                                        -> clear stale files, validation-required
 //	              (our cordon kept: a reboot of a failed node validates the driver that installs next)
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
@@ -123,8 +128,9 @@ type Options struct {
 	Log *slog.Logger
 	// Now is the clock for nodestate.UpgradeSinceAnnotation (default time.Now).
 	Now func() time.Time
-	// AfterStep, when set, is called after each of Steps; an error stops the run at once and is returned as is,
-	// with nothing restored — what a kill at that point leaves (for tests and harnesses proving convergence).
+	// AfterStep, when set, is called after each of Steps (and AdoptStep, adopt.go); an error stops the run at once
+	// and is returned as is, with nothing restored — what a kill at that point leaves (for tests and harnesses
+	// proving convergence).
 	AfterStep func(step string) error
 	// SkipWait bounds the wait on a node labelled nodestate.UpgradeSkipLabel=true (0: until the label goes or the
 	// run's context ends).
@@ -149,6 +155,10 @@ type Options struct {
 	// labelled the other way switches through the driver change path (its GPU pods evicted, both plugins paused,
 	// the driver reloaded) even when the driver config is unchanged. Empty: the label is left alone.
 	Allocation string
+	// DriverVersion (DRIVER_VERSION) and KernelModuleType (KERNEL_MODULE_TYPE: open, proprietary or auto) are what
+	// the driver container of this pod installs. With both, a driver loaded by another installer is adopted when
+	// it is that version and flavour (adopt.go); without them it never is.
+	DriverVersion, KernelModuleType string
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
@@ -337,6 +347,12 @@ func (m *manager) run(ctx context.Context) (string, error) {
 		return m.notLoaded(ctx)
 	case !m.o.ForceReinstall && !switching && m.o.Digest != "" && m.o.Digest == recorded:
 		return m.keep(ctx)
+	case !m.o.ForceReinstall && !switching && m.o.Digest != "" && foreignDriver(m.node, recorded):
+		if why := m.adoptable(); why != "" {
+			m.log.Info("driver loaded by another installer differs from this pod's: the driver change path takes over", "why", why)
+		} else {
+			return m.adopt(ctx)
+		}
 	}
 	if err := m.heldBack(ctx, recorded); err != nil {
 		return "", &untouchedError{err}
@@ -369,7 +385,10 @@ func (m *manager) allocation() change {
 // the new driver pod never starts over a loaded driver, and counts against maxUnavailable until the label goes);
 // an upgrade-failed node is refused at once (the pod restarts with back-off) until `kube-gpu-stack upgrade retry`.
 func (m *manager) heldBack(ctx context.Context, recorded string) error {
-	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed {
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed && foreignState(m.node) {
+		m.log.Info("upgrade-failed was written by another installer (the GPU Operator's upgrade controller, same label): not a failure of ours to hold the node for",
+			"label", nodestate.UpgradeStateLabel)
+	} else if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed {
 		return fmt.Errorf("node %s is %s (%s): its driver (config %s) stays loaded and nothing is evicted; fix the cause, then run `kube-gpu-stack upgrade retry %s`",
 			m.o.NodeName, nodestate.UpgradeFailed, m.node.Annotations[nodestate.UpgradeReasonAnnotation], nodestate.ShortDigest(recorded), m.o.NodeName)
 	}

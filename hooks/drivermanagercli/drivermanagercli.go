@@ -41,7 +41,9 @@ func uninstallCommand(out io.Writer) *cobra.Command {
 		Use:   "uninstall-driver",
 		Short: "Prepare the node for the driver about to start (configured by environment variables)",
 		Long: `Prepare the node for the driver about to start: keep the loaded driver when DRIVER_CONFIG_DIGEST matches
-the one it recorded; otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*), drain on failure
+the one it recorded. A driver another installer loaded (the GPU Operator's: no digest of ours recorded) is
+adopted the same way when it is the DRIVER_VERSION and KERNEL_MODULE_TYPE (open, proprietary; auto: either) this
+pod installs: our digest recorded, nothing evicted, the node validation-required. Otherwise cordon, evict GPU pods (ENABLE_GPU_POD_EVICTION, EVICTION_*), drain on failure
 (ENABLE_AUTO_DRAIN, DRAIN_*), pause the GPU operands, unload the NVIDIA modules and clear the old driver root.
 With DRA_PLUGIN_OPERAND (the DRA kubelet plugin's operand, dra-driver) on a node where that plugin runs, the
 plugin is paused last, once no pod holds a gpu.nvidia.com claim (one left fails the run, the plugin untouched).
@@ -171,6 +173,9 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 		HostMOFED:      e.bool("USE_HOST_MOFED", false),
 		DRAPlugin:      strings.TrimSpace(getenv("DRA_PLUGIN_OPERAND")),
 		Allocation:     strings.TrimSpace(getenv("GPU_ALLOCATION")),
+		// what the driver container installs: a driver another installer loaded is adopted when it is exactly that
+		DriverVersion:    strings.TrimSpace(getenv("DRIVER_VERSION")),
+		KernelModuleType: strings.TrimSpace(getenv("KERNEL_MODULE_TYPE")),
 		Eviction: drivermanager.Eviction{
 			Enabled:            e.bool("ENABLE_GPU_POD_EVICTION", true),
 			Force:              e.bool("EVICTION_USE_FORCE", false),

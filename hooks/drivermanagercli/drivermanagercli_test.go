@@ -25,6 +25,7 @@ func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 		"EVICTION_DELETE_EMPTYDIR_DATA": "false", "ENABLE_AUTO_DRAIN": "true", "DRAIN_USE_FORCE": "true",
 		"DRAIN_POD_SELECTOR_LABEL": "app!=critical", "DRAIN_TIMEOUT_SECONDS": "0s", "DRAIN_DELETE_EMPTYDIR_DATA": "true",
 		"DRA_PLUGIN_OPERAND": "dra-driver", "GPU_ALLOCATION": "dra",
+		"DRIVER_VERSION": " 580.95.05\n", "KERNEL_MODULE_TYPE": "open",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +38,9 @@ func TestOptionsFromTheChartsEnvironment(t *testing.T) {
 	}
 	if !o.Drain.Enabled || !o.Drain.Force || !o.Drain.DeleteEmptyDirData || o.Drain.PodSelector != "app!=critical" {
 		t.Fatalf("drain %+v", o.Drain)
+	}
+	if o.DriverVersion != "580.95.05" || o.KernelModuleType != "open" {
+		t.Fatalf("driver version %q, module type %q: what the pod installs, for adopting a loaded driver", o.DriverVersion, o.KernelModuleType)
 	}
 	if o.DRAPlugin != "dra-driver" || o.Allocation != "dra" {
 		t.Fatalf("DRA plugin operand %q, allocation %q, want dra-driver, dra", o.DRAPlugin, o.Allocation)

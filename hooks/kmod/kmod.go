@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -262,6 +263,77 @@ func (h Host) RecordedDigest() (string, bool, error) {
 	}
 	return strings.TrimSpace(string(b)), true, nil
 }
+
+// OwnStateFile is StateFile as the manager writes it: next to the driver root, under OwnRoot (the host root is
+// mounted read-only; /run/nvidia is the pod's own, shared, mount of the host's).
+func (h Host) OwnStateFile() string {
+	return filepath.Join(filepath.Dir(h.own(h.DriverRoot)), "nvidia-driver.state")
+}
+
+// RecordDigest writes digest to the driver's state file, as the driver container does once its driver is loaded:
+// a driver container started with that DRIVER_CONFIG_DIGEST then keeps the loaded modules and installs only the
+// userspace. Written whole (a temporary file renamed), so a kill leaves the old record or the new one.
+func (h Host) RecordDigest(digest string) error {
+	p := h.OwnStateFile()
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(digest+"\n"), 0o644); err != nil {
+		return fmt.Errorf("record the driver config digest: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("record the driver config digest: %w", err)
+	}
+	return nil
+}
+
+// Module flavours of the nvidia module (the driver container's KERNEL_MODULE_TYPE once resolved).
+const (
+	FlavourOpen        = "open"
+	FlavourProprietary = "proprietary"
+)
+
+// LoadedDriver is what the host says of the loaded nvidia module, whoever loaded it.
+type LoadedDriver struct {
+	// Version is the module's version (sys/module/nvidia/version, e.g. 580.95.05).
+	Version string
+	// Flavour is FlavourOpen or FlavourProprietary (proc/driver/nvidia/version).
+	Flavour string
+}
+
+// LoadedDriver reads the loaded nvidia module's version and flavour. Both files are the kernel's own: the module's
+// MODULE_VERSION in sysfs (NVIDIA's recommended source of the version), and the NVRM banner in procfs, which names
+// the open flavour "NVIDIA UNIX Open Kernel Module for <arch>" and the proprietary one "NVIDIA UNIX <arch> Kernel
+// Module" (NVIDIA's README, "Open Linux Kernel Modules"; some open builds print "NVIDIA UNIX Open Kernel <arch>
+// Kernel Module"). Anything unreadable or unrecognised is an error: the caller must not act on a guess.
+func (h Host) LoadedDriver() (LoadedDriver, error) {
+	var d LoadedDriver
+	b, err := os.ReadFile(h.host("sys", "module", "nvidia", "version"))
+	if err != nil {
+		return d, fmt.Errorf("read the loaded driver's version: %w", err)
+	}
+	d.Version = strings.TrimSpace(string(b))
+	if !driverVersion.MatchString(d.Version) {
+		return d, fmt.Errorf("loaded driver's version %q (sys/module/nvidia/version) is not a driver version", d.Version)
+	}
+	b, err = os.ReadFile(h.host("proc", "driver", "nvidia", "version"))
+	if err != nil {
+		return d, fmt.Errorf("read the loaded driver's flavour: %w", err)
+	}
+	banner, _, _ := strings.Cut(string(b), "\n")
+	switch {
+	case !strings.HasPrefix(banner, "NVRM version:") || !strings.Contains(banner, d.Version):
+		return d, fmt.Errorf("loaded driver's banner %q (proc/driver/nvidia/version) does not name version %s", strings.TrimSpace(banner), d.Version)
+	case strings.Contains(banner, " Open Kernel "):
+		d.Flavour = FlavourOpen
+	case strings.Contains(banner, "Kernel Module"):
+		d.Flavour = FlavourProprietary
+	default:
+		return d, fmt.Errorf("loaded driver's banner %q (proc/driver/nvidia/version) names no kernel module flavour", strings.TrimSpace(banner))
+	}
+	return d, nil
+}
+
+// driverVersion is a driver release: 580.95.05, 550.54 (a branch alone, 580, is not one).
+var driverVersion = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
 
 // DriverPodFiles reports what a containerized driver left on the node: its state file, its pid file or a mount
 // on the driver root. A node with any of them is not a host-driver node.

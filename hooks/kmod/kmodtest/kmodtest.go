@@ -82,6 +82,17 @@ func (f *Fixture) LoadDriver() {
 	f.LoadModule("nvidia_drm", "nvidia_modeset")
 }
 
+// DriverVersion makes the loaded nvidia module say what it is, as the kernel does: its version in
+// sys/module/nvidia/version and the NVRM banner in proc/driver/nvidia/version (open or proprietary flavour).
+func (f *Fixture) DriverVersion(version string, open bool) {
+	f.write("sys/module/nvidia/version", version+"\n")
+	banner := "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + version + "  Release Build  (dvs-builder@U22-I3-AE18-23-3)  Thu Sep 25 18:29:06 UTC 2025\n"
+	if open {
+		banner = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  " + version + "  Release Build  (dvs-builder@U22-I3-AE18-23-3)  Thu Sep 25 18:29:06 UTC 2025\n"
+	}
+	f.write("proc/driver/nvidia/version", banner+"GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
+}
+
 // Use adds n users (open device files, kernel references) to a loaded module.
 func (f *Fixture) Use(module string, n int) { f.addRefcnt(module, n) }
 

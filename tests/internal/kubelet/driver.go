@@ -166,8 +166,16 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		}
 	}
 
-	// the driver container: a driver is loaded unless the manager kept the old one (fast path)
+	// the driver container: a driver is loaded unless the manager kept the old one (fast path). As nvidia-driver
+	// does, it keeps loaded modules only when the host's state file records its DRIVER_CONFIG_DIGEST; otherwise it
+	// unloads them first, which fails while GPU pods hold them ("driver is in use"): the container crash-loops.
 	k.mu.Lock()
+	if recorded, _, _ := h.Fixture.Host().RecordedDigest(); len(h.Fixture.LoadedModules()) > 0 && recorded != getenv("DRIVER_CONFIG_DIGEST") {
+		k.mu.Unlock()
+		k.setStatus(ctx, pod, running(pod, false, &initStuck{0, "CrashLoopBackOff",
+			"nvidia-driver: the loaded driver records config " + recorded + ", not this pod's: Could not unload NVIDIA driver kernel modules, driver is in use"}))
+		return
+	}
 	if len(h.Fixture.LoadedModules()) == 0 {
 		h.Fixture.LoadDriver()
 		h.Fixture.DriverState(getenv("DRIVER_CONFIG_DIGEST"))
