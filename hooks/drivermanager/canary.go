@@ -23,11 +23,12 @@ import (
 // node of a pool at its failure threshold holds until an admin acts. It waits on one watch of the nodes carrying
 // an upgrade state and changes nothing on the node but the reason its state shows. A node without a mark (not in
 // a plan: added to the pool after it, an OnDelete pool, no pre-upgrade hook) goes at once, bounded by the
-// DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required) goes on.
+// DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required, or cordoned
+// by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
 // An unreadable mark refuses before anything changed: the node keeps its driver and its GPU pods.
 func (m *manager) waitTurn(ctx context.Context) error {
-	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
-		return nil
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
+		return nil // its change started (a later plan set it back to upgrade-required mid-change): it is out already
 	}
 	mark, err := canary.Read(m.node)
 	if err != nil {

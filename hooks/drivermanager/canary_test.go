@@ -224,6 +224,26 @@ func TestCanaryDoneUnderAnEarlierPlanIsNoValidation(t *testing.T) {
 	}
 }
 
+// A node whose change already started (cordoned by an earlier run; a later plan set it back to upgrade-required)
+// does not wait: it is out of service already.
+func TestNodeMidChangeDoesNotWait(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	n := e.node()
+	n.Spec.Unschedulable = true
+	n.Annotations[nodestate.CordonedAnnotation] = "driver-upgrade"
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := wait(t, e.start(ctx)); err != nil {
+		t.Fatalf("a node mid-change waited: %v", err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("state %q", state(e.node()))
+	}
+}
+
 // A malformed mark refuses before anything changes; a node without a mark (added to the pool after the plan) is
 // not held by a canary it does not know.
 func TestMalformedOrMissingMark(t *testing.T) {
