@@ -6,7 +6,7 @@
 // not a canary waits, before it cordons, until every canary of its plan is upgrade-done; any node of a pool holds
 // while that pool has MaxFailures nodes upgrade-failed. A waiting node is untouched: not cordoned, nothing
 // evicted, its loaded driver and GPU pods as they were; its new driver pod stays un-Ready and holds one of the
-// DaemonSet's maxUnavailable, so waiting nodes and nodes in flight together never exceed it.
+// DaemonSet's maxUnavailable, so the nodes out of service (in flight or failed) never exceed it.
 package canary
 
 import (
