@@ -52,7 +52,10 @@ func (m *manager) waitTurn(ctx context.Context) error {
 			if nodestate.UpgradeState(self.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
 				return true, nil // moved on by someone else: the upgrade path reads it afresh
 			}
-			if fresh, err := canary.Read(self); err == nil && fresh != nil {
+			switch fresh, err := canary.Read(self); {
+			case err == nil && fresh == nil:
+				return true, nil // the admin removed the mark: no canary to wait for
+			case err == nil:
 				mark = fresh
 			}
 		}

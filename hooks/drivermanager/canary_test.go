@@ -224,6 +224,27 @@ func TestCanaryDoneUnderAnEarlierPlanIsNoValidation(t *testing.T) {
 	}
 }
 
+// An admin who removes the mark of a waiting node (its canary node was deleted) lets it go on at once.
+func TestRemovingTheMarkReleasesAWaitingNode(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	if err := e.client.CoreV1().Nodes().Delete(context.Background(), canaryNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	n := e.node()
+	delete(n.Annotations, canary.MarkAnnotation)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("state %q", state(e.node()))
+	}
+}
+
 // A node whose change already started (cordoned by an earlier run; a later plan set it back to upgrade-required)
 // does not wait: it is out of service already.
 func TestNodeMidChangeDoesNotWait(t *testing.T) {
