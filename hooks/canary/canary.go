@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -119,17 +120,37 @@ func Decide(self string, m *Mark, nodes []*corev1.Node) Turn {
 	return Turn{Go: true}
 }
 
-// validated: the canary is upgrade-done under this same plan (see Mark.Plan), or the admin left it out of
-// driver changes (nodestate.UpgradeSkipLabel) since the plan.
+// validated: the canary is upgrade-done under this plan or a later one (see Mark.Plan: a later plan that
+// re-marked the canary, as a second upgrade mid-rollout does, supersedes this one for it), or the admin left it out
+// of driver changes (nodestate.UpgradeSkipLabel) since. A canary done under an earlier plan is a state read from
+// before this plan.
 func validated(n *corev1.Node, m *Mark) bool {
 	if n == nil {
 		return false
 	}
 	cm, err := Read(n)
-	if err != nil || cm == nil || cm.Plan != m.Plan {
+	if err != nil || cm == nil || !NotBefore(cm.Plan, m.Plan) {
 		return false
 	}
 	return n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone) || n.Labels[nodestate.UpgradeSkipLabel] == "true"
+}
+
+// NotBefore says whether plan a is plan b or a later one (plans are named by their time); an unreadable name is
+// neither.
+func NotBefore(a, b string) bool {
+	ta, errA := time.Parse(time.RFC3339Nano, a)
+	tb, errB := time.Parse(time.RFC3339Nano, b)
+	return errA == nil && errB == nil && !ta.Before(tb)
+}
+
+// CanaryTarget is the driver config digest a canary node is to get, from its own mark (the latest plan that marked
+// it); "" when its mark does not name it a canary.
+func CanaryTarget(n *corev1.Node) string {
+	cm, err := Read(n)
+	if err != nil || cm == nil {
+		return ""
+	}
+	return cm.Canary[n.Name]
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -10,7 +10,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
-var mark = &Mark{Pool: "a100", Plan: "p2", Canary: map[string]string{"c": "d2"}, MaxFailures: 1}
+var mark = &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00.5Z", Canary: map[string]string{"c": "d2"}, MaxFailures: 1}
 
 func node(name string, state nodestate.UpgradeState, m string, labels ...string) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{nodestate.UpgradeStateLabel: string(state)},
@@ -26,8 +26,9 @@ func node(name string, state nodestate.UpgradeState, m string, labels ...string)
 
 func TestDecide(t *testing.T) {
 	this := mark.Format()
-	earlier := Mark{Pool: "a100", Plan: "p1", Canary: map[string]string{"c": "d1"}, MaxFailures: 1}.Format()
-	other := Mark{Pool: "h100", Plan: "p2", MaxFailures: 1}.Format()
+	earlier := Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Canary: map[string]string{"c": "d1"}, MaxFailures: 1}.Format()
+	later := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"c": "d3"}, MaxFailures: 1}.Format()
+	other := Mark{Pool: "h100", Plan: "2026-09-01T12:00:00.5Z", MaxFailures: 1}.Format()
 	for _, tc := range []struct {
 		name  string
 		self  string
@@ -40,6 +41,8 @@ func TestDecide(t *testing.T) {
 		{"canary gone from the cluster", "n", nil, false, "waiting for the canary"},
 		{"canary validated", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this)}, true, ""},
 		{"canary done under an earlier plan (a stale read)", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, earlier)}, false, "waiting for the canary"},
+		{"canary done under a later plan that re-marked it (a second upgrade)", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, later)}, true, ""},
+		{"canary in flight under a later plan", "n", []*corev1.Node{node("c", nodestate.CordonRequired, later)}, false, "waiting for the canary"},
 		{"canary done, its mark unreadable", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, "{")}, false, "waiting for the canary"},
 		{"canary left out by the admin", "n", []*corev1.Node{node("c", nodestate.UpgradeRequired, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
 		{"threshold holds the canary too", "c", []*corev1.Node{node("c", nodestate.UpgradeRequired, this), node("f", nodestate.UpgradeFailed, this)}, false, "pool a100 holds: 1 of its nodes failed"},
@@ -52,9 +55,25 @@ func TestDecide(t *testing.T) {
 			t.Errorf("%s: %+v, want go=%v and %q", tc.name, turn, tc.goes, tc.why)
 		}
 	}
-	noThreshold := &Mark{Pool: "a100", Plan: "p2", Canary: map[string]string{"c": "d2"}}
+	noThreshold := &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00.5Z", Canary: map[string]string{"c": "d2"}}
 	if turn := Decide("c", noThreshold, []*corev1.Node{node("f", nodestate.UpgradeFailed, this), node("g", nodestate.UpgradeFailed, this)}); !turn.Go {
 		t.Errorf("maxFailures 0 holds: %+v", turn)
+	}
+}
+
+func TestCanaryTargetIsTheCanarysOwnMark(t *testing.T) {
+	later := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"c": "d3"}}.Format()
+	if got := CanaryTarget(node("c", nodestate.UpgradeRequired, later)); got != "d3" {
+		t.Errorf("target %q, want the later plan's d3", got)
+	}
+	notCanary := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"x": "d3"}}.Format()
+	for _, n := range []*corev1.Node{node("c", "", notCanary), node("c", "", ""), node("c", "", "{")} {
+		if got := CanaryTarget(n); got != "" {
+			t.Errorf("target %q, want none", got)
+		}
+	}
+	if !NotBefore("2026-09-01T12:00:00.5Z", "2026-09-01T12:00:00.5Z") || NotBefore("2026-09-01T12:00:00Z", "2026-09-01T12:00:00.5Z") || NotBefore("p2", "p1") {
+		t.Error("NotBefore")
 	}
 }
 
@@ -67,7 +86,7 @@ func TestRead(t *testing.T) {
 			t.Errorf("%s: err %v", raw, err)
 		}
 	}
-	if m, err := Read(node("n", "", mark.Format())); err != nil || m.Plan != "p2" || !m.IsCanary("c") || m.IsCanary("n") {
+	if m, err := Read(node("n", "", mark.Format())); err != nil || m.Plan != "2026-09-01T12:00:00.5Z" || !m.IsCanary("c") || m.IsCanary("n") {
 		t.Errorf("round trip: %+v, %v", m, err)
 	}
 }

@@ -76,7 +76,12 @@ func (m *manager) waitTurn(ctx context.Context) error {
 			shown = turn.Waiting
 		}
 		for _, name := range turn.Pending {
-			m.handCanaryItsTurn(ctx, name, mark.Canary[name], handed)
+			// the digest the canary's own mark names: a later plan may have re-marked it for another driver
+			if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 {
+				if digest := canary.CanaryTarget(nodes[i]); digest != "" {
+					m.handCanaryItsTurn(ctx, name, digest, handed)
+				}
+			}
 		}
 		return false, nil
 	})

@@ -336,6 +336,34 @@ func TestWaitingNodeHandsTheCanaryItsTurn(t *testing.T) {
 	}
 }
 
+// A second upgrade mid-rollout re-marks the canary for another driver while a node still waits under the first
+// plan: the waiter never evicts the canary's pod of the later driver (its own mark's digest is stale), and it goes
+// once the canary is done under the later plan.
+func TestWaiterUnderAnEarlierPlanFollowsTheCanarysLaterPlan(t *testing.T) {
+	const laterDigest = "3333333333333333333333333333333333333333333333333333333333333333"
+	later := canary.Mark{Pool: "default", Plan: "2026-09-01T12:30:00Z", Canary: map[string]string{canaryNode: laterDigest}, MaxFailures: 1}.Format()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, planMark(planID, 1)))
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned(canaryNode, nodestate.UpgradeRequired, later), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := upgradeplanDriverPod(canaryNode, laterDigest)
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	time.Sleep(200 * time.Millisecond)
+	for _, a := range e.client.Actions() {
+		if a.GetSubresource() == "eviction" {
+			t.Fatalf("the waiter evicted the canary's pod of the later driver")
+		}
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func upgradeplanDriverPod(node, digest string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-" + node, Namespace: namespace, UID: types.UID("uid-" + node + digest[:4]),
