@@ -18,6 +18,8 @@
 //	              (our cordon kept: a reboot of a failed node validates the driver that installs next)
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
 //	              node upgrade-failed                                     -> refuse until `upgrade retry`
+//	              planned node, not its pool's canary (canary.go)          -> wait before the cordon, untouched,
+//	              until the canary validated; a pool at its failure threshold holds
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
@@ -356,6 +358,9 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	}
 	if err := m.heldBack(ctx, recorded); err != nil {
 		return "", &untouchedError{err}
+	}
+	if err := m.waitTurn(ctx); err != nil { // canary.go: the pool's canary first, and its failure threshold
+		return "", err
 	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
 		"digest", nodestate.ShortDigest(m.o.Digest), "recordedDigest", nodestate.ShortDigest(recorded), "forceReinstall", m.o.ForceReinstall,

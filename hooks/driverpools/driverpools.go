@@ -27,6 +27,11 @@ type Pool struct {
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
 	// AutoUpgrade false: the DaemonSets are OnDelete.
 	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
+	// Canary is how many of the pool's nodes change first, alone, and must validate before the rest start (unset:
+	// DefaultCanary; 0: none). MaxFailures is how many upgrade-failed nodes hold the rest of the pool (unset:
+	// DefaultMaxFailures; 0: no threshold). The pre-upgrade plan marks them on the nodes (package canary).
+	Canary      *int `json:"canary,omitempty"`
+	MaxFailures *int `json:"maxFailures,omitempty"`
 	// Allocation is how the pool's nodes hand GPUs to pods (device-plugin or dra): its driver manager labels them
 	// so (nodestate.AllocationLabel), moving their GPU pods off first when they were labelled the other way.
 	Allocation string `json:"gpuAllocation,omitempty"`
@@ -58,6 +63,9 @@ func Parse(raw string) ([]Pool, error) {
 		}
 		if err := p.CheckMaxUnavailable(); err != nil {
 			return nil, err
+		}
+		if p.CanaryNodes() < 0 || p.FailureThreshold() < 0 {
+			return nil, fmt.Errorf("driver pool %s: upgradePolicy.canary and .maxFailures: want 0 or more", p.Name)
 		}
 	}
 	return pools, nil
@@ -107,6 +115,28 @@ func (p Pool) MaxUnavailableNodes(total int) (int, error) {
 		return 0, fmt.Errorf("driver pool %s: upgradePolicy.maxUnavailable: %w", p.Name, err)
 	}
 	return max(n, 1), nil
+}
+
+// The defaults of a pool's canary and failure threshold: one node first, and the first failure holds the rest.
+const (
+	DefaultCanary      = 1
+	DefaultMaxFailures = 1
+)
+
+// CanaryNodes is the pool's canary size (DefaultCanary when unset).
+func (p Pool) CanaryNodes() int {
+	if p.Canary == nil {
+		return DefaultCanary
+	}
+	return *p.Canary
+}
+
+// FailureThreshold is the pool's maxFailures (DefaultMaxFailures when unset).
+func (p Pool) FailureThreshold() int {
+	if p.MaxFailures == nil {
+		return DefaultMaxFailures
+	}
+	return *p.MaxFailures
 }
 
 // Matching returns the pools whose selection matches node (more than one means the pools overlap on it).

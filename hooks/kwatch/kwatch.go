@@ -243,6 +243,14 @@ func Node(client kubernetes.Interface, name string) *Source {
 	}, nodes.Watch)
 }
 
+// Nodes lists and watches the nodes matching labelSelector.
+func Nodes(client kubernetes.Interface, labelSelector string) *Source {
+	nodes := client.CoreV1().Nodes()
+	return source(client, "nodes", "", true, "", labelSelector, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return nodes.List(ctx, o)
+	}, nodes.Watch)
+}
+
 // PDBs lists and watches the PodDisruptionBudgets of every namespace.
 func PDBs(client kubernetes.Interface) *Source {
 	pdbs := client.PolicyV1().PodDisruptionBudgets("")

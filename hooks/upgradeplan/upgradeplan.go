@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -74,8 +75,15 @@ type NodePlan struct {
 
 // Plan is what the upgrade will do.
 type Plan struct {
-	// Batches per driver DaemonSet, in order; each batch is at most the pool's maxUnavailable of that DaemonSet's
-	// nodes, the bound its RollingUpdate enforces.
+	// Canary per pool: its first nodes (upgradePolicy.canary, in the plan's order), which change alone and must
+	// validate before any other node of the pool starts (package canary). Pools that are OnDelete
+	// (autoUpgrade=false) have none: there the admin picks each node.
+	Canary map[string][]NodePlan
+	// Marks per pool: what Run writes on each of its planned nodes (canary.MarkAnnotation); absent for a pool with
+	// neither a canary nor a failure threshold, or OnDelete.
+	Marks map[string]canary.Mark
+	// Batches per driver DaemonSet, in order, after the canary; each batch is at most the pool's maxUnavailable of
+	// that DaemonSet's nodes, the bound its RollingUpdate enforces.
 	Batches map[string][][]NodePlan
 	Nodes   []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
@@ -101,7 +109,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list driver pods: %w", err)
 	}
-	plan := &Plan{Batches: map[string][][]NodePlan{}}
+	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}}
+	pools := map[string]driverpools.Pool{}
 	dsNodes := map[string][]*corev1.Node{} // target driver DaemonSet -> the nodes it will serve
 	dsPool := map[string]driverpools.Pool{}
 	for i := range driverPods.Items {
@@ -140,6 +149,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				node.Labels[kernelLabel], pool.Name))
 			continue
 		}
+		pools[pool.Name] = pool
 		dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
 		dsPool[ds.Name] = pool
 		from := PodDigest(pod)
@@ -158,6 +168,11 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		return strings.Compare(a.DaemonSet+"/"+a.Node, b.DaemonSet+"/"+b.Node)
 	})
 
+	now := time.Now
+	if o.Now != nil {
+		now = o.Now
+	}
+	inCanary := planCanary(plan, pools, now())
 	for _, n := range nodes {
 		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is in upgrade-failed (%s): fix it, then run "+
@@ -172,7 +187,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 		var batch []NodePlan
 		for _, np := range plan.Nodes {
-			if np.DaemonSet != dsName {
+			if np.DaemonSet != dsName || inCanary[np.Node] {
 				continue
 			}
 			if batch = append(batch, np); len(batch) == maxUnavailable {
@@ -183,7 +198,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		if len(batch) > 0 {
 			plan.Batches[dsName] = append(plan.Batches[dsName], batch)
 		}
-		if len(plan.Batches[dsName]) == 0 {
+		if len(plan.Batches[dsName]) == 0 && !slices.ContainsFunc(plan.Nodes, func(np NodePlan) bool { return np.DaemonSet == dsName }) {
 			continue
 		}
 		var down []string
@@ -210,6 +225,32 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	}
 	slices.Sort(plan.Refusals)
 	return plan, nil
+}
+
+// planCanary picks each pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
+// nodes get, named after the plan's time; it returns the canary nodes.
+func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) map[string]bool {
+	in := map[string]bool{}
+	id := now.UTC().Format(time.RFC3339Nano)
+	for _, name := range slices.Sorted(maps.Keys(pools)) {
+		pool := pools[name]
+		if pool.AutoUpgrade != nil && !*pool.AutoUpgrade {
+			continue
+		}
+		mark := canary.Mark{Pool: name, Plan: id, Canary: map[string]string{}, MaxFailures: pool.FailureThreshold()}
+		for _, np := range plan.Nodes {
+			if np.Pool != name || len(plan.Canary[name]) >= pool.CanaryNodes() {
+				continue
+			}
+			plan.Canary[name] = append(plan.Canary[name], np)
+			mark.Canary[np.Node] = np.To
+			in[np.Node] = true
+		}
+		if len(mark.Canary) > 0 || mark.MaxFailures > 0 {
+			plan.Marks[name] = mark
+		}
+	}
+	return in
 }
 
 const (
@@ -379,9 +420,21 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 			reason += ", GPU allocation " + np.Allocation
 		}
 		var before *corev1.Node
+		mark, hasMark := plan.Marks[np.Pool]
 		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
 			before = n.DeepCopy()
-			return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now), nil
+			p := nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)
+			// one patch with the state: a mark read together with a later state was written before it (canary.Mark)
+			if p.Annotations == nil {
+				p.Annotations = map[string]*string{}
+			}
+			if hasMark {
+				v := mark.Format()
+				p.Annotations[canary.MarkAnnotation] = &v
+			} else if _, ok := n.Annotations[canary.MarkAnnotation]; ok {
+				p.Annotations[canary.MarkAnnotation] = nil // an earlier plan's mark says nothing about this one
+			}
+			return p, nil
 		}); err != nil {
 			return plan, unmark(ctx, o.Client, marked, err)
 		}
@@ -413,7 +466,7 @@ func unmark(ctx context.Context, client kubernetes.Interface, marked []*corev1.N
 	for _, n := range marked {
 		p := nodestate.Patch{Labels: map[string]*string{}, Annotations: map[string]*string{}}
 		p.Labels[nodestate.UpgradeStateLabel] = previous(n.Labels, nodestate.UpgradeStateLabel)
-		for _, k := range []string{nodestate.UpgradeReasonAnnotation, nodestate.UpgradeSinceAnnotation} {
+		for _, k := range []string{nodestate.UpgradeReasonAnnotation, nodestate.UpgradeSinceAnnotation, canary.MarkAnnotation} {
 			p.Annotations[k] = previous(n.Annotations, k)
 		}
 		if _, err := nodestate.Apply(ctx, client, n.Name, p); err != nil {
@@ -443,6 +496,18 @@ func previous(m map[string]string, k string) *string {
 func (p *Plan) Write(out io.Writer) {
 	if len(p.Nodes) == 0 {
 		fmt.Fprintln(out, "pre-upgrade: no GPU node's driver changes; nothing to do")
+	}
+	for _, pool := range slices.Sorted(maps.Keys(p.Canary)) {
+		names := make([]string, len(p.Canary[pool]))
+		for j, np := range p.Canary[pool] {
+			names[j] = np.Node + " (" + np.DaemonSet + ")"
+		}
+		fmt.Fprintf(out, "pool %s canary: %s; changes alone and must validate before any other node of the pool starts\n", pool, strings.Join(names, ", "))
+	}
+	for _, pool := range slices.Sorted(maps.Keys(p.Marks)) {
+		if k := p.Marks[pool].MaxFailures; k > 0 {
+			fmt.Fprintf(out, "pool %s holds after %d failed node(s): no other node of it starts until `kube-gpu-stack upgrade retry NODE`\n", pool, k)
+		}
 	}
 	for _, ds := range slices.Sorted(maps.Keys(p.Batches)) {
 		for i, b := range p.Batches[ds] {

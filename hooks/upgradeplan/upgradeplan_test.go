@@ -92,7 +92,10 @@ func TestMalformedMaxUnavailableIsAnError(t *testing.T) {
 }
 
 func TestPlansChangedNodesInBatchesAndMarksThem(t *testing.T) {
-	plan, out, err, client := run(t, pool("new", intstr.FromString("50%")),
+	noCanary := 0 // canary_test.go: the canary goes before the batches
+	pools := pool("new", intstr.FromString("50%"))
+	pools[0].Canary = &noCanary
+	plan, out, err, client := run(t, pools,
 		readyNode("a", nil), readyNode("b", nil), readyNode("c", nil), readyNode("d", map[string]string{nodestate.UpgradeSkipLabel: "true"}),
 		driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "new"), driverPod("d", "old"))
 	if err != nil {

@@ -424,8 +424,9 @@ func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
 				if pool.Source != "container" && len(pool.DaemonSets) > 0 {
 					t.Errorf("pool %s (source %s) lists driver DaemonSets %v", pool.Name, pool.Source, pool.DaemonSets)
 				}
-				if pool.MaxUnavailable == nil || pool.AutoUpgrade == nil {
-					t.Errorf("pool %s: maxUnavailable %v, autoUpgrade %v; want the pool's upgradePolicy", pool.Name, pool.MaxUnavailable, pool.AutoUpgrade)
+				if pool.MaxUnavailable == nil || pool.AutoUpgrade == nil || pool.Canary == nil || pool.MaxFailures == nil {
+					t.Errorf("pool %s: maxUnavailable %v, autoUpgrade %v, canary %v, maxFailures %v; want the pool's upgradePolicy",
+						pool.Name, pool.MaxUnavailable, pool.AutoUpgrade, pool.Canary, pool.MaxFailures)
 				}
 				for _, ds := range pool.DaemonSets {
 					if _, dup := listed[ds.Name]; dup {

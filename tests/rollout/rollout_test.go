@@ -52,10 +52,12 @@ func profile() []string {
 	return []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")}
 }
 
-// settings are the release's values on top of the profile.
+// settings are the release's values on top of the profile. These scenarios prove the DaemonSet's own bound, so
+// they turn the pool's canary and failure threshold off; canary_test.go proves those.
 func settings(extra ...string) []string {
 	return append([]string{
 		fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", maxUnavailable),
+		"driver.upgradePolicy.canary=0", "driver.upgradePolicy.maxFailures=0",
 		fmt.Sprintf("driver.manager.gpuPodDeletion.timeoutSeconds=%d", evictionTimeout),
 	}, extra...)
 }

@@ -129,12 +129,12 @@ spec:
 {{/*
 gpu-stack-lib.driverPools: the driver pools as the hooks read them (env DRIVER_POOLS: the post-install check and
 the pre-upgrade plan), as a JSON list in pool order (the default pool first, then driver.pools as listed):
-[{"name", "source" (container | host | none), "nodeSelectorTerms", "maxUnavailable", "autoUpgrade",
-"gpuAllocation", "daemonSets"}]. nodeSelectorTerms is the pool's own node selection exactly as its driver DaemonSets use it, OR'ed
+[{"name", "source" (container | host | none), "nodeSelectorTerms", "maxUnavailable", "autoUpgrade", "canary",
+"maxFailures", "gpuAllocation", "daemonSets"}]. nodeSelectorTerms is the pool's own node selection exactly as its driver DaemonSets use it, OR'ed
 terms, without the GPU, role, gpu.deploy.* and per-OS/kernel requirements the DaemonSets add: a named pool's
 selector as one term; the default pool's exclusion of the other pools, one term per alternative. The default pool
 alone selects every GPU node; as an empty term selects no node in the Kubernetes API, that is written as the one
-term nvidia.com/gpu.present In [true]. maxUnavailable and autoUpgrade are the pool's upgradePolicy. daemonSets
+term nvidia.com/gpu.present In [true]. maxUnavailable, autoUpgrade, canary and maxFailures are the pool's upgradePolicy. daemonSets
 (container pools) are its driver DaemonSets, [{"name", "nodeSelectorTerms", "digest"}]: each one's own node
 selection (its OS/kernel requirements and the pool's, one term per alternative of the default pool's exclusion,
 as its node affinity has them, again without the GPU, role and gpu.deploy.* requirements) and its
@@ -155,7 +155,7 @@ its DaemonSets, so the two cannot disagree. dict:
 {{- $terms = list (dict "matchExpressions" $pool.requirements) -}}
 {{- end -}}
 {{- $policy := ($pool.values | default $.values).upgradePolicy -}}
-{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "gpuAllocation" (($pool.values | default $.values).gpuAllocation | default "device-plugin") -}}
+{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" (($pool.values | default $.values).gpuAllocation | default "device-plugin") -}}
 {{- $dss := list -}}
 {{- range $ds := $variants -}}
 {{- if eq $ds.pool $pool.name -}}

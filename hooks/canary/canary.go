@@ -1,0 +1,163 @@
+// Package canary makes a driver pool's change go canary first, then widen, and hold at its failure threshold.
+//
+// The DaemonSet's rolling update cannot vary its batch size: it replaces up to maxUnavailable old driver pods at
+// once, in an order of its own. So the pre-upgrade plan marks every node whose driver will change (MarkAnnotation:
+// its pool, the plan, the pool's canary nodes and its failure threshold), and the driver manager of a node that is
+// not a canary waits, before it cordons, until every canary of its plan is upgrade-done; any node of a pool holds
+// while that pool has MaxFailures nodes upgrade-failed. A waiting node is untouched: not cordoned, nothing
+// evicted, its loaded driver and GPU pods as they were; its new driver pod stays un-Ready and holds one of the
+// DaemonSet's maxUnavailable, so the nodes out of service (in flight or failed) never exceed it.
+package canary
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// MarkAnnotation holds a planned node's Mark as JSON. Only the pre-upgrade plan writes it (a later plan replaces
+// it); `upgrade retry` keeps it, so a retried canary is still the canary; the pre-delete cleanup removes it with
+// every stack annotation (nodestate.Cleanup).
+const MarkAnnotation = nodestate.AnnotationPrefix + "upgrade-plan"
+
+// Mark is what the plan tells each node whose driver will change.
+type Mark struct {
+	// Pool is the node's driver pool.
+	Pool string `json:"pool"`
+	// Plan names the plan that wrote the mark (its time, RFC 3339 with nanoseconds). A canary counts as validated
+	// only when its own mark names the same plan: the plan writes mark and upgrade-required in one patch, so
+	// upgrade-done read together with this plan's mark was written after it, never left from an earlier change.
+	Plan string `json:"plan"`
+	// Canary are the pool's canary nodes, each with the DRIVER_CONFIG_DIGEST it will get (none: the pool has no
+	// canary, only its threshold).
+	Canary map[string]string `json:"canary"`
+	// MaxFailures is the pool's failure threshold: with that many of its nodes upgrade-failed, no other node of
+	// the pool starts. 0: no threshold.
+	MaxFailures int `json:"maxFailures"`
+}
+
+// Format renders the mark for MarkAnnotation.
+func (m Mark) Format() string {
+	b, _ := json.Marshal(m) // strings, a map of strings and an int always marshal
+	return string(b)
+}
+
+// Read returns node's mark: nil without one (the node was not in a plan: added to the pool after it, or its
+// driver changes without the pre-upgrade hook), an error when it cannot be read.
+func Read(node *corev1.Node) (*Mark, error) {
+	raw, ok := node.Annotations[MarkAnnotation]
+	if !ok {
+		return nil, nil
+	}
+	var m Mark
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		return nil, fmt.Errorf("node %s: annotation %s=%q is not the plan's mark: %w", node.Name, MarkAnnotation, raw, err)
+	}
+	if m.Pool == "" || m.Plan == "" || m.MaxFailures < 0 {
+		return nil, fmt.Errorf("node %s: annotation %s=%q is not the plan's mark: want a pool, a plan and maxFailures of 0 or more",
+			node.Name, MarkAnnotation, raw)
+	}
+	return &m, nil
+}
+
+// IsCanary says whether node is one of the mark's canary nodes.
+func (m *Mark) IsCanary(node string) bool {
+	_, ok := m.Canary[node]
+	return ok
+}
+
+// Turn is whether a node may start its driver change now, and if not, why.
+type Turn struct {
+	Go bool
+	// Waiting names what the node waits for (the reason its upgrade state shows meanwhile).
+	Waiting string
+	// Pending are the canary nodes not yet validated.
+	Pending []string
+}
+
+// Decide is a node's turn under its mark, from the nodes as read (any set holding at least the pool's canary
+// nodes and its failed nodes; others are ignored). The threshold comes first: a pool at it holds, canary or not.
+func Decide(self string, m *Mark, nodes []*corev1.Node) Turn {
+	byName := map[string]*corev1.Node{}
+	var failed []string
+	for _, n := range nodes {
+		byName[n.Name] = n
+		if n.Name == self || nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeFailed ||
+			n.Labels[nodestate.UpgradeSkipLabel] == "true" {
+			continue
+		}
+		// a failed node counts for the pool its own mark names; an unreadable mark counts as this pool's, so
+		// damage never lifts a hold
+		if pm, err := Read(n); err != nil || (pm != nil && pm.Pool == m.Pool) {
+			failed = append(failed, n.Name)
+		}
+	}
+	slices.Sort(failed)
+	if m.MaxFailures > 0 && len(failed) >= m.MaxFailures {
+		return Turn{Waiting: fmt.Sprintf("pool %s holds: %d of its nodes failed their driver change (%s), its threshold is %d; "+
+			"`kube-gpu-stack upgrade retry NODE` retries one, labelling it %s=true leaves it out",
+			m.Pool, len(failed), strings.Join(failed, ", "), m.MaxFailures, nodestate.UpgradeSkipLabel)}
+	}
+	if m.IsCanary(self) {
+		return Turn{Go: true}
+	}
+	var pending []string
+	for _, name := range sortedKeys(m.Canary) {
+		if !validated(byName[name], m) {
+			pending = append(pending, name)
+		}
+	}
+	if len(pending) > 0 {
+		return Turn{Pending: pending, Waiting: fmt.Sprintf("waiting for the canary of pool %s to validate its new driver: %s",
+			m.Pool, strings.Join(pending, ", "))}
+	}
+	return Turn{Go: true}
+}
+
+// validated: the canary is upgrade-done under this plan or a later one (see Mark.Plan: a later plan that
+// re-marked the canary, as a second upgrade mid-rollout does, supersedes this one for it), or the admin left it out
+// of driver changes (nodestate.UpgradeSkipLabel) since. A canary done under an earlier plan is a state read from
+// before this plan.
+func validated(n *corev1.Node, m *Mark) bool {
+	if n == nil {
+		return false
+	}
+	cm, err := Read(n)
+	if err != nil || cm == nil || !NotBefore(cm.Plan, m.Plan) {
+		return false
+	}
+	return n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone) || n.Labels[nodestate.UpgradeSkipLabel] == "true"
+}
+
+// NotBefore says whether plan a is plan b or a later one (plans are named by their time); an unreadable name is
+// neither.
+func NotBefore(a, b string) bool {
+	ta, errA := time.Parse(time.RFC3339Nano, a)
+	tb, errB := time.Parse(time.RFC3339Nano, b)
+	return errA == nil && errB == nil && !ta.Before(tb)
+}
+
+// CanaryTarget is the driver config digest a canary node is to get, from its own mark (the latest plan that marked
+// it); "" when its mark does not name it a canary.
+func CanaryTarget(n *corev1.Node) string {
+	cm, err := Read(n)
+	if err != nil || cm == nil {
+		return ""
+	}
+	return cm.Canary[n.Name]
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

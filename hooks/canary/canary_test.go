@@ -1,0 +1,92 @@
+package canary
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+var mark = &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00.5Z", Canary: map[string]string{"c": "d2"}, MaxFailures: 1}
+
+func node(name string, state nodestate.UpgradeState, m string, labels ...string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{nodestate.UpgradeStateLabel: string(state)},
+		Annotations: map[string]string{}}}
+	if m != "" {
+		n.Annotations[MarkAnnotation] = m
+	}
+	for i := 0; i+1 < len(labels); i += 2 {
+		n.Labels[labels[i]] = labels[i+1]
+	}
+	return n
+}
+
+func TestDecide(t *testing.T) {
+	this := mark.Format()
+	earlier := Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Canary: map[string]string{"c": "d1"}, MaxFailures: 1}.Format()
+	later := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"c": "d3"}, MaxFailures: 1}.Format()
+	other := Mark{Pool: "h100", Plan: "2026-09-01T12:00:00.5Z", MaxFailures: 1}.Format()
+	for _, tc := range []struct {
+		name  string
+		self  string
+		nodes []*corev1.Node
+		goes  bool
+		why   string
+	}{
+		{"canary goes", "c", []*corev1.Node{node("c", nodestate.UpgradeRequired, this)}, true, ""},
+		{"canary in flight", "n", []*corev1.Node{node("c", nodestate.PodRestartRequired, this)}, false, "waiting for the canary of pool a100"},
+		{"canary gone from the cluster", "n", nil, false, "waiting for the canary"},
+		{"canary validated", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this)}, true, ""},
+		{"canary done under an earlier plan (a stale read)", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, earlier)}, false, "waiting for the canary"},
+		{"canary done under a later plan that re-marked it (a second upgrade)", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, later)}, true, ""},
+		{"canary in flight under a later plan", "n", []*corev1.Node{node("c", nodestate.CordonRequired, later)}, false, "waiting for the canary"},
+		{"canary done, its mark unreadable", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, "{")}, false, "waiting for the canary"},
+		{"canary left out by the admin", "n", []*corev1.Node{node("c", nodestate.UpgradeRequired, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
+		{"threshold holds the canary too", "c", []*corev1.Node{node("c", nodestate.UpgradeRequired, this), node("f", nodestate.UpgradeFailed, this)}, false, "pool a100 holds: 1 of its nodes failed"},
+		{"a failed node of another pool does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, other)}, true, ""},
+		{"a failed node with an unreadable mark counts", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, "{")}, false, "holds"},
+		{"a failed node left out (skip) does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
+	} {
+		turn := Decide(tc.self, mark, tc.nodes)
+		if turn.Go != tc.goes || !strings.Contains(turn.Waiting, tc.why) {
+			t.Errorf("%s: %+v, want go=%v and %q", tc.name, turn, tc.goes, tc.why)
+		}
+	}
+	noThreshold := &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00.5Z", Canary: map[string]string{"c": "d2"}}
+	if turn := Decide("c", noThreshold, []*corev1.Node{node("f", nodestate.UpgradeFailed, this), node("g", nodestate.UpgradeFailed, this)}); !turn.Go {
+		t.Errorf("maxFailures 0 holds: %+v", turn)
+	}
+}
+
+func TestCanaryTargetIsTheCanarysOwnMark(t *testing.T) {
+	later := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"c": "d3"}}.Format()
+	if got := CanaryTarget(node("c", nodestate.UpgradeRequired, later)); got != "d3" {
+		t.Errorf("target %q, want the later plan's d3", got)
+	}
+	notCanary := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"x": "d3"}}.Format()
+	for _, n := range []*corev1.Node{node("c", "", notCanary), node("c", "", ""), node("c", "", "{")} {
+		if got := CanaryTarget(n); got != "" {
+			t.Errorf("target %q, want none", got)
+		}
+	}
+	if !NotBefore("2026-09-01T12:00:00.5Z", "2026-09-01T12:00:00.5Z") || NotBefore("2026-09-01T12:00:00Z", "2026-09-01T12:00:00.5Z") || NotBefore("p2", "p1") {
+		t.Error("NotBefore")
+	}
+}
+
+func TestRead(t *testing.T) {
+	if m, err := Read(node("n", "", "")); m != nil || err != nil {
+		t.Errorf("no mark: %v, %v", m, err)
+	}
+	for _, raw := range []string{"{", `{"pool":"a"}`, `{"pool":"a","plan":"p","maxFailures":-1}`, `[]`} {
+		if _, err := Read(node("n", "", raw)); err == nil || !strings.Contains(err.Error(), MarkAnnotation) {
+			t.Errorf("%s: err %v", raw, err)
+		}
+	}
+	if m, err := Read(node("n", "", mark.Format())); err != nil || m.Plan != "2026-09-01T12:00:00.5Z" || !m.IsCanary("c") || m.IsCanary("n") {
+		t.Errorf("round trip: %+v, %v", m, err)
+	}
+}

@@ -1,0 +1,121 @@
+package drivermanager
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+)
+
+// waitTurn holds a planned driver change before it starts (before the cordon) until the node's turn under its
+// plan's mark (package canary): a node that is not its pool's canary waits until the canary validated, and every
+// node of a pool at its failure threshold holds until an admin acts. It waits on one watch of the nodes carrying
+// an upgrade state and changes nothing on the node but the reason its state shows. A node without a mark (not in
+// a plan: added to the pool after it, an OnDelete pool, no pre-upgrade hook) goes at once, bounded by the
+// DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required, or cordoned
+// by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
+// An unreadable mark refuses before anything changed: the node keeps its driver and its GPU pods.
+func (m *manager) waitTurn(ctx context.Context) error {
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
+		return nil // its change started (a later plan set it back to upgrade-required mid-change): it is out already
+	}
+	mark, err := canary.Read(m.node)
+	if err != nil {
+		return &untouchedError{fmt.Errorf("%w; nothing changed, the loaded driver stays: run the upgrade again to plan anew, or remove the annotation "+
+			"(kubectl annotate node %s %s-) to let this node change without waiting for its pool's canary", err, m.o.NodeName, canary.MarkAnnotation)}
+	}
+	if mark == nil {
+		m.log.Info("no plan mark on the node: its driver change does not wait for a canary", "annotation", canary.MarkAnnotation)
+		return nil
+	}
+	store, err := kwatch.Start(ctx, kwatch.Nodes(m.o.Client, nodestate.UpgradeStateLabel), &corev1.Node{})
+	if err != nil {
+		return &untouchedError{fmt.Errorf("node %s: watch the nodes of pool %s for its canary and failures: %w", m.o.NodeName, mark.Pool, err)}
+	}
+	shown := m.node.Annotations[nodestate.UpgradeReasonAnnotation]
+	handed := map[string]bool{} // canary driver pods this run evicted (by UID)
+	err = kwatch.Until(ctx, store, func(nodes []*corev1.Node) (bool, error) {
+		// the node's own mark from the watch: a new plan meanwhile names a new canary
+		if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == m.o.NodeName }); i >= 0 {
+			self := nodes[i]
+			if nodestate.UpgradeState(self.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
+				return true, nil // moved on by someone else: the upgrade path reads it afresh
+			}
+			switch fresh, err := canary.Read(self); {
+			case err == nil && fresh == nil:
+				return true, nil // the admin removed the mark: no canary to wait for
+			case err == nil:
+				mark = fresh
+			}
+		}
+		turn := canary.Decide(m.o.NodeName, mark, nodes)
+		if turn.Go {
+			return true, nil
+		}
+		if turn.Waiting != shown {
+			m.log.Info("driver change held", "why", turn.Waiting)
+			if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
+				if nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
+					return nodestate.Patch{}, nil // moved on meanwhile: the next event ends the wait
+				}
+				return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, turn.Waiting, m.now()), nil
+			}); err != nil {
+				return false, err
+			}
+			shown = turn.Waiting
+		}
+		for _, name := range turn.Pending {
+			// the digest the canary's own mark names: a later plan may have re-marked it for another driver
+			if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 {
+				if digest := canary.CanaryTarget(nodes[i]); digest != "" {
+					m.handCanaryItsTurn(ctx, name, digest, handed)
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return &untouchedError{fmt.Errorf("node %s: stopped while its driver change was held (%w); nothing changed on the node, the loaded driver stays", m.o.NodeName, err)}
+	}
+	m.log.Info("the pool's canary validated: the driver change goes ahead", "pool", mark.Pool, "canary", mark.Canary)
+	return nil
+}
+
+// handCanaryItsTurn evicts a waiting canary's driver pod while it still runs an older driver config: the
+// DaemonSet's rolling update replaces old pods in an order of its own, and with maxUnavailable spent on nodes that
+// wait for the canary it would never reach the canary. Its DaemonSet recreates the pod from the new template. A
+// failure is logged, not fatal: the wait goes on (an admin may delete that pod).
+func (m *manager) handCanaryItsTurn(ctx context.Context, node, digest string, handed map[string]bool) {
+	pods, err := m.o.Client.CoreV1().Pods(m.o.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
+		LabelSelector: labels.Set{ComponentLabel: "driver"}.String(),
+	})
+	if err != nil {
+		m.log.Info("could not list the canary's driver pod", "canary", node, "err", err)
+		return
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if pod.DeletionTimestamp != nil || handed[string(pod.UID)] || upgradeplan.PodDigest(pod) == digest {
+			continue
+		}
+		handed[string(pod.UID)] = true
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
+		if err := m.o.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev); err != nil && !apierrors.IsNotFound(err) {
+			m.log.Info("could not evict the canary's old driver pod: delete it to let the canary start", "canary", node, "pod", pod.Name, "err", err)
+			continue
+		}
+		m.log.Info("evicted the canary's old driver pod: its DaemonSet starts the new one there", "canary", node, "pod", pod.Name)
+	}
+}

@@ -1,0 +1,374 @@
+package drivermanager
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+)
+
+const (
+	canaryNode = "gpu-0"
+	planID     = "2026-09-01T11:59:00.123456789Z"
+)
+
+// planMark is the mark the pre-upgrade plan writes on every planned node of pool default: gpu-0 is its canary.
+func planMark(plan string, maxFailures int) string {
+	return canary.Mark{Pool: "default", Plan: plan, Canary: map[string]string{canaryNode: newDigest}, MaxFailures: maxFailures}.Format()
+}
+
+// planned is a node the plan marked upgrade-required under mark.
+func planned(name string, state nodestate.UpgradeState, mark string) *corev1.Node {
+	n := gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(state)})
+	n.Name = name
+	n.Annotations = map[string]string{canary.MarkAnnotation: mark}
+	return n
+}
+
+// canaryEnv is gpu-1 planned behind the canary gpu-0 (in canaryState, marked by the same plan), with peers.
+func canaryEnv(t *testing.T, canaryState nodestate.UpgradeState, maxFailures int, peers ...*corev1.Node) *env {
+	t.Helper()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, planMark(planID, maxFailures)))
+	for _, n := range append([]*corev1.Node{planned(canaryNode, canaryState, planMark(planID, maxFailures))}, peers...) {
+		if _, err := e.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+func (e *env) setState(name string, s nodestate.UpgradeState) {
+	e.t.Helper()
+	n, err := e.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n.Labels[nodestate.UpgradeStateLabel] = string(s)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// start runs the manager in the background; the result arrives on the channel.
+func (e *env) start(ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- e.options(newDigest).Run(ctx, &bytes.Buffer{}) }()
+	return done
+}
+
+// assertHeld: the node is untouched while it waits: upgrade-required with why, not cordoned, nothing evicted or
+// paused, its driver loaded.
+func assertHeld(t *testing.T, e *env, why string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(e.node().Annotations[nodestate.UpgradeReasonAnnotation], why) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	n := e.node()
+	if got := n.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(got, why) {
+		t.Fatalf("reason %q, want it to say %q", got, why)
+	}
+	if state(n) != nodestate.UpgradeRequired || n.Spec.Unschedulable || nodestate.CordonedByUs(n) {
+		t.Fatalf("held node: state=%q unschedulable=%v; want upgrade-required and not cordoned", state(n), n.Spec.Unschedulable)
+	}
+	assertNothingPaused(t, n)
+	if mods := e.host.LoadedModules(); len(mods) != 4 {
+		t.Fatalf("held node: modules %v, want the old driver kept", mods)
+	}
+	for _, a := range e.mutatingActions() {
+		if strings.Contains(a, "eviction") && !strings.HasPrefix(a, "create pods/eviction") {
+			t.Fatalf("held node: %s", a)
+		}
+	}
+}
+
+func wait(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager kept waiting")
+		return nil
+	}
+}
+
+// A node behind the canary waits, untouched, until the canary is upgrade-done; then its change goes ahead in the
+// same run.
+func TestNodeBehindTheCanaryWaitsUntouchedUntilItValidates(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+canaryNode)
+	e.setState(canaryNode, nodestate.ValidationRequired)
+	time.Sleep(200 * time.Millisecond)
+	assertHeld(t, e, "waiting for the canary")
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired || len(e.host.LoadedModules()) != 0 {
+		t.Fatalf("after the canary: state %q, modules %v", state(n), e.host.LoadedModules())
+	}
+}
+
+// The canary itself goes at once.
+func TestTheCanaryGoesFirst(t *testing.T) {
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, canary.Mark{Pool: "default", Plan: planID,
+		Canary: map[string]string{nodeName: newDigest}, MaxFailures: 1}.Format()))
+	if err := wait(t, e.start(context.Background())); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("canary: state %q", state(e.node()))
+	}
+}
+
+// SIGTERM while waiting for the canary stops the run with nothing changed but the reason; the next driver pod
+// waits again and goes once the canary validated.
+func TestStopWhileWaitingForTheCanaryConverges(t *testing.T) {
+	e := canaryEnv(t, nodestate.CordonRequired, 1)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := e.start(ctx)
+	assertHeld(t, e, "waiting for the canary")
+	cancel(errSIGTERM)
+	if err := wait(t, done); !errors.Is(err, errSIGTERM) {
+		t.Fatalf("err = %v, want the stop", err)
+	}
+	assertHeld(t, e, "waiting for the canary")
+	done = e.start(context.Background())
+	time.Sleep(200 * time.Millisecond)
+	assertHeld(t, e, "waiting for the canary")
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("state %q", state(e.node()))
+	}
+}
+
+// A failing canary stops the pool at one node: the others never cordon, with the threshold at 1 (the pool holds)
+// and above it (the canary never validated).
+func TestFailingCanaryStopsThePoolAtOneNode(t *testing.T) {
+	for maxFailures, why := range map[int]string{1: "pool default holds: 1 of its nodes failed", 3: "waiting for the canary"} {
+		e := canaryEnv(t, nodestate.PodDeletionRequired, maxFailures)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		done := e.start(ctx)
+		e.setState(canaryNode, nodestate.UpgradeFailed)
+		assertHeld(t, e, why)
+		time.Sleep(200 * time.Millisecond)
+		assertHeld(t, e, why)
+		cancel(errSIGTERM)
+		if err := wait(t, done); !errors.Is(err, errSIGTERM) {
+			t.Fatalf("maxFailures %d: err = %v", maxFailures, err)
+		}
+	}
+}
+
+// After the canary, failed nodes count toward the pool's threshold; at it the pool holds, and `upgrade retry` of
+// a failed node releases it. A failed node of another pool does not count.
+func TestThresholdHoldsThePoolUntilARetry(t *testing.T) {
+	failed := planned("gpu-2", nodestate.UpgradeFailed, planMark(planID, 2))
+	other := planned("gpu-9", nodestate.UpgradeFailed, canary.Mark{Pool: "other", Plan: planID, MaxFailures: 1}.Format())
+	e := canaryEnv(t, nodestate.UpgradeDone, 2, failed, other, planned("gpu-3", nodestate.PodDeletionRequired, planMark(planID, 2)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := e.start(ctx)
+	e.setState("gpu-3", nodestate.UpgradeFailed)
+	assertHeld(t, e, "pool default holds: 2 of its nodes failed their driver change (gpu-2, gpu-3), its threshold is 2")
+	if err := upgradeplan.Retry(context.Background(), e.client, namespace, "rel", "gpu-3", time.Now(), &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("after the retry: state %q", state(e.node()))
+	}
+}
+
+// A canary upgrade-done from before this plan (its mark names an earlier plan: the state was read before the plan
+// marked it) is no validation: the node waits until the canary is done under this plan.
+func TestCanaryDoneUnderAnEarlierPlanIsNoValidation(t *testing.T) {
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, planMark(planID, 1)))
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(),
+		planned(canaryNode, nodestate.UpgradeDone, planMark("2026-08-01T10:00:00Z", 1)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	// the plan's patch: mark and state together; then the canary's change; only then the node goes
+	n, _ := e.client.CoreV1().Nodes().Get(context.Background(), canaryNode, metav1.GetOptions{})
+	n.Annotations[canary.MarkAnnotation] = planMark(planID, 1)
+	n.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeRequired)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	assertHeld(t, e, "waiting for the canary")
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An admin who removes the mark of a waiting node (its canary node was deleted) lets it go on at once.
+func TestRemovingTheMarkReleasesAWaitingNode(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	if err := e.client.CoreV1().Nodes().Delete(context.Background(), canaryNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	n := e.node()
+	delete(n.Annotations, canary.MarkAnnotation)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("state %q", state(e.node()))
+	}
+}
+
+// A node whose change already started (cordoned by an earlier run; a later plan set it back to upgrade-required)
+// does not wait: it is out of service already.
+func TestNodeMidChangeDoesNotWait(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	n := e.node()
+	n.Spec.Unschedulable = true
+	n.Annotations[nodestate.CordonedAnnotation] = "driver-upgrade"
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := wait(t, e.start(ctx)); err != nil {
+		t.Fatalf("a node mid-change waited: %v", err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("state %q", state(e.node()))
+	}
+}
+
+// A malformed mark refuses before anything changes; a node without a mark (added to the pool after the plan) is
+// not held by a canary it does not know.
+func TestMalformedOrMissingMark(t *testing.T) {
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, `{"pool":`))
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), canary.MarkAnnotation) || !strings.Contains(err.Error(), "nothing changed") {
+		t.Fatalf("err = %v, want a refusal naming the annotation", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("a refused run wrote: %v", acts)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 4 {
+		t.Errorf("modules %v, want the driver kept", mods)
+	}
+
+	e = newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)}))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("unmarked node: state %q", state(e.node()))
+	}
+}
+
+// The DaemonSet may spend its maxUnavailable on nodes that wait: the waiting node evicts the canary's driver pod
+// while that pod still has the old config, so its DaemonSet starts the new one; a pod already new is left alone.
+func TestWaitingNodeHandsTheCanaryItsTurn(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	old := upgradeplanDriverPod(canaryNode, oldDigest)
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// the API server's eviction deletes the pod
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev := a.(k8stesting.CreateAction).GetObject()
+		m, _ := ev.(metav1.Object)
+		return true, ev, e.client.Tracker().Delete(podsGVR, m.GetNamespace(), m.GetName())
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := e.start(ctx)
+	assertHeld(t, e, "waiting for the canary")
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), old.Name, metav1.GetOptions{}); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), old.Name, metav1.GetOptions{}); err == nil {
+		t.Fatal("the canary's old driver pod is still there")
+	}
+	fresh := upgradeplanDriverPod(canaryNode, newDigest)
+	fresh.Name += "-new"
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), fresh, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.setState(canaryNode, nodestate.ValidationRequired) // touch the node: the waiter looks again
+	time.Sleep(200 * time.Millisecond)
+	if _, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), fresh.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the canary's new driver pod was evicted: %v", err)
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A second upgrade mid-rollout re-marks the canary for another driver while a node still waits under the first
+// plan: the waiter never evicts the canary's pod of the later driver (its own mark's digest is stale), and it goes
+// once the canary is done under the later plan.
+func TestWaiterUnderAnEarlierPlanFollowsTheCanarysLaterPlan(t *testing.T) {
+	const laterDigest = "3333333333333333333333333333333333333333333333333333333333333333"
+	later := canary.Mark{Pool: "default", Plan: "2026-09-01T12:30:00Z", Canary: map[string]string{canaryNode: laterDigest}, MaxFailures: 1}.Format()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, planMark(planID, 1)))
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned(canaryNode, nodestate.UpgradeRequired, later), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := upgradeplanDriverPod(canaryNode, laterDigest)
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	time.Sleep(200 * time.Millisecond)
+	for _, a := range e.client.Actions() {
+		if a.GetSubresource() == "eviction" {
+			t.Fatalf("the waiter evicted the canary's pod of the later driver")
+		}
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func upgradeplanDriverPod(node, digest string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-" + node, Namespace: namespace, UID: types.UID("uid-" + node + digest[:4]),
+			Labels: map[string]string{ComponentLabel: "driver"}},
+		Spec: corev1.PodSpec{NodeName: node,
+			InitContainers: []corev1.Container{{Name: "driver-manager", Env: []corev1.EnvVar{{Name: upgradeplan.DigestEnv, Value: digest}}}}},
+	}
+}

@@ -1,0 +1,121 @@
+package upgradeplan
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// The plan prints the pool's canary first, alone, then the batches of maxUnavailable without it, and its failure
+// threshold; every planned node gets the pool's mark in the same patch as upgrade-required.
+func TestPlanPutsTheCanaryFirstAndMarksThePool(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(2))
+	plan, out, err, client := run(t, pools,
+		readyNode("a", nil), readyNode("b", nil), readyNode("c", nil), readyNode("d", nil), readyNode("e", nil),
+		driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "old"), driverPod("d", "old"), driverPod("e", "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "pool default canary: a (nvidia-driver-daemonset-ubuntu22.04); changes alone and must validate before any other node of the pool starts\n" +
+		"pool default holds after 1 failed node(s): no other node of it starts until `kube-gpu-stack upgrade retry NODE`\n" +
+		"nvidia-driver-daemonset-ubuntu22.04 (pool default) batch 1: b, c\n" +
+		"nvidia-driver-daemonset-ubuntu22.04 (pool default) batch 2: d, e\n"
+	if !strings.Contains(out, want) {
+		t.Fatalf("plan output:\n%s\nwant:\n%s", out, want)
+	}
+	if len(plan.Canary["default"]) != 1 {
+		t.Fatalf("canary %+v", plan.Canary)
+	}
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		n, _ := client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+		m, err := canary.Read(n)
+		if err != nil || m == nil {
+			t.Fatalf("node %s: mark %v, %v", name, m, err)
+		}
+		if m.Pool != "default" || m.Plan != "1970-01-01T00:00:00Z" || m.MaxFailures != 1 || len(m.Canary) != 1 || m.Canary["a"] != "new" {
+			t.Errorf("node %s: mark %+v", name, m)
+		}
+		if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
+			t.Errorf("node %s: state %q", name, n.Labels[nodestate.UpgradeStateLabel])
+		}
+	}
+	// the mark and the state go in one patch per node
+	for _, a := range client.Actions() {
+		if p, ok := a.(k8stesting.PatchAction); ok && a.GetResource().Resource == "nodes" {
+			body := string(p.GetPatch())
+			if strings.Contains(body, nodestate.UpgradeStateLabel) != strings.Contains(body, canary.MarkAnnotation) {
+				t.Errorf("state and mark in separate patches: %s", body)
+			}
+		}
+	}
+}
+
+// A canary of N takes the first N planned nodes; canary 0 and maxFailures 0 write no mark and remove an earlier
+// plan's; an OnDelete pool (autoUpgrade=false) has no canary: there the admin picks each node.
+func TestCanarySizeNoCanaryAndOnDelete(t *testing.T) {
+	two, zero, off := 2, 0, false
+	pools := pool("new", intstr.FromInt32(1))
+	pools[0].Canary = &two
+	plan, out, err, _ := run(t, pools, readyNode("a", nil), readyNode("b", nil), readyNode("c", nil),
+		driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "old"))
+	if err != nil || len(plan.Canary["default"]) != 2 || !strings.Contains(out, "canary: a (nvidia-driver-daemonset-ubuntu22.04), b (") ||
+		!strings.Contains(out, "batch 1: c\n") {
+		t.Fatalf("canary 2: err %v\n%s", err, out)
+	}
+
+	stale := readyNode("a", nil)
+	stale.Annotations = map[string]string{canary.MarkAnnotation: canary.Mark{Pool: "default", Plan: "old", Canary: map[string]string{"b": "x"}}.Format()}
+	for name, set := range map[string]func(){
+		"none":     func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = &zero, &zero, nil },
+		"OnDelete": func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = nil, nil, &off },
+	} {
+		set()
+		plan, out, err, client := run(t, pools, stale.DeepCopy(), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+		if err != nil || len(plan.Canary) != 0 || len(plan.Marks) != 0 || strings.Contains(out, "canary") || !strings.Contains(out, "batch 1: a\n") {
+			t.Fatalf("%s: err %v, plan %+v\n%s", name, err, plan, out)
+		}
+		n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+		if _, ok := n.Annotations[canary.MarkAnnotation]; ok {
+			t.Errorf("%s: the earlier plan's mark stayed", name)
+		}
+	}
+}
+
+// A plan that fails half way takes its marks back with the states.
+func TestFailedPlanTakesItsMarksBack(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(1))
+	client := fakeWith(readyNode("a", nil), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+	client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.PatchAction).GetName() == "b" && strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), canary.MarkAnnotation) {
+			return true, nil, errors.New("etcd is gone")
+		}
+		return false, nil, nil
+	})
+	if _, err := runWith(t, client, pools); err == nil {
+		t.Fatal("want the plan to fail")
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+	if _, ok := n.Annotations[canary.MarkAnnotation]; ok || n.Labels[nodestate.UpgradeStateLabel] != "" {
+		t.Fatalf("node a kept the failed plan's mark or state: %v %v", n.Labels, n.Annotations)
+	}
+}
+
+func fakeWith(objs ...runtime.Object) *fake.Clientset { return fake.NewClientset(objs...) }
+
+func runWith(t *testing.T, client *fake.Clientset, pools []driverpools.Pool) (*Plan, error) {
+	t.Helper()
+	return Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(0, 0) }}, &bytes.Buffer{})
+}

@@ -1,0 +1,303 @@
+package rollout
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
+)
+
+// TestCanaryThenWidenAndTheFailureThreshold installs the chart on the ten GPU nodes of one pool with a canary of
+// one, maxFailures 1 and maxUnavailable 3, then:
+//
+//  1. upgrades to a driver that never validates: the plan names gpu-01 the canary; it changes alone and fails, and
+//     the pool stops at that one node: no other node is ever cordoned or leaves upgrade-required, their old drivers
+//     stay loaded, and those whose new driver pod the DaemonSet already started wait un-Ready, saying why;
+//  2. fixes the driver, makes one waiting node's driver busy (a stray process) and retries the canary: the canary
+//     goes first (its upgrade-done comes before any other node's cordon, by etcd revision), then the pool widens;
+//     the busy node fails, and at that threshold the rest of the pool holds, untouched;
+//  3. the admin frees that node and retries it: every node ends upgrade-done with the new driver;
+//
+// never more than maxUnavailable nodes out (in flight, cordoned or failed) at once; uninstall leaves every node as
+// before.
+func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
+	const (
+		brokenTag         = "600.30.01"
+		validationTimeout = 8 // seconds
+		canaryMax         = 3 // the pool's maxUnavailable here
+		fault             = "nvidia-smi: Failed to initialize NVML: Driver/library version mismatch"
+		strayPID          = 31337
+	)
+	ctx := t.Context()
+	client := kube.Client
+	hosts := map[string]*kmodtest.Fixture{}
+	for _, n := range gpuNodeNames() {
+		hosts[n] = kmodtest.New(t)
+		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
+		if nodeOf(t, n).Spec.Unschedulable {
+			uncordon(t, n) // an admin's cordon from an earlier test: here every cordon must be the upgrade's
+		}
+	}
+	if err := client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	before, err := cluster.SnapshotNodes(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(extra ...string) []string {
+		return settings(append([]string{fmt.Sprintf("driver.upgradePolicy.validationTimeoutSeconds=%d", validationTimeout),
+			"driver.upgradePolicy.canary=1", "driver.upgradePolicy.maxFailures=1", fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", canaryMax)}, extra...)...)
+	}
+	if _, err := target().Install(ctx, profile(), set()...); err != nil {
+		logRuns(t, time.Time{})
+		t.Fatal(err)
+	}
+	names := gpuNodeNames()
+	slices.Sort(names)
+	canaryNode := names[0]
+	oldDigest := recordedDigests(t, hosts)[canaryNode]
+
+	// 1. the canary's driver never validates
+	stand.SetDriverFault(brokenTag, fault)
+	t.Cleanup(func() { stand.SetDriverFault(brokenTag, "") })
+	rec := recordNodes(t)
+	revs := recordRevisions(t)
+	start := time.Now()
+	tg := target()
+	tg.NoWait = true
+	_, _ = tg.Upgrade(ctx, profile(), set("driver.image.tag="+brokenTag)...)
+	waitFor(t, 2*time.Minute, "the canary upgrade-failed by its gate's timeout", func() (bool, string) {
+		failed := nodesIn(t, nodestate.UpgradeFailed)
+		return slices.Contains(failed, canaryNode) && gateTimedOut(canaryNode, start), fmt.Sprintf("upgrade-failed: %v", failed)
+	})
+	time.Sleep(3 * time.Second) // a node that would wrongly go on has had the time to cordon
+	var waiting []string
+	t.Run("a failing canary stops the pool at one node", func(t *testing.T) {
+		plan := lastRun(t, "pre-upgrade", start)
+		if want := "pool default canary: " + canaryNode + " (" + driverDaemonSet + ")"; !strings.Contains(plan.Output, want) {
+			t.Errorf("the plan does not name the canary (%q):\n%s", want, plan.Output)
+		}
+		if failed := nodesIn(t, nodestate.UpgradeFailed); len(failed) != 1 {
+			t.Errorf("upgrade-failed nodes %v, want only the canary %s", failed, canaryNode)
+		}
+		ready := driverPodsReady(t)
+		digests := recordedDigests(t, hosts)
+		for _, n := range names[1:] {
+			node := nodeOf(t, n)
+			if got := rec.states(n); slices.ContainsFunc(got, func(s nodestate.UpgradeState) bool {
+				return s != nodestate.UpgradeDone && s != nodestate.UpgradeRequired
+			}) {
+				t.Errorf("node %s went through %v, want only upgrade-required", n, got)
+			}
+			if node.Spec.Unschedulable || digests[n] != oldDigest || len(hosts[n].LoadedModules()) == 0 {
+				t.Errorf("node %s: unschedulable=%v driver config %s modules %v, want untouched with the old driver", n, node.Spec.Unschedulable, digests[n], hosts[n].LoadedModules())
+			}
+			if p := ready[n]; strings.Contains(p.image, ":"+brokenTag) {
+				if p.ready {
+					t.Errorf("node %s: its new driver pod is Ready while it waits", n)
+				}
+				if reason := node.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, "pool default holds") {
+					t.Errorf("node %s waits with reason %q, want the pool's hold", n, reason)
+				}
+				waiting = append(waiting, n)
+			}
+		}
+		if len(waiting) == 0 {
+			t.Error("no node's new driver pod was started: the wait was not exercised")
+		}
+		t.Logf("after %s: canary %s failed, waiting %v", time.Since(start).Round(100*time.Millisecond), canaryNode, waiting)
+	})
+	if t.Failed() || len(waiting) == 0 {
+		logRuns(t, start)
+		t.FailNow()
+	}
+
+	// 2. fixed; one waiting node's driver busy; the canary retried
+	busy := waiting[0]
+	hosts[busy].Use("nvidia", 1)
+	hosts[busy].OpenDevice(strayPID, "stray-cuda-app", "/dev/nvidia0")
+	stand.SetDriverFault(brokenTag, "")
+	retried := time.Now()
+	kubeGPUStack(t, "upgrade", "retry", canaryNode)
+	waitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver) and the rollout settled", func() (bool, string) {
+		if st := nodeOf(t, busy).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
+			return false, busy + " is " + st
+		}
+		for _, n := range names {
+			if st := nodestate.UpgradeState(nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]); st != nodestate.UpgradeDone &&
+				st != nodestate.UpgradeRequired && st != nodestate.UpgradeFailed {
+				return false, n + " is " + string(st)
+			}
+		}
+		return true, ""
+	})
+	time.Sleep(3 * time.Second)
+	t.Run("the canary goes first, then the pool widens, and at the threshold it holds", func(t *testing.T) {
+		canaryDone := revs.first(canaryNode, nodestate.UpgradeDone, retried)
+		if canaryDone == 0 {
+			t.Fatalf("the retried canary never reached upgrade-done")
+		}
+		failedAt := revs.first(busy, nodestate.UpgradeFailed, retried)
+		ready := driverPodsReady(t)
+		var held, holding []string // holding: held by the threshold itself, their new driver pod started and waiting
+		for _, n := range names[1:] {
+			if c := revs.first(n, nodestate.CordonRequired, retried); c != 0 && c < canaryDone {
+				t.Errorf("node %s cordon-required at revision %d, before the canary's upgrade-done at %d", n, c, canaryDone)
+			}
+			node := nodeOf(t, n)
+			if node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
+				if node.Spec.Unschedulable || len(hosts[n].LoadedModules()) == 0 {
+					t.Errorf("held node %s: unschedulable=%v modules %v, want untouched", n, node.Spec.Unschedulable, hosts[n].LoadedModules())
+				}
+				held = append(held, n)
+				if p := ready[n]; strings.Contains(p.image, ":"+brokenTag) && !p.ready &&
+					strings.Contains(node.Annotations[nodestate.UpgradeReasonAnnotation], "pool default holds: 1 of its nodes failed their driver change ("+busy+")") {
+					holding = append(holding, n)
+				}
+			}
+		}
+		// the DaemonSet's bound (maxUnavailable 3, one failed) leaves room for two more; those wait at the threshold
+		if len(holding) == 0 {
+			t.Errorf("no node's new driver pod waits at the threshold after %s failed (revision %d); held %v", busy, failedAt, held)
+		}
+		time.Sleep(2 * time.Second)
+		for _, n := range held {
+			if st := nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
+				t.Errorf("held node %s moved on to %s while the pool is at its threshold", n, st)
+			}
+		}
+		t.Logf("canary done at revision %d, %s failed at %d; held %v, of which waiting at the threshold %v", canaryDone, busy, failedAt, held, holding)
+	})
+
+	// 3. the admin frees the busy node and retries it: the pool finishes
+	hosts[busy].Use("nvidia", -1)
+	if err := os.RemoveAll(filepath.Join(hosts[busy].Root, "proc", strconv.Itoa(strayPID))); err != nil {
+		t.Fatal(err)
+	}
+	kubeGPUStack(t, "upgrade", "retry", busy)
+	waitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
+		return rolledOut(t, names)
+	})
+	rec.stop()
+	revs.stop()
+	t.Run("never more than maxUnavailable out, and every node on the new driver", func(t *testing.T) {
+		if rec.maxInFlight > canaryMax || rec.maxCordoned > canaryMax || revs.maxOut > canaryMax {
+			t.Errorf("%d in flight, %d cordoned, %d out counting failed at once, want at most %d: %s / %s",
+				rec.maxInFlight, rec.maxCordoned, revs.maxOut, canaryMax, rec.worst, revs.worst)
+		}
+		digests := recordedDigests(t, hosts)
+		for _, n := range names {
+			if digests[n] == oldDigest || digests[n] != digests[canaryNode] {
+				t.Errorf("node %s runs driver config %s, want the new %s", n, digests[n], digests[canaryNode])
+			}
+			if node := nodeOf(t, n); node.Spec.Unschedulable {
+				t.Errorf("node %s still cordoned", n)
+			}
+		}
+	})
+
+	if err := target().Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := cluster.SnapshotNodes(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changes := cluster.NodeChanges(before, after); changes != "" {
+		t.Errorf("uninstall left nodes changed:\n%s", changes)
+	}
+	if t.Failed() {
+		logRuns(t, start)
+	}
+}
+
+// revisions records, per node, the etcd revision (resourceVersion) of each upgrade state it entered, and the most
+// nodes out of service at once counting failed ones (in flight or upgrade-failed).
+type revisions struct {
+	mu     sync.Mutex
+	seen   map[string][]stateAt
+	out    map[string]bool
+	maxOut int
+	worst  string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type stateAt struct {
+	state nodestate.UpgradeState
+	rev   int64
+	at    time.Time
+}
+
+func recordRevisions(t *testing.T) *revisions {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	r := &revisions{seen: map[string][]stateAt{}, out: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	w, err := kube.Client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(r.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type != watch.Deleted {
+				r.observe(n)
+			}
+		}
+	}()
+	return r
+}
+
+func (r *revisions) observe(n *corev1.Node) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+	rev, _ := strconv.ParseInt(n.ResourceVersion, 10, 64)
+	if s := r.seen[n.Name]; len(s) == 0 || s[len(s)-1].state != st {
+		r.seen[n.Name] = append(s, stateAt{st, rev, time.Now()})
+	}
+	switch st {
+	case nodestate.UpgradeDone, nodestate.UpgradeRequired, "":
+		delete(r.out, n.Name)
+	default:
+		r.out[n.Name] = true
+	}
+	if len(r.out) > r.maxOut {
+		r.maxOut, r.worst = len(r.out), fmt.Sprintf("out: %v", keys(r.out))
+	}
+}
+
+// first is the revision at which node first entered state after since (0: never).
+func (r *revisions) first(node string, state nodestate.UpgradeState, since time.Time) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.seen[node] {
+		if s.state == state && s.at.After(since) {
+			return s.rev
+		}
+	}
+	return 0
+}
+
+func (r *revisions) stop() {
+	r.cancel()
+	<-r.done
+}
