@@ -343,7 +343,8 @@ func runHelp(t *testing.T, data []byte, links []string) {
 	// the commands the chart runs, by link and by first argument
 	for _, argv := range [][]string{
 		{"kube-gpu-stack", "check"}, {"kube-gpu-stack", "cleanup"}, {"kube-gpu-stack", "pre-upgrade"}, {"kube-gpu-stack", "seed-label"},
-		{"validator", "wait"}, {"validator", "cleanup"}, {"validator", "health"}, {"driver-manager", "uninstall-driver"},
+		{"validator", "wait"}, {"validator", "cleanup"}, {"validator", "health"}, {"validator", "metrics"}, {"validator", "driver"},
+		{"driver-manager", "uninstall-driver"},
 		{"driver-manager", "uncordon-when-valid"}, {"kube-gpu-stack", "validator", "driver"}, {"kube-gpu-stack", "driver-manager", "detect"},
 	} {
 		path := strings.Join(argv, " ")
