@@ -1,7 +1,7 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden generate vet fmt-check package controlplane node prometheus
+.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
 ## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
@@ -49,6 +49,16 @@ fmt-check:
 package:
 	$(GO) tool helm package charts/kube-gpu-stack -d dist
 
-## image: the project's image (every hooks/cmd binary, linux/amd64 + linux/arm64) as an OCI layout in dist/image
+## image: the project's image (the in-cluster binary, linux/amd64 + linux/arm64) as an OCI layout in dist/image
 image:
 	$(GO) run ./hooks/cmd/kube-gpu-stack image build --out dist/image
+
+## cli: the kube-gpu-stack command users run (plan, migrate, image, airgap, status...) for each OS and
+## architecture, static and reproducible, as dist/kube-gpu-stack-<os>-<arch>
+CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+cli:
+	@for p in $(CLI_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; echo "building dist/kube-gpu-stack-$$os-$$arch"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=false -ldflags='-s -w -buildid=' \
+	    -o dist/kube-gpu-stack-$$os-$$arch ./hooks/cmd/kube-gpu-stack || exit 1; \
+	done

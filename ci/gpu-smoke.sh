@@ -17,13 +17,14 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-smoke.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin" "$work/validations"
 
-echo "== building (validator with CGO_ENABLED=1 and NVML; driver-manager static)"
+echo "== building (the image's binary, with CGO_ENABLED=1 so the validator links NVML; validator and driver-manager link to it)"
 if ! command -v "${CC:-gcc}" >/dev/null; then
   echo "no C compiler (${CC:-gcc}): the validator needs cgo to link NVML" >&2
   exit 1
 fi
-CGO_ENABLED=1 go build -o "$work/bin/validator" ./hooks/cmd/validator || exit 1
-CGO_ENABLED=0 go build -o "$work/bin/driver-manager" ./hooks/cmd/driver-manager || exit 1
+# lazy binding: go-nvml leaves NVML's symbols to be resolved when first called (see hooks/incluster)
+CGO_ENABLED=1 go build -ldflags=-extldflags=-Wl,-z,lazy -o "$work/bin/kube-gpu-stack" ./hooks/cmd/in-cluster || exit 1
+ln -s kube-gpu-stack "$work/bin/validator" && ln -s kube-gpu-stack "$work/bin/driver-manager" || exit 1
 
 # what the machine has, from sysfs alone
 gpus=0

@@ -1,6 +1,7 @@
-// Package stackcli is the `kube-gpu-stack` command: the release-level hooks the chart runs as Jobs (check,
-// cleanup, pre-upgrade), the admin's views of them (status, upgrade status / retry), `plan`: what a set of values
-// will run where, and migrate, which converts GPU Operator settings into this chart's values.
+// Package stackcli is the `kube-gpu-stack` command as it runs in the cluster: the release-level hooks the chart
+// runs as Jobs (check, cleanup, pre-upgrade), the MIG manager's seed-label, and the admin's views of them (status,
+// upgrade status / retry). It links neither the helm SDK nor a registry client: the commands that need them (plan,
+// migrate, image, airgap) are added by hooks/admincli, on the admin's machine only.
 package stackcli
 
 import (
@@ -24,8 +25,20 @@ import (
 // DefaultReportConfigMap is where the post-install hook leaves its report.
 const DefaultReportConfigMap = "kube-gpu-stack-validation-report"
 
+// Scope is what every command under the root shares: the kubeconfig flags and --release.
+type Scope struct {
+	Flags   *genericclioptions.ConfigFlags
+	Release *string
+}
+
 // NewCommand returns the root command writing its output to out.
 func NewCommand(out io.Writer) *cobra.Command {
+	root, _ := NewRoot(out)
+	return root
+}
+
+// NewRoot is NewCommand that also returns the root's shared flags, for commands added on top of it.
+func NewRoot(out io.Writer) (*cobra.Command, Scope) {
 	flags := genericclioptions.NewConfigFlags(true)
 	root := &cobra.Command{
 		Use:           "kube-gpu-stack",
@@ -37,10 +50,12 @@ func NewCommand(out io.Writer) *cobra.Command {
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
 	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out), airgapCommand(out), imageCommand(out),
-		planCommand(flags, &release, out), migrateCommand(flags, out))
-	return root
+		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out))
+	return root, Scope{Flags: flags, Release: &release}
 }
+
+// Clients returns the REST config, a clientset and the namespace the kubeconfig flags select.
+func (s Scope) Clients() (*rest.Config, kubernetes.Interface, string, error) { return clients(s.Flags) }
 
 func clients(flags *genericclioptions.ConfigFlags) (*rest.Config, kubernetes.Interface, string, error) {
 	cfg, err := flags.ToRESTConfig()

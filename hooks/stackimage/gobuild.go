@@ -6,21 +6,22 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/incluster"
 )
 
-// goBuild cross-compiles the commands for platform into dir (one file per command), static and reproducible:
-// no cgo, no file paths, no VCS stamp, no build ID, no symbol tables.
-func (o *Options) goBuild(ctx context.Context, platform *v1.Platform, commands []string, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// goBuild cross-compiles incluster.MainPackage (the commands the cluster runs, without the admin's, so that the
+// helm SDK and the registry client stay out of the image) for platform into the file bin, static and
+// reproducible: no cgo, no file paths, no VCS stamp, no build ID, no symbol tables.
+func (o *Options) goBuild(ctx context.Context, platform *v1.Platform, bin string) error {
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return err
 	}
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", dir + string(os.PathSeparator)}
-	for _, c := range commands {
-		args = append(args, "./"+CommandsDir+"/"+c)
-	}
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w -buildid=", "-o", bin, incluster.MainPackage}
 	cmd := exec.CommandContext(ctx, o.GoCommand, args...)
 	cmd.Dir = o.ModuleDir
 	variant, _ := goarchEnv(platform) // checked by Validate

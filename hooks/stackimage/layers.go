@@ -24,12 +24,13 @@ type layerFile struct {
 	names []string
 }
 
-// entry is one file or directory of a layer; data nil with dir true is a directory.
+// entry is one file, directory or symbolic link of a layer.
 type entry struct {
 	path string // relative, no leading slash
 	mode int64
 	uid  int
 	dir  bool
+	link string // the target of a symbolic link
 	data []byte
 }
 
@@ -51,22 +52,26 @@ func etcLayer(mtime time.Time) (layerFile, error) {
 	return layerFile{layer: l, what: "/etc/passwd, /etc/group (nonroot " + id + "), /tmp"}, err
 }
 
-// binariesLayer holds the commands built into dir, in BinDir, owned by root and executable by all.
-func binariesLayer(dir string, commands []string, mtime time.Time) (layerFile, error) {
+// binariesLayer holds the built file as BinDir/name, owned by root and executable by all, and each of links as a
+// relative symbolic link to it in the same folder: the name a command is started as selects it.
+func binariesLayer(file, name string, links []string, mtime time.Time) (layerFile, error) {
 	bin := strings.TrimPrefix(BinDir, "/")
 	var entries []entry
 	for p := bin; p != "."; p = filepath.Dir(p) {
 		entries = append(entries, entry{path: p, mode: 0o755, dir: true})
 	}
-	for _, c := range commands {
-		data, err := os.ReadFile(filepath.Join(dir, c))
-		if err != nil {
-			return layerFile{}, fmt.Errorf("built binary %s: %w", c, err)
-		}
-		entries = append(entries, entry{path: bin + "/" + c, mode: 0o755, data: data})
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return layerFile{}, fmt.Errorf("built binary %s: %w", name, err)
+	}
+	entries = append(entries, entry{path: bin + "/" + name, mode: 0o755, data: data})
+	what := BinDir + ": " + name
+	for _, l := range links {
+		entries = append(entries, entry{path: bin + "/" + l, mode: 0o777, link: name})
+		what += ", " + l + " -> " + name
 	}
 	l, err := gzipLayer(entries, mtime)
-	return layerFile{layer: l, what: BinDir + ": " + strings.Join(commands, ", "), names: commands}, err
+	return layerFile{layer: l, what: what, names: append([]string{name}, links...)}, err
 }
 
 // gzipLayer writes the entries as a tar stream sorted by path, every header fixed (mtime, owner, no user names),
@@ -88,9 +93,12 @@ func gzipLayer(entries []entry, mtime time.Time) (v1.Layer, error) {
 			ModTime: mtime,
 			Format:  tar.FormatPAX,
 		}
-		if e.dir {
+		switch {
+		case e.dir:
 			h.Typeflag, h.Name = tar.TypeDir, e.path+"/"
-		} else {
+		case e.link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, e.link
+		default:
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(e.data))
 		}
 		if err := tw.WriteHeader(h); err != nil {

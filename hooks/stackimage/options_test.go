@@ -1,8 +1,6 @@
 package stackimage
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -46,28 +44,6 @@ func TestOptionsDefaultsAndValidation(t *testing.T) {
 	missing := &Options{ModuleDir: t.TempDir()}
 	if err := missing.Complete(); err == nil || !strings.Contains(err.Error(), "appVersion") {
 		t.Fatalf("Complete without a chart: %v", err)
-	}
-}
-
-func TestCommandsAreTheMainPackagesUnderHooksCmd(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []string{"zeta", "alpha"} {
-		if err := os.MkdirAll(filepath.Join(dir, CommandsDir, c), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, CommandsDir, c, "main.go"), []byte("package main\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(dir, CommandsDir, "notes"), 0o755); err != nil { // no main.go: not a command
-		t.Fatal(err)
-	}
-	got, err := Commands(dir)
-	if err != nil || strings.Join(got, ",") != "alpha,zeta" {
-		t.Fatalf("Commands = %v, %v", got, err)
-	}
-	if _, err := Commands(t.TempDir()); err == nil {
-		t.Fatal("no error for a tree without commands")
 	}
 }
 

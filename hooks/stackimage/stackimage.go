@@ -1,4 +1,5 @@
-// Package stackimage builds the project's own container image without Docker: every command under hooks/cmd,
+// Package stackimage builds the project's own container image without Docker: the one in-cluster binary
+// (hooks/cmd/in-cluster, installed as kube-gpu-stack with validator and driver-manager linked to it),
 // cross-compiled as a static CGO_ENABLED=0 binary, in a scratch-like image run as a non-root user, for several
 // platforms as one OCI image index, written as an OCI image layout (what the air-gapped bundle takes in).
 //
@@ -24,6 +25,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/incluster"
 )
 
 const (
@@ -38,8 +41,6 @@ const (
 	NonRootID = 65532
 	// RefNameAnnotation names the index in the layout's index.json.
 	RefNameAnnotation = "org.opencontainers.image.ref.name"
-	// CommandsDir holds one main package per binary, relative to the module root.
-	CommandsDir = "hooks/cmd"
 	// ChartFile is where the version comes from when none is given.
 	ChartFile = "charts/kube-gpu-stack/Chart.yaml"
 )
@@ -172,12 +173,8 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 
 func megabytes(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
-// Build cross-compiles every command for every platform and assembles the image index.
+// Build cross-compiles the binary for every platform and assembles the image index.
 func (o *Options) Build(ctx context.Context) (v1.ImageIndex, error) {
-	commands, err := Commands(o.ModuleDir)
-	if err != nil {
-		return nil, err
-	}
 	work, err := os.MkdirTemp("", "stackimage-")
 	if err != nil {
 		return nil, err
@@ -193,11 +190,11 @@ func (o *Options) Build(ctx context.Context) (v1.ImageIndex, error) {
 	for _, p := range o.Platforms {
 		platform, _ := parsePlatform(p) // checked by Validate
 		dir := filepath.Join(work, strings.ReplaceAll(p, "/", "_"))
-		fmt.Fprintf(o.Log, "building %s for %s\n", strings.Join(commands, ", "), p)
-		if err := o.goBuild(ctx, platform, commands, dir); err != nil {
+		fmt.Fprintf(o.Log, "building %s for %s\n", incluster.MainPackage, p)
+		if err := o.goBuild(ctx, platform, filepath.Join(dir, incluster.Binary)); err != nil {
 			return nil, err
 		}
-		bin, err := binariesLayer(dir, commands, mtime)
+		bin, err := binariesLayer(filepath.Join(dir, incluster.Binary), incluster.Binary, incluster.Links, mtime)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
@@ -356,20 +353,4 @@ func goarchEnv(p *v1.Platform) ([]string, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("variant %s of %s is not supported", p.Variant, p.Architecture)
-}
-
-// Commands lists the binaries: one per hooks/cmd/<name>/main.go, sorted.
-func Commands(moduleDir string) ([]string, error) {
-	mains, err := filepath.Glob(filepath.Join(moduleDir, CommandsDir, "*", "main.go"))
-	if err != nil {
-		return nil, err
-	}
-	if len(mains) == 0 {
-		return nil, fmt.Errorf("no commands: no %s/*/main.go under %s", CommandsDir, moduleDir)
-	}
-	var names []string
-	for _, m := range mains { // Glob sorts
-		names = append(names, filepath.Base(filepath.Dir(m)))
-	}
-	return names, nil
 }

@@ -1,4 +1,6 @@
-// Command kube-gpu-stack runs the chart's release-level hooks (check, cleanup) and shows their report (status).
+// Command kube-gpu-stack is the admin's CLI: the release's status and upgrade views, plan, migrate, the image build
+// and push, and the air-gapped bundle (hooks/admincli). The image the chart runs carries hooks/cmd/in-cluster
+// under this name instead, without the commands that need the helm SDK or a registry client.
 package main
 
 import (
@@ -8,13 +10,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := stackcli.NewCommand(os.Stdout).ExecuteContext(ctx); err != nil {
+	if err := admincli.NewCommand(os.Stdout).ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "kube-gpu-stack:", err)
 		os.Exit(1)
 	}

@@ -1,16 +1,16 @@
-package stackcli
+package admincli
 
 import (
 	"io"
 
 	"github.com/spf13/cobra"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 )
 
-func migrateCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.Command {
+func migrateCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 	o := gpumigrate.Options{}
 	cmd := &cobra.Command{
 		Use:   "migrate (-f VALUES | --from-cluster) [-o FILE] [--report FILE]",
@@ -25,7 +25,7 @@ func migrateCommand(flags *genericclioptions.ConfigFlags, out io.Writer) *cobra.
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Stderr = cmd.ErrOrStderr()
 			if o.FromCluster {
-				cfg, err := flags.ToRESTConfig()
+				cfg, err := scope.Flags.ToRESTConfig()
 				if err != nil {
 					return err
 				}

@@ -1,4 +1,4 @@
-package stackcli
+package admincli
 
 import (
 	"bytes"

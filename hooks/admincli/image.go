@@ -1,4 +1,4 @@
-package stackcli
+package admincli
 
 import (
 	"fmt"
@@ -16,8 +16,9 @@ func imageCommand(out io.Writer) *cobra.Command {
 	o := stackimage.Options{}
 	build := &cobra.Command{
 		Use:   "build --out DIR",
-		Short: "Build the image holding every hooks/cmd binary (static, non-root, multi-platform) as an OCI layout",
-		Long: "Cross-compiles each command under hooks/cmd with CGO_ENABLED=0 for every platform and writes one OCI image\n" +
+		Short: "Build the image the chart runs (one static binary, non-root, multi-platform) as an OCI layout",
+		Long: "Cross-compiles hooks/cmd/in-cluster with CGO_ENABLED=0 for every platform, as /usr/local/bin/kube-gpu-stack with\n" +
+			"validator and driver-manager linked to it (no plan, migrate, image or airgap: those run here), and writes one OCI image\n" +
 			"index, tagged ghcr.io/kube-gpu-stack/kube-gpu-stack:<version>, as an OCI image layout in --out. No Docker and no\n" +
 			"base image: the same source gives the same digest (file times from SOURCE_DATE_EPOCH, else 1970).\n" +
 			"`airgap bundle --own-image-layout DIR` takes it in; any OCI-layout-aware tool can push it.",

@@ -1,15 +1,15 @@
-package stackcli
+package admincli
 
 import (
 	"io"
 
 	"github.com/spf13/cobra"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackplan"
 )
 
-func planCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 	o := stackplan.Options{}
 	cmd := &cobra.Command{
 		Use:   "plan [-f values.yaml] [--set k=v] [--nodes FILE [--pods FILE]]",
@@ -21,13 +21,13 @@ func planCommand(flags *genericclioptions.ConfigFlags, release *string, out io.W
 			"pool or OS tag covers. It only reads (nodes, pods, PodDisruptionBudgets, resource claims).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Release = *release
-			if flags.Namespace != nil {
-				o.Namespace = *flags.Namespace
+			o.Release = *scope.Release
+			if scope.Flags.Namespace != nil {
+				o.Namespace = *scope.Flags.Namespace
 			}
 			if o.NodesFile == "" {
 				var err error
-				if _, o.Client, _, err = clients(flags); err != nil {
+				if _, o.Client, _, err = scope.Clients(); err != nil {
 					return err
 				}
 			}

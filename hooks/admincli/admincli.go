@@ -1,0 +1,21 @@
+// Package admincli is the `kube-gpu-stack` command users run on their own machine: every command of the in-cluster
+// binary (hooks/stackcli: status, upgrade status / retry, and the hooks) plus the ones that render the chart with
+// the helm SDK or talk to registries: plan, migrate, image build / push and airgap. Those stay out of the image the
+// chart runs, which keeps it small.
+package admincli
+
+import (
+	"io"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+)
+
+// NewCommand returns the root command writing its output to out.
+func NewCommand(out io.Writer) *cobra.Command {
+	root, scope := stackcli.NewRoot(out)
+	root.Short = "Install, plan, migrate and follow the kube-gpu-stack chart: its image, air-gapped bundles, and the release's hooks"
+	root.AddCommand(planCommand(scope, out), migrateCommand(scope, out), imageCommand(out), airgapCommand(out))
+	return root
+}

@@ -1,0 +1,40 @@
+// Command in-cluster is the one binary of the project's image, installed there as /usr/local/bin/kube-gpu-stack
+// with validator and driver-manager linked to it; the name it is started as picks the command (hooks/incluster).
+// A cgo build needs -ldflags=-extldflags=-Wl,-z,lazy (see hooks/incluster); the image's is static, without cgo.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/incluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validatorcli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	name, args := incluster.Select(os.Args)
+	var cmd *cobra.Command
+	switch name {
+	case incluster.Validator:
+		cmd = validatorcli.NewCommand(os.Stdout)
+	case incluster.DriverManager:
+		cmd = drivermanagercli.NewCommand(os.Stdout)
+	default:
+		cmd = stackcli.NewCommand(os.Stdout)
+		cmd.Long = cmd.Short + ".\n\n" + incluster.About
+	}
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}
