@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	extensionsv1beta1 "k8s.io/api/extensions/v1beta1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -92,7 +94,8 @@ func (m *manager) waitTurn(ctx context.Context) error {
 	return nil
 }
 
-// handCanaryItsTurn evicts a waiting canary's driver pod while it still runs an older driver config: the
+// handCanaryItsTurn evicts a waiting canary's driver pod while it still runs an older driver config or an older
+// template of its DaemonSet (a GPU allocation switch keeps the driver config but changes the template): the
 // DaemonSet's rolling update replaces old pods in an order of its own, and with maxUnavailable spent on nodes that
 // wait for the canary it would never reach the canary. Its DaemonSet recreates the pod from the new template. A
 // failure is logged, not fatal: the wait goes on (an admin may delete that pod).
@@ -107,8 +110,11 @@ func (m *manager) handCanaryItsTurn(ctx context.Context, node, digest string, ha
 	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		if pod.DeletionTimestamp != nil || handed[string(pod.UID)] || upgradeplan.PodDigest(pod) == digest {
+		if pod.DeletionTimestamp != nil || handed[string(pod.UID)] {
 			continue
+		}
+		if upgradeplan.PodDigest(pod) == digest && !m.olderTemplate(ctx, pod) {
+			continue // the canary runs its DaemonSet's current template already
 		}
 		handed[string(pod.UID)] = true
 		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
@@ -118,4 +124,20 @@ func (m *manager) handCanaryItsTurn(ctx context.Context, node, digest string, ha
 		}
 		m.log.Info("evicted the canary's old driver pod: its DaemonSet starts the new one there", "canary", node, "pod", pod.Name)
 	}
+}
+
+// olderTemplate says whether a DaemonSet pod was made from an older template than its DaemonSet's current one: the
+// DaemonSet controller stamps each pod with the generation it was made from (pod-template-generation). A pod whose
+// DaemonSet cannot be read counts as current: a needless eviction is worse than waiting for an admin.
+func (m *manager) olderTemplate(ctx context.Context, pod *corev1.Pod) bool {
+	owner := metav1.GetControllerOf(pod)
+	made, stamped := pod.Labels[extensionsv1beta1.DaemonSetTemplateGenerationKey]
+	if owner == nil || owner.Kind != "DaemonSet" || !stamped {
+		return false
+	}
+	ds, err := m.o.Client.AppsV1().DaemonSets(pod.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	if err != nil || ds.UID != owner.UID {
+		return false
+	}
+	return made != strconv.FormatInt(ds.Generation, 10)
 }

@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -370,5 +372,60 @@ func upgradeplanDriverPod(node, digest string) *corev1.Pod {
 			Labels: map[string]string{ComponentLabel: "driver"}},
 		Spec: corev1.PodSpec{NodeName: node,
 			InitContainers: []corev1.Container{{Name: "driver-manager", Env: []corev1.EnvVar{{Name: upgradeplan.DigestEnv, Value: digest}}}}},
+	}
+}
+
+// A GPU allocation switch keeps the driver config but changes the driver DaemonSet's template: the canary's pod,
+// made from the older template (pod-template-generation behind its DaemonSet's generation), is handed its turn
+// all the same, while a pod of the current template with the same digest is left alone.
+func TestWaitingNodeHandsTheCanaryItsTurnOnATemplateChange(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-legacy", Namespace: namespace, UID: "ds-uid", Generation: 2}}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fromGeneration := func(name, generation string) *corev1.Pod {
+		pod := upgradeplanDriverPod(canaryNode, newDigest) // the digest the canary's mark names: only the template differs
+		pod.Name, pod.UID = name, types.UID(name)
+		pod.Labels["pod-template-generation"] = generation
+		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: ptr.To(true)}}
+		if _, err := e.client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return pod
+	}
+	var evicted []string
+	e.client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "eviction" {
+			return false, nil, nil
+		}
+		ev := a.(k8stesting.CreateAction).GetObject().(metav1.Object)
+		evicted = append(evicted, ev.GetName())
+		return true, nil, e.client.Tracker().Delete(podsGVR, ev.GetNamespace(), ev.GetName())
+	})
+	old := fromGeneration("nvidia-driver-legacy-old", "1")
+	done := e.start(ctx)
+	assertHeld(t, e, "waiting for the canary")
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.client.CoreV1().Pods(namespace).Get(ctx, old.Name, metav1.GetOptions{}); err != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := e.client.CoreV1().Pods(namespace).Get(ctx, old.Name, metav1.GetOptions{}); err == nil {
+		t.Fatal("the canary's driver pod of the older template is still there: the canary would never get its turn")
+	}
+	current := fromGeneration("nvidia-driver-legacy-new", "2")
+	e.setState(canaryNode, nodestate.ValidationRequired) // touch the node: the waiter looks again
+	time.Sleep(200 * time.Millisecond)
+	if _, err := e.client.CoreV1().Pods(namespace).Get(ctx, current.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the canary's driver pod of the current template was evicted (evictions %v): %v", evicted, err)
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
 	}
 }
