@@ -116,7 +116,7 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
 
 {{/*
 gpu-stack-lib.driverManagerRules: the ClusterRole rules of a pod running the driver manager, each what its code
-calls and nothing more (tests/rbac_nodes_test.go runs it against the rendered rules): its node read, watched
+calls and nothing more (tests/chart/rbac_nodes_test.go runs it against the rendered rules): its node read, watched
 (kwatch.Node) and patched (cordon, labels, annotations; never updated); operand and validator pods listed and
 watched on the node; with `evict` (gpudrain): GPU pods evicted, PodDisruptionBudgets watched, DaemonSets read
 (kubectl's drain checks a DaemonSet pod's owner) and DRA claims listed (gpupods). No pods delete:
