@@ -16,14 +16,13 @@ namespace, like the operands.
 
 {{/*
 kube-gpu-stack.checkEnv: the env of `kube-gpu-stack check` and `kube-gpu-stack pre-upgrade`: DRIVER_POOLS, the
-driver pools and their DaemonSets as the driver chart renders them (driver.variants, defined by the driver
-subchart; named templates are global, and it is called only when that subchart is enabled).
+driver pools and their DaemonSets as the driver chart renders them (driver.hookPools, the driver subchart's contract
+with the hooks; named templates are global, and it is called only when that subchart is enabled).
 */}}
 {{- define "kube-gpu-stack.checkEnv" -}}
 {{- $pools := "[]" -}}
 {{- if .Values.driver.enabled -}}
-{{- $variants := (include "driver.variants" (dict "Values" .Values.driver) | fromJson).items -}}
-{{- $pools = include "gpu-stack-lib.driverPools" (dict "values" .Values.driver "variants" $variants) -}}
+{{- $pools = include "driver.hookPools" (dict "Values" .Values.driver) -}}
 {{- end -}}
 {{- toJson (dict "DRIVER_POOLS" $pools) -}}
 {{- end }}

@@ -45,32 +45,15 @@ checked by the schema. dict "value" VALUE "key" KEY
 {{- include "gpu-stack-lib.osImage" (dict "ctx" .ctx "image" (.image | default .ctx.Values.image) "os" .os) -}}
 {{- end }}
 
-{{/* driver.pools: driver.pools checked and resolved, the default pool first (gpu-stack-lib.pools) */}}
-{{- define "driver.pools" -}}
-{{- include "gpu-stack-lib.pools" (dict "values" .Values "key" "driver.pools") -}}
-{{- end }}
-
 {{/*
-driver.variants: every driver DaemonSet the chart renders, one per container pool x OS tag (x kernel with
-usePrecompiled, x RHCOS build with driverToolkit), as {"items": [...]} in render order, each {"pool", "key" (the pool's values key, for errors),
-"values" (the pool's values; precompiled pools get the nvidia.com/precompiled pod label), "os" (OSINFO), "imageOS"
-(OSINFO whose tag is the image's suffix: <kernel>-<os tag> for precompiled drivers), "kernel", "name", "match" (the
-OS/kernel requirements and the pool's selector), "matchAny" (the default pool's exclusion of the other pools),
-"rhcosVersion" and "dtkImage" (with the OpenShift Driver Toolkit: the RHCOS build and its DTK image, else ""),
-"digest" (DRIVER_CONFIG_DIGEST)}. The one source of these facts: daemonset.yaml renders the DaemonSets from it and
-the umbrella's hooks read it (DRIVER_POOLS), so the pre-upgrade plan compares the digests the DaemonSets carry.
-Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host and none pools have no variant.
+driver.poolChecks: what one container pool's values cannot run with, refused before its DaemonSets are built
+(gpu-stack-lib.poolVariants' check): its maxUnavailable, precompiled drivers without kernels or with what they
+cannot carry, the Driver Toolkit with precompiled drivers, and driver.checks. dict "values" POOL_VALUES "key" POOL_KEY
 */}}
-{{- define "driver.variants" -}}
-{{- include "driver.checks" . -}}
-{{- $names := list -}}
-{{- $items := list -}}
-{{- range $pool := (include "driver.pools" . | fromJson).items }}
-{{- if eq $pool.source "container" }}
-{{- $v := $pool.values | default $.Values -}}
-{{- $key := ternary "driver" (printf "driver.pools[%s]" $pool.name) (eq $pool.name "default") -}}
+{{- define "driver.poolChecks" -}}
+{{- $v := .values -}}
+{{- $key := .key -}}
 {{- include "driver.checkMaxUnavailable" (dict "value" ($v.upgradePolicy | default dict).maxUnavailable "key" $key) -}}
-{{- $kernels := list "" -}}
 {{- if $v.usePrecompiled -}}
 {{- if not $v.kernels }}{{ fail (printf "%s.kernels: usePrecompiled needs the kernels of the pool's nodes (their feature.node.kubernetes.io/kernel-version.full), one DaemonSet each" $key) }}{{ end -}}
 {{- if $v.image.digest }}{{ fail (printf "%s.image.digest: a digest pins one image, but precompiled drivers use one image per kernel and OS; set image.tag to the driver branch instead" $key) }}{{ end -}}
@@ -78,73 +61,53 @@ Needs only .Values (the driver chart's, or the umbrella's .Values.driver); host 
 {{- range $feature := list "gds" "gdrcopy" -}}
 {{- if (get $v $feature).enabled }}{{ fail (printf "%s.%s.enabled=true with %s.usePrecompiled=true: precompiled driver images carry no driver sources to build the %s module against; set %s.usePrecompiled=false, or %s.%s.enabled=false" $key $feature $key (ternary "nvidia-fs (GPUDirect Storage)" "gdrdrv (GDRCopy)" (eq $feature "gds")) $key $key $feature) }}{{ end -}}
 {{- end -}}
-{{- $kernels = $v.kernels -}}
+{{- end -}}
+{{- include "driver.checks" (dict "Values" $v) -}}
+{{- if and ($v.driverToolkit | default dict).enabled $v.usePrecompiled }}{{ fail (printf "%s.driverToolkit.enabled=true with %s.usePrecompiled=true: precompiled drivers are built already; turn one off" $key $key) }}{{ end -}}
+{{- end }}
+
+{{/*
+driver.variants: every driver DaemonSet the chart renders (gpu-stack-lib.poolVariants: one per container pool x OS
+tag, x kernel with usePrecompiled, x RHCOS build with driverToolkit), as {"pools", "items"} in render order, each
+item as poolVariants gives it, plus: "values" with the pod labels of its kind (nvidia.com/precompiled,
+openshift.driver-toolkit), "dtkImage" (with the OpenShift Driver Toolkit: the RHCOS build's DTK image, else "") and
+"digest" (DRIVER_CONFIG_DIGEST). The one source of these facts: daemonset.yaml renders the DaemonSets from it and
+driver.hookPools hands it to the umbrella's hooks (DRIVER_POOLS), so the pre-upgrade plan compares the digests the
+DaemonSets carry. Needs only .Values (the driver chart's, or the umbrella's .Values.driver).
+*/}}
+{{- define "driver.variants" -}}
+{{- include "driver.checks" . -}}
+{{- $all := include "gpu-stack-lib.poolVariants" (dict "values" .Values "key" "driver" "prefix" "nvidia-driver" "check" "driver.poolChecks") | fromJson -}}
+{{- $items := list -}}
+{{- range $d := $all.items -}}
+{{- $v := $d.values -}}
+{{- $dtkImage := "" -}}
+{{- if $d.kernel -}}
 {{- $v = deepCopy $v -}}
 {{- $_ := set $v "podLabels" (merge (dict "nvidia.com/precompiled" "true") (deepCopy ($v.podLabels | default dict))) -}}
 {{- end -}}
-{{- $ctx := dict "Values" $v -}}
-{{- include "driver.checks" $ctx -}}
-{{- $dtk := $v.driverToolkit | default dict -}}
-{{- $osList := (include "gpu-stack-lib.osList" (dict "tags" $v.os "key" (printf "%s.os" $key)) | fromJson).items -}}
-{{- if $dtk.enabled -}}
-{{- if $v.usePrecompiled }}{{ fail (printf "%s.driverToolkit.enabled=true with %s.usePrecompiled=true: precompiled drivers are built already; turn one off" $key $key) }}{{ end -}}
-{{- range $build := $dtk.rhcosVersions | default list -}}
-{{- $found := false -}}
-{{- range $osList }}{{ if and (eq .id "rhcos") (hasPrefix (printf "%s." (replace "." "" .version)) $build) }}{{ $found = true }}{{ end }}{{ end -}}
-{{- if not $found }}{{ fail (printf "driver.driverToolkit.rhcosVersions: RHCOS build %s belongs to no rhcos OS tag of %s.os (build 418.94.x is rhcos4.18)" $build $key) }}{{ end -}}
-{{- end -}}
-{{- end -}}
-{{- range $os := $osList }}
-{{- /* on RHCOS with the Driver Toolkit, one DaemonSet per RHCOS build of the OS tag (its DTK image has that build's kernel) */ -}}
-{{- $builds := list "" -}}
-{{- if and $dtk.enabled (eq $os.id "rhcos") -}}
-{{- $builds = list -}}
-{{- range $dtk.rhcosVersions | default list }}{{ if hasPrefix (printf "%s." (replace "." "" $os.version)) . }}{{ $builds = append $builds . }}{{ end }}{{ end -}}
-{{- if not $builds }}{{ fail (printf "%s.os: %s with driver.driverToolkit.enabled needs the RHCOS builds of its nodes in driver.driverToolkit.rhcosVersions (their feature.node.kubernetes.io/system-os_release.OSTREE_VERSION, %s.<rhel>.<build>-<n>)" $key $os.tag (replace "." "" $os.version)) }}{{ end -}}
-{{- end -}}
-{{- range $build := $builds }}
-{{- range $kernel := $kernels }}
-{{- /* precompiled images are tagged <version>-<kernel>-<os tag> */ -}}
-{{- $imageOS := $os -}}
-{{- $match := concat $os.match $pool.requirements -}}
-{{- $parts := list $os.suffix -}}
-{{- if $kernel -}}
-{{- $imageOS = merge (dict "tag" (printf "%s-%s" $kernel $os.tag)) $os -}}
-{{- $match = append $match (dict "key" "feature.node.kubernetes.io/kernel-version.full" "operator" "In" "values" (list $kernel)) -}}
-{{- $parts = append $parts (regexReplaceAll "[^a-z0-9]+" (lower $kernel) "-" | trimAll "-") -}}
-{{- end -}}
-{{- $dtkImage := "" -}}
-{{- $variantValues := $v -}}
-{{- if $build -}}
-{{- $match = append $match (dict "key" "feature.node.kubernetes.io/system-os_release.OSTREE_VERSION" "operator" "In" "values" (list $build)) -}}
-{{- $parts = append $parts (regexReplaceAll "[^a-z0-9]+" $build "-" | trimAll "-") -}}
-{{- $dtkImage = get ($dtk.images | default dict) $build | default (printf "%s/%s:%s" $dtk.image.registry $dtk.image.repository $build) -}}
+{{- with $d.rhcosVersion -}}
+{{- $dtk := $v.driverToolkit -}}
+{{- $dtkImage = get ($dtk.images | default dict) . | default (printf "%s/%s:%s" $dtk.image.registry $dtk.image.repository .) -}}
 {{- /* the GPU Operator's DTK driver pods carry this label */ -}}
-{{- $variantValues = deepCopy $v -}}
-{{- $_ := set $variantValues "podLabels" (merge (dict "openshift.driver-toolkit" "true") (deepCopy ($v.podLabels | default dict))) -}}
+{{- $v = deepCopy $v -}}
+{{- $_ := set $v "podLabels" (merge (dict "openshift.driver-toolkit" "true") (deepCopy ($v.podLabels | default dict))) -}}
 {{- end -}}
-{{- $name := include "gpu-stack-lib.poolDaemonSetName" (dict "prefix" "nvidia-driver" "pool" $pool.name "parts" $parts) -}}
-{{- if has $name $names }}{{ fail (printf "%s: DaemonSet name %s is generated twice; rename the pool or drop the duplicate OS tag or kernel" $key $name) }}{{ end -}}
-{{- $names = append $names $name -}}
-{{- $items = append $items (dict
-  "pool" $pool.name
-  "key" $key
-  "values" $variantValues
-  "os" $os
-  "imageOS" $imageOS
-  "kernel" $kernel
-  "rhcosVersion" $build
-  "dtkImage" $dtkImage
-  "name" $name
-  "match" $match
-  "matchAny" $pool.exclude
-  "digest" (include "driver.configDigest" (dict "ctx" $ctx "os" $os "imageOS" $imageOS "dtkImage" $dtkImage))) -}}
+{{- $_ := set $d "values" $v -}}
+{{- $_ = set $d "dtkImage" $dtkImage -}}
+{{- $_ = set $d "digest" (include "driver.configDigest" (dict "ctx" (dict "Values" $v) "os" $d.os "imageOS" $d.imageOS "dtkImage" $dtkImage)) -}}
+{{- $items = append $items $d -}}
+{{- end -}}
+{{- toJson (dict "pools" $all.pools "items" $items) -}}
 {{- end }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- end }}
-{{- toJson (dict "items" $items) -}}
+
+{{/*
+driver.hookPools: the driver chart's contract with the umbrella's hooks, DRIVER_POOLS (gpu-stack-lib.driverPools over
+driver.variants), as JSON. dict "Values" DRIVER_VALUES (the driver chart's .Values, or the umbrella's .Values.driver)
+*/}}
+{{- define "driver.hookPools" -}}
+{{- $variants := include "driver.variants" . | fromJson -}}
+{{- include "gpu-stack-lib.driverPools" (dict "values" .Values "pools" $variants.pools "variants" $variants.items) -}}
 {{- end }}
 
 {{/*
