@@ -27,10 +27,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
@@ -337,7 +337,7 @@ func migrate(t *testing.T) string {
 	dir := t.TempDir()
 	values, report := filepath.Join(dir, "values.yaml"), filepath.Join(dir, "migrate-report.txt")
 	var out bytes.Buffer
-	cmd := stackcli.NewCommand(&out)
+	cmd := admincli.NewCommand(&out)
 	cmd.SetArgs([]string{"migrate", "--from-cluster", "--kubeconfig", kube.Kubeconfig, "-o", values, "--report", report})
 	if err := cmd.ExecuteContext(t.Context()); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, out.String())

@@ -12,7 +12,8 @@ import (
 
 // AddNodes registers simulated nodes (marked for kwok) and waits until each has settled: kwok reports it Ready,
 // the node lifecycle controller has lifted its not-ready taint and the TTL controller has annotated it, so that
-// later changes to the node are the tests' own.
+// later changes to the node are the tests' own. A minute each: a controller manager that has just started on a
+// loaded 2-core machine has been seen to take over 30 s to annotate the first node.
 func (c *Cluster) AddNodes(ctx context.Context, nodes ...*corev1.Node) error {
 	for _, n := range nodes {
 		n = n.DeepCopy()
@@ -25,7 +26,7 @@ func (c *Cluster) AddNodes(ctx context.Context, nodes ...*corev1.Node) error {
 		}
 	}
 	for _, n := range nodes {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			got, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
