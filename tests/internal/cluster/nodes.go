@@ -12,8 +12,8 @@ import (
 
 // AddNodes registers simulated nodes (marked for kwok) and waits until each has settled: kwok reports it Ready,
 // the node lifecycle controller has lifted its not-ready taint and the TTL controller has annotated it, so that
-// later changes to the node are the tests' own. A minute each: a controller manager that has just started on a
-// loaded 2-core machine has been seen to take over 30 s to annotate the first node.
+// later changes to the node are the tests' own. A minute each: on a loaded 2-core machine a node of a control
+// plane that had just started once took over 30 s to settle.
 func (c *Cluster) AddNodes(ctx context.Context, nodes ...*corev1.Node) error {
 	for _, n := range nodes {
 		n = n.DeepCopy()
