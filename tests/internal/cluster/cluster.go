@@ -147,18 +147,22 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
+	// The controllers' and the scheduler's client-side limits (20 and 50 requests/s by default) would pace every
+	// DaemonSet rollout and every garbage collection of the simulated nodes' pods; lifted as kwokctl does for its
+	// simulated clusters. The API server's own limits stay.
+	unthrottled := []string{"--kube-api-qps=5000", "--kube-api-burst=10000"}
 	children := []struct {
 		name string
 		args []string
 		env  []string
 	}{
-		{"kube-controller-manager", []string{
+		{"kube-controller-manager", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
 			"--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token,-nodeipam",
-		}, nil},
-		{"kube-scheduler", []string{
+		}, unthrottled...), nil},
+		{"kube-scheduler", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
-		}, nil},
+		}, unthrottled...), nil},
 		{"kwok", []string{
 			"--kubeconfig=" + c.Kubeconfig, "--config=" + stages, "--manage-all-nodes=false",
 			"--manage-nodes-with-annotation-selector=" + SimulatedNodeAnnotation + "=fake",
