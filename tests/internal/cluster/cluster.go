@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -243,16 +244,35 @@ func (c *Cluster) spawn(path string, args, env []string, log io.Writer) error {
 }
 
 // StopOnSignal stops the cluster and exits when the process is interrupted (Ctrl-C, SIGTERM), so no etcd or API
-// server outlives a run. A SIGKILL'ed test binary still takes controller-manager, scheduler and kwok with it
-// (Pdeathsig); envtest's etcd and API server then need a manual kill.
+// server outlives a run; with several clusters in one process, all of them. A SIGKILL'ed test binary still takes
+// controller-manager, scheduler and kwok with it (Pdeathsig); envtest's etcd and API server then need a manual kill.
 func (c *Cluster) StopOnSignal() {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		c.Stop()
-		os.Exit(1)
-	}()
+	live.Lock()
+	defer live.Unlock()
+	live.clusters = append(live.clusters, c)
+	live.once.Do(func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			<-sig
+			live.Lock()
+			all := slices.Clone(live.clusters)
+			live.Unlock()
+			var wg sync.WaitGroup
+			for _, c := range all {
+				wg.Go(c.Stop)
+			}
+			wg.Wait()
+			os.Exit(1)
+		}()
+	})
+}
+
+// live are the clusters StopOnSignal stops.
+var live struct {
+	sync.Mutex
+	once     sync.Once
+	clusters []*Cluster
 }
 
 // Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs.
