@@ -5,9 +5,11 @@ GO ?= go
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
 ## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
-## not built them yet)
+## not built them yet). TEST_PACKAGES packages run at once: the control-plane suites mostly wait on controllers,
+## so more of them than cores overlap well (each takes about 1 GiB per control plane; tests/e2e runs 3)
+TEST_PACKAGES ?= 4
 test: vet fmt-check prometheus
-	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -timeout 30m ./...
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -p $(TEST_PACKAGES) -timeout 30m ./...
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
 controlplane:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok) from the
 # pinned ci/tools module into a version-keyed cache folder outside the clone, and prints that folder. A folder
-# that is already complete is reused, so only the first run on a machine pays the build (~7 minutes, ~3 GB).
+# that is already complete is reused, so only the first run on a machine pays the build (~3 GB of memory; about 7
+# minutes on an idle 2-core machine, 26 on a loaded one), and prints its progress meanwhile.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/progress.sh"
 kube_version=v1.37.2
 # The key covers what the binaries are built from: the pinned modules, the Go toolchain and the version stamped in.
 key=$( { cat "$here/tools/go.mod" "$here/tools/go.sum"; go env GOVERSION GOARCH; echo "$kube_version"; } | sha256sum | cut -c1-12)
@@ -24,12 +26,14 @@ declare -A pkg=(
   [etcd]=go.etcd.io/etcd/server/v3
   [kwok]=sigs.k8s.io/kwok/cmd/kwok
 )
-start=$(date +%s)
+progress_start "control plane" "about 7 minutes on an idle 2-core machine (26 on a loaded one), most of it the first binary"
+n=0
 for b in "${bins[@]}"; do
+  n=$((n + 1))
   [ -x "$dir.tmp/$b" ] && continue
-  echo "building $b ($(( $(date +%s) - start ))s elapsed)..." >&2
-  (cd "$here/tools" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dir.tmp/$b" "${pkg[$b]}")
+  progress_run "$b ($n of ${#bins[@]})" \
+    bash -c 'cd "$1" && CGO_ENABLED=0 go build -trimpath -ldflags "$2" -o "$3" "$4"' _ "$here/tools" "$ldflags" "$dir.tmp/$b" "${pkg[$b]}"
 done
 rm -rf "$dir" && mv "$dir.tmp" "$dir"
-echo "control plane built in $(( $(date +%s) - start ))s" >&2
+progress_done
 echo "$dir"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds promtool (github.com/prometheus/prometheus, pinned in ci/prometheus/go.mod) and promcheck (the chart's
 # PromQL checker, ci/prometheus/cmd/promcheck) into a version-keyed cache folder outside the clone, and prints that
-# folder. The rule tests (tests/monitoring) call it; only the first run on a machine pays the build.
+# folder. The rule tests (tests/monitoring) call it; only the first run on a machine pays the build, and sees its
+# progress.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/progress.sh"
 mod=$here/prometheus
 # The key covers what the binaries are built from: the pinned modules, the checker's source and the Go toolchain.
 key=$( { cat "$mod/go.mod" "$mod/go.sum" "$mod"/cmd/promcheck/*.go; go env GOVERSION GOARCH; } | sha256sum | cut -c1-12)
@@ -18,12 +20,14 @@ declare -A pkg=(
   [promtool]=github.com/prometheus/prometheus/cmd/promtool
   [promcheck]=./cmd/promcheck
 )
-start=$(date +%s)
+progress_start "promtool and promcheck" "several minutes on 2 cores (the prometheus module is large)"
+n=0
 for b in "${bins[@]}"; do
+  n=$((n + 1))
   [ -x "$dir.tmp/$b" ] && continue
-  echo "building $b ($(( $(date +%s) - start ))s elapsed)..." >&2
-  (cd "$mod" && go build -trimpath -ldflags "-s -w" -o "$dir.tmp/$b" "${pkg[$b]}")
+  progress_run "$b ($n of ${#bins[@]})" \
+    bash -c 'cd "$1" && go build -trimpath -ldflags "-s -w" -o "$2" "$3"' _ "$mod" "$dir.tmp/$b" "${pkg[$b]}"
 done
 rm -rf "$dir" && mv "$dir.tmp" "$dir"
-echo "promtool and promcheck built in $(( $(date +%s) - start ))s" >&2
+progress_done
 echo "$dir"

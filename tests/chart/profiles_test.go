@@ -1,9 +1,11 @@
 package chart
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
@@ -61,13 +63,66 @@ func render(t *testing.T, kubeVersion string, files []string, set ...string) str
 	return out
 }
 
+// renderErr is render that returns the error. Renders are memoized (see renders): many tests render the same
+// profile with the same overrides, and the package is bound by rendering.
 func renderErr(t *testing.T, kubeVersion string, files []string, set ...string) (string, error) {
+	t.Helper()
+	key, err := renderKey(kubeVersion, files, set)
+	if err != nil {
+		return "", err
+	}
+	renders.Lock()
+	r := renders.m[key]
+	if r == nil {
+		r = &memoRender{}
+		renders.m[key] = r
+	}
+	renders.Unlock()
+	r.once.Do(func() { r.out, r.err = renderFresh(t, kubeVersion, files, set...) })
+	return r.out, r.err
+}
+
+// renderFresh renders without the memo: the determinism test compares a render with a new one.
+func renderFresh(t *testing.T, kubeVersion string, files []string, set ...string) (string, error) {
 	t.Helper()
 	vals, err := chartrender.Values(files, set)
 	if err != nil {
 		return "", err
 	}
 	return chartrender.Render(t.Context(), umbrella(t), vals, kubeVersion)
+}
+
+// renders are the package's renders so far, by what they were rendered from: the Kubernetes version, the APIs a
+// render assumes (chartrender.APIVersions, which a test narrows), the values files' contents (tests write their
+// own files, sometimes twice at one path) and the overrides. The chart itself does not change while the tests run.
+var renders = struct {
+	sync.Mutex
+	m map[string]*memoRender
+}{m: map[string]*memoRender{}}
+
+type memoRender struct {
+	once sync.Once
+	out  string
+	err  error
+}
+
+func renderKey(kubeVersion string, files, set []string) (string, error) {
+	var b strings.Builder
+	b.WriteString(kubeVersion)
+	for _, v := range chartrender.APIVersions {
+		fmt.Fprintf(&b, "\x00api %d\x00%s", len(v), v)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "\x00file %d\x00%s", len(data), data)
+	}
+	for _, s := range set {
+		fmt.Fprintf(&b, "\x00set %d\x00%s", len(s), s)
+	}
+	return b.String(), nil
 }
 
 // newestKube is the Kubernetes version most tests render for.

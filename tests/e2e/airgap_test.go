@@ -22,7 +22,8 @@ import (
 // runs (operands, init containers, sidecars, hook pods) takes its image from there, and each is there, by digest,
 // as bundled. Both registries are in-process on 127.0.0.1.
 func TestAirgapInstallFromPrivateRegistry(t *testing.T) {
-	stand.Reset()
+	e := use(t)
+	e.stand.Reset()
 	m := airgaptest.BundleAndMirror(t, chartrender.ChartDir())
 	md, err := chartutil.LoadChartfile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
 	if err != nil {
@@ -42,19 +43,19 @@ func TestAirgapInstallFromPrivateRegistry(t *testing.T) {
 	}
 	t.Logf("chart pushed as %s (%s)", pushed.Ref, pushed.Manifest.Digest)
 
-	tg := target()
+	tg := e.target()
 	tg.Chart, tg.ChartVersion = "oci://"+m.Private+"/charts/kube-gpu-stack", md.Version
 	rel, err := tg.Install(t.Context(), []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")},
 		"global.imageRegistry="+m.Private)
 	if err != nil {
 		t.Fatalf("helm install from %s: %v", tg.Chart, err)
 	}
-	defer uninstall(t)
+	defer e.uninstall(t)
 	if rel.Chart.Metadata.Version != md.Version {
 		t.Errorf("installed chart version %s, want %s", rel.Chart.Metadata.Version, md.Version)
 	}
 
-	pods, err := kube.Client.CoreV1().Pods(tg.Namespace).List(t.Context(), metav1.ListOptions{})
+	pods, err := e.kube.Client.CoreV1().Pods(tg.Namespace).List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,17 +15,20 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
-// target is the release every test installs: one at a time, since the chart's cluster-scoped objects
-// (RuntimeClasses, CRDs, ClusterRoles) belong to one release per cluster.
-func target() install.Target {
-	return install.Target{Kubeconfig: kube.Kubeconfig, Release: "gpu", Namespace: "gpu-operator", Timeout: 2 * time.Minute}
+// releaseNamespace is where every test installs the release.
+const releaseNamespace = "gpu-operator"
+
+// target is the release every test installs on its control plane: one at a time, since the chart's cluster-scoped
+// objects (RuntimeClasses, CRDs, ClusterRoles) belong to one release per cluster.
+func (e *env) target() install.Target {
+	return install.Target{Kubeconfig: e.kube.Kubeconfig, Release: "gpu", Namespace: releaseNamespace, Timeout: 2 * time.Minute}
 }
 
-func installProfile(t *testing.T, profile string, set ...string) *release.Release {
+func (e *env) installProfile(t *testing.T, profile string, set ...string) *release.Release {
 	t.Helper()
-	rel, err := target().Install(t.Context(), []string{profile}, set...)
+	rel, err := e.target().Install(t.Context(), []string{profile}, set...)
 	if err != nil {
-		for _, r := range stand.Runs() { // the hooks' own output says why
+		for _, r := range e.stand.Runs() { // the hooks' own output says why
 			t.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, r.Output)
 		}
 		t.Fatal(err)
@@ -33,16 +36,16 @@ func installProfile(t *testing.T, profile string, set ...string) *release.Releas
 	return rel
 }
 
-func uninstall(t *testing.T) {
+func (e *env) uninstall(t *testing.T) {
 	t.Helper()
-	if err := target().Uninstall(); err != nil {
+	if err := e.target().Uninstall(); err != nil {
 		t.Error(err)
 	}
 }
 
-func expectedPlacement(t *testing.T, rel *release.Release) placement.Placement {
+func (e *env) expectedPlacement(t *testing.T, rel *release.Release) placement.Placement {
 	t.Helper()
-	p, err := install.Expected(t.Context(), kube.Client, rel)
+	p, err := install.Expected(t.Context(), e.kube.Client, rel)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +53,7 @@ func expectedPlacement(t *testing.T, rel *release.Release) placement.Placement {
 }
 
 // waitForPlacement waits until the running operand pods are exactly `want` on every fixture node.
-func waitForPlacement(t *testing.T, want placement.Placement) {
+func (e *env) waitForPlacement(t *testing.T, want placement.Placement) {
 	t.Helper()
 	var names []string
 	for _, n := range fixtureNodes {
@@ -58,7 +61,7 @@ func waitForPlacement(t *testing.T, want placement.Placement) {
 	}
 	var last string
 	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := target().Running(ctx, kube.Client, names)
+		got, err := e.target().Running(ctx, e.kube.Client, names)
 		if err != nil {
 			return false, err
 		}

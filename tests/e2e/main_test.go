@@ -3,28 +3,88 @@
 package e2e
 
 import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
 	"os"
+	"strconv"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
-// kube is the package's one cluster, shared by every test (each test uses its own release and namespace).
-var kube *cluster.Cluster
+// env is one control plane with its stand-in and the fixture nodes. A test owns the one it uses for its whole run
+// (the chart's cluster-scoped objects belong to one release per cluster, and tests compare node snapshots).
+type env struct {
+	kube *cluster.Cluster
+	// stand plays the kubelet for the stack's own pods (validators, hook Jobs).
+	stand *kubelet.Kubelet
+}
 
-// stand plays the kubelet for the stack's own pods (validators, hook Jobs).
-var stand *kubelet.Kubelet
+// envs are the package's control planes; primary is the first, for benchmarks.
+var (
+	envs    *kubelet.Pool
+	primary *env
+)
 
-// fixtureNodes are the simulated nodes, as registered.
+// fixtureNodes are the simulated nodes, as registered on every control plane.
 var fixtureNodes []*corev1.Node
 
+// clusters is how many control planes the tests share, each test on its own (about 1 GiB each; the tests mostly
+// wait on controllers, so a few run well side by side on two cores): E2E_CLUSTERS, else 3.
+func clusters() int {
+	if n, err := strconv.Atoi(os.Getenv("E2E_CLUSTERS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
+
+// use gives t a control plane of its own and lets it run beside the package's other tests.
+func use(t *testing.T) *env {
+	t.Helper()
+	e := envs.Use(t)
+	return &env{kube: e.Cluster, stand: e.Kubelet}
+}
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	// as many tests at once as there are control planes, unless -parallel says otherwise
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(clusters()))
+	}
 	for _, n := range nodefixtures.RoleMatrix() {
 		fixtureNodes = append(fixtureNodes, n.Object())
 	}
-	os.Exit(kubelet.RunPackage(m, "e2e", fixtureNodes, func(c *cluster.Cluster, k *kubelet.Kubelet) { kube, stand = c, k }))
+	code := kubelet.RunPackage(m, "e2e", fixtureNodes, func(c *cluster.Cluster, k *kubelet.Kubelet) {
+		primary = &env{kube: c, stand: k}
+		envs = kubelet.NewPool(&kubelet.Env{Cluster: c, Kubelet: k}, clusters(), fixtureNodes, extraLog, playDRA)
+	})
+	if envs != nil {
+		envs.Stop()
+	}
+	os.Exit(code)
+}
+
+// playDRA plays the DRA kubelet plugin on a control plane for the package's whole run: the DRA profiles' plugin
+// publishes each DRA node's ResourceSlice, which their gate waits for, and the slices go with the plugin's pods.
+func playDRA(ctx context.Context, e *kubelet.Env) {
+	go draplugin.Play(ctx, e.Cluster.Client, releaseNamespace, make(chan error, 1))
+}
+
+// extraLog is where the n-th control plane's processes write: E2E_LOG with -n appended, else nowhere.
+func extraLog(n int) io.Writer {
+	if p := os.Getenv("E2E_LOG"); p != "" {
+		if f, err := os.Create(fmt.Sprintf("%s-%d", p, n)); err == nil {
+			return f
+		}
+	}
+	return nil
 }

@@ -54,6 +54,7 @@ func (n raceNodes) Get(ctx context.Context, name string, o metav1.GetOptions) (*
 // did, leaves a label an admin set, and never overwrites one an admin sets between its read and its write: the real
 // API server refuses the stale write and the retry sees the admin's value.
 func TestMIGDefaultSeeding(t *testing.T) {
+	e := use(t)
 	ctx := t.Context()
 	node := func(name string, labels map[string]string) *corev1.Node {
 		l := map[string]string{"nvidia.com/mig.capable": "true", "kubernetes.io/hostname": name}
@@ -64,16 +65,16 @@ func TestMIGDefaultSeeding(t *testing.T) {
 	}
 	nodes := []*corev1.Node{node("mig-seed-bare", nil), node("mig-seed-admin", map[string]string{migConfigLabel: "all-1g.10gb"}),
 		node("mig-seed-race", nil)}
-	if err := kube.AddNodes(ctx, nodes...); err != nil {
+	if err := e.kube.AddNodes(ctx, nodes...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, n := range nodes {
-			_ = kube.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{})
+			_ = e.kube.Client.CoreV1().Nodes().Delete(context.Background(), n.Name, metav1.DeleteOptions{})
 		}
 	})
 	get := func(name string) *corev1.Node {
-		n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		n, err := e.kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +82,7 @@ func TestMIGDefaultSeeding(t *testing.T) {
 	}
 
 	var out bytes.Buffer
-	if err := stackcli.SeedLabel(ctx, kube.Client, "mig-seed-bare", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := stackcli.SeedLabel(ctx, e.kube.Client, "mig-seed-bare", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-bare"); n.Labels[migConfigLabel] != "all-disabled" ||
@@ -89,7 +90,7 @@ func TestMIGDefaultSeeding(t *testing.T) {
 		t.Errorf("bare node: %s=%q, record %q; want the default, recorded", migConfigLabel, n.Labels[migConfigLabel], n.Annotations[nodestate.SeededLabelsAnnotation])
 	}
 
-	if err := stackcli.SeedLabel(ctx, kube.Client, "mig-seed-admin", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := stackcli.SeedLabel(ctx, e.kube.Client, "mig-seed-admin", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-admin"); n.Labels[migConfigLabel] != "all-1g.10gb" || n.Annotations[nodestate.SeededLabelsAnnotation] != "" {
@@ -101,13 +102,13 @@ func TestMIGDefaultSeeding(t *testing.T) {
 		once.Do(func() {
 			n := get("mig-seed-race")
 			n.Labels[migConfigLabel] = "all-balanced"
-			if _, err := kube.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			if _, err := e.kube.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 				t.Errorf("admin's label: %v", err)
 			}
 		})
 	}
 	out.Reset()
-	if err := stackcli.SeedLabel(ctx, raceClient{kube.Client, admin}, "mig-seed-race", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := stackcli.SeedLabel(ctx, raceClient{e.kube.Client, admin}, "mig-seed-race", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-race"); n.Labels[migConfigLabel] != "all-balanced" || n.Annotations[nodestate.SeededLabelsAnnotation] != "" {

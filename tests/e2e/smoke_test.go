@@ -7,7 +7,8 @@ import (
 )
 
 func TestClusterUp(t *testing.T) {
-	nodes, err := kube.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	e := use(t)
+	nodes, err := e.kube.Client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,10 +47,11 @@ func renderedDriverPools(t *testing.T) string {
 // TestPreUpgradeOnAnEmptyClusterChangesNothing: Argo CD runs pre-upgrade hooks as PreSync on the first sync too;
 // with no release installed there is no driver to change, so the hook succeeds and touches no node.
 func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
-	before := snapshotNodes(t)
+	e := use(t)
+	before := e.snapshotNodes(t)
 	var out bytes.Buffer
 	cmd := stackcli.NewCommand(&out)
-	cmd.SetArgs([]string{"pre-upgrade", "--kubeconfig", kube.Kubeconfig, "-n", target().Namespace, "--release", target().Release,
+	cmd.SetArgs([]string{"pre-upgrade", "--kubeconfig", e.kube.Kubeconfig, "-n", e.target().Namespace, "--release", e.target().Release,
 		"--driver-pools", renderedDriverPools(t)})
 	if err := cmd.ExecuteContext(t.Context()); err != nil {
 		t.Fatalf("pre-upgrade on an empty cluster: %v\n%s", err, out.String())
@@ -58,7 +59,7 @@ func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
 	if !strings.Contains(out.String(), "nothing to do") {
 		t.Errorf("output:\n%s", out.String())
 	}
-	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
+	if changes := cluster.NodeChanges(before, e.snapshotNodes(t)); changes != "" {
 		t.Errorf("the pre-upgrade hook changed nodes:\n%s", changes)
 	}
 }
@@ -66,9 +67,10 @@ func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
 // TestChartOnlyUpgradeTouchesNoDriver: a new chart version with an unrelated values change leaves every driver
 // pod running (same pod, never restarted) and evicts no GPU workload.
 func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
-	stand.Reset()
-	installProfile(t, mixedProfile())
-	defer uninstall(t)
+	e := use(t)
+	e.stand.Reset()
+	e.installProfile(t, mixedProfile())
+	defer e.uninstall(t)
 	const node = "container-ubuntu2204"
 	workload := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "training", Namespace: "default"},
@@ -76,13 +78,13 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 			Containers: []corev1.Container{{Name: "c", Image: "cuda", Resources: corev1.ResourceRequirements{
 				Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}}},
 	}
-	w, err := kube.Client.CoreV1().Pods("default").Create(t.Context(), workload, metav1.CreateOptions{})
+	w, err := e.kube.Client.CoreV1().Pods("default").Create(t.Context(), workload, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = kube.Client.CoreV1().Pods("default").Delete(t.Context(), w.Name, metav1.DeleteOptions{}) }()
+	defer func() { _ = e.kube.Client.CoreV1().Pods("default").Delete(t.Context(), w.Name, metav1.DeleteOptions{}) }()
 	drivers := func() map[string]types.UID {
-		pods, err := kube.Client.CoreV1().Pods(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+		pods, err := e.kube.Client.CoreV1().Pods(e.target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +95,7 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 		return out
 	}
 	generations := func() map[string]int64 {
-		gens, err := install.DriverGenerations(t.Context(), kube.Client, target().Namespace)
+		gens, err := install.DriverGenerations(t.Context(), e.kube.Client, e.target().Namespace)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,13 +105,13 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 	if len(before) == 0 {
 		t.Fatal("no driver pods before the upgrade")
 	}
-	tg := target()
+	tg := e.target()
 	tg.ChartVersion = "0.0.1-next"
 	start := time.Now()
 	if _, err := tg.Upgrade(t.Context(), []string{mixedProfile()}, "dcgmExporter.resources.requests.cpu=50m"); err != nil {
 		t.Fatal(err)
 	}
-	if r := lastRun(t, "pre-upgrade", start); r.ExitCode != 0 || !strings.Contains(r.Output, "nothing to do") {
+	if r := e.lastRun(t, "pre-upgrade", start); r.ExitCode != 0 || !strings.Contains(r.Output, "nothing to do") {
 		t.Errorf("pre-upgrade hook (exit %d) planned a driver change for a chart-only upgrade:\n%s", r.ExitCode, r.Output)
 	}
 	// an unchanged pod template leaves every driver DaemonSet's generation where it was: nothing to roll
@@ -120,7 +122,7 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 	if after := drivers(); !maps.Equal(before, after) {
 		t.Errorf("driver pods changed on a chart-only upgrade:\nbefore %v\nafter  %v", before, after)
 	}
-	if got, err := kube.Client.CoreV1().Pods("default").Get(t.Context(), w.Name, metav1.GetOptions{}); err != nil || got.UID != w.UID || got.DeletionTimestamp != nil {
+	if got, err := e.kube.Client.CoreV1().Pods("default").Get(t.Context(), w.Name, metav1.GetOptions{}); err != nil || got.UID != w.UID || got.DeletionTimestamp != nil {
 		t.Errorf("the GPU workload did not survive the chart-only upgrade: %v", err)
 	}
 }
@@ -129,26 +131,27 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 // node running a driver of the changed pool, in batches of the pool's maxUnavailable, and mark them
 // upgrade-required before Helm applies the new DaemonSets; uninstall then clears the marks.
 func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
-	stand.Reset()
-	before := snapshotNodes(t)
-	installProfile(t, mixedProfile())
-	drivers, err := kube.Client.CoreV1().Pods(target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	e := use(t)
+	e.stand.Reset()
+	before := e.snapshotNodes(t)
+	e.installProfile(t, mixedProfile())
+	drivers, err := e.kube.Client.CoreV1().Pods(e.target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
 	if err != nil || len(drivers.Items) == 0 {
 		t.Fatalf("no driver pods: %v", err)
 	}
 	start := time.Now()
 	// these nodes have no host, so no driver manager moves the marked nodes on: the post-upgrade gate would rightly
 	// wait for them to reach upgrade-done (tests/rollout runs the whole change)
-	if _, err := target().Upgrade(t.Context(), []string{mixedProfile()}, "driver.image.tag=600.10.01", "hooks.validation.enabled=false"); err != nil {
+	if _, err := e.target().Upgrade(t.Context(), []string{mixedProfile()}, "driver.image.tag=600.10.01", "hooks.validation.enabled=false"); err != nil {
 		t.Fatal(err)
 	}
-	run := lastRun(t, "pre-upgrade", start)
+	run := e.lastRun(t, "pre-upgrade", start)
 	if run.ExitCode != 0 || !strings.Contains(run.Output, "nvidia-driver-daemonset-ubuntu2204 (pool default) batch 1: ") {
 		t.Fatalf("pre-upgrade (exit %d):\n%s", run.ExitCode, run.Output)
 	}
 	t.Logf("pre-upgrade plan:\n%s", run.Output)
 	for _, p := range drivers.Items {
-		n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), p.Spec.NodeName, metav1.GetOptions{})
+		n, err := e.kube.Client.CoreV1().Nodes().Get(t.Context(), p.Spec.NodeName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,8 +159,8 @@ func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
 			t.Errorf("node %s (driver pod %s): state %q, want upgrade-required", n.Name, p.Name, got)
 		}
 	}
-	uninstall(t)
-	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
+	e.uninstall(t)
+	if changes := cluster.NodeChanges(before, e.snapshotNodes(t)); changes != "" {
 		t.Errorf("uninstall left nodes changed:\n%s", changes)
 	}
 }

@@ -29,18 +29,18 @@ const shortGate = "hooks.validation.timeoutSeconds=15,hooks.validation.installTi
 func mixedProfile() string { return filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml") }
 
 // lastRun returns the newest hook run of component since t0.
-func lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
+func (e *env) lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
 	t.Helper()
-	r, ok := stand.LastRun(component, since)
+	r, ok := e.stand.LastRun(component, since)
 	if !ok {
-		t.Fatalf("no %s hook ran since %s (runs: %d)", component, since.Format(time.TimeOnly), len(stand.Runs()))
+		t.Fatalf("no %s hook ran since %s (runs: %d)", component, since.Format(time.TimeOnly), len(e.stand.Runs()))
 	}
 	return r
 }
 
-func reportState(t *testing.T) (string, string) {
+func (e *env) reportState(t *testing.T) (string, string) {
 	t.Helper()
-	cm, err := kube.Client.CoreV1().ConfigMaps(target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{})
+	cm, err := e.kube.Client.CoreV1().ConfigMaps(e.target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("report ConfigMap: %v", err)
 	}
@@ -51,32 +51,33 @@ func reportState(t *testing.T) (string, string) {
 // operand table, saves it to the report ConfigMap, `status` prints it back, `helm test` passes, and uninstall's
 // pre-delete hook removes the report.
 func TestGatePassesAndReports(t *testing.T) {
-	stand.Reset()
+	e := use(t)
+	e.stand.Reset()
 	start := time.Now()
-	installProfile(t, mixedProfile())
-	run := lastRun(t, "validation-gate", start)
+	e.installProfile(t, mixedProfile())
+	run := e.lastRun(t, "validation-gate", start)
 	if run.ExitCode != 0 || !strings.Contains(run.Output, ": passed (") || !strings.Contains(run.Output, "container-ubuntu2204") {
 		t.Fatalf("gate exit %d, output:\n%s", run.ExitCode, run.Output)
 	}
 	t.Logf("gate output:\n%s", run.Output)
-	state, text := reportState(t)
+	state, text := e.reportState(t)
 	if state != "passed" || !strings.Contains(text, "operator-validator") {
 		t.Errorf("report ConfigMap state %q:\n%s", state, text)
 	}
 	var out bytes.Buffer
 	cmd := stackcli.NewCommand(&out)
-	cmd.SetArgs([]string{"status", "--kubeconfig", kube.Kubeconfig, "-n", target().Namespace})
+	cmd.SetArgs([]string{"status", "--kubeconfig", e.kube.Kubeconfig, "-n", e.target().Namespace})
 	if err := cmd.ExecuteContext(t.Context()); err != nil || out.String() != text {
 		t.Errorf("status printed (err %v):\n%s\nwant the saved report:\n%s", err, out.String(), text)
 	}
 	testStart := time.Now()
-	if _, err := target().Test(); err != nil {
+	if _, err := e.target().Test(); err != nil {
 		t.Errorf("helm test: %v", err)
-	} else if run := lastRun(t, "validation-test", testStart); run.ExitCode != 0 {
+	} else if run := e.lastRun(t, "validation-test", testStart); run.ExitCode != 0 {
 		t.Errorf("helm test run exit %d:\n%s", run.ExitCode, run.Output)
 	}
-	uninstall(t)
-	if _, err := kube.Client.CoreV1().ConfigMaps(target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{}); err == nil {
+	e.uninstall(t)
+	if _, err := e.kube.Client.CoreV1().ConfigMaps(e.target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{}); err == nil {
 		t.Error("uninstall left the report ConfigMap behind")
 	}
 }
@@ -84,24 +85,25 @@ func TestGatePassesAndReports(t *testing.T) {
 // TestGateFailsOnANodesDriverValidation: one node's driver check fails, so the release fails, naming that node and
 // the check's reason, in the hook output and the saved report.
 func TestGateFailsOnANodesDriverValidation(t *testing.T) {
-	stand.Reset()
-	defer stand.Reset()
+	e := use(t)
+	e.stand.Reset()
+	defer e.stand.Reset()
 	const node, reason = "container-rhel9", "nvidia-smi under /run/nvidia/driver failed: exit 9: couldn't communicate with the NVIDIA driver"
-	stand.SetOutcome(node, "driver", nodestate.Validation{State: nodestate.CheckFailed, Reason: reason})
-	tg := target()
+	e.stand.SetOutcome(node, "driver", nodestate.Validation{State: nodestate.CheckFailed, Reason: reason})
+	tg := e.target()
 	tg.KeepFailed = true
 	start := time.Now()
 	_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
-	defer uninstall(t)
+	defer e.uninstall(t)
 	if err == nil || !strings.Contains(err.Error(), "post-install") {
 		t.Fatalf("install should fail in its post-install hook, got %v", err)
 	}
-	run := lastRun(t, "validation-gate", start)
+	run := e.lastRun(t, "validation-gate", start)
 	want := node + " operator-validator failed: validation driver: " + reason
 	if run.ExitCode == 0 || !strings.Contains(run.Output, want) {
 		t.Errorf("gate exit %d; want %q in:\n%s", run.ExitCode, want, run.Output)
 	}
-	if state, text := reportState(t); state != "failed" || !strings.Contains(text, want) {
+	if state, text := e.reportState(t); state != "failed" || !strings.Contains(text, want) {
 		t.Errorf("report state %q:\n%s", state, text)
 	}
 	if took := run.Ended.Sub(run.Started); took > 10*time.Second {
@@ -112,9 +114,10 @@ func TestGateFailsOnANodesDriverValidation(t *testing.T) {
 // TestGateNamesQuotaRejection: a ResourceQuota that admits no system-node-critical pods in the namespace blocks the
 // operand DaemonSets; the gate names the admission message instead of timing out silently.
 func TestGateNamesQuotaRejection(t *testing.T) {
-	stand.Reset()
-	ns := target().Namespace
-	if _, err := kube.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
+	e := use(t)
+	e.stand.Reset()
+	ns := e.target().Namespace
+	if _, err := e.kube.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
 	quota := &corev1.ResourceQuota{
@@ -126,22 +129,22 @@ func TestGateNamesQuotaRejection(t *testing.T) {
 			}}},
 		},
 	}
-	if _, err := kube.Client.CoreV1().ResourceQuotas(ns).Create(t.Context(), quota, metav1.CreateOptions{}); err != nil {
+	if _, err := e.kube.Client.CoreV1().ResourceQuotas(ns).Create(t.Context(), quota, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		_ = kube.Client.CoreV1().ResourceQuotas(ns).Delete(t.Context(), quota.Name, metav1.DeleteOptions{})
+		_ = e.kube.Client.CoreV1().ResourceQuotas(ns).Delete(t.Context(), quota.Name, metav1.DeleteOptions{})
 	}()
-	tg := target()
+	tg := e.target()
 	tg.KeepFailed = true
 	tg.NoWait = true // Helm's own --wait would time out before any hook runs, saying only "timed out"
 	start := time.Now()
 	_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
-	defer uninstall(t)
+	defer e.uninstall(t)
 	if err == nil {
 		t.Fatal("install should fail while the quota blocks every operand pod")
 	}
-	run := lastRun(t, "validation-gate", start)
+	run := e.lastRun(t, "validation-gate", start)
 	if !strings.Contains(run.Output, "no pod: FailedCreate:") || !strings.Contains(run.Output, "exceeded quota: no-critical-pods") {
 		t.Errorf("gate output does not carry the admission message:\n%s", run.Output)
 	}
@@ -150,25 +153,26 @@ func TestGateNamesQuotaRejection(t *testing.T) {
 // TestGateNamesClusterProblems: no node labelled as a GPU node (NFD missing), and a GPU node whose OS has no
 // driver image, are each named.
 func TestGateNamesClusterProblems(t *testing.T) {
-	stand.Reset()
+	e := use(t)
+	e.stand.Reset()
 	t.Run("uncovered OS", func(t *testing.T) {
 		odd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-centos7", Labels: map[string]string{
 			stackcheck.GPUPresentLabel:                                "true",
 			"feature.node.kubernetes.io/system-os_release.ID":         "centos",
 			"feature.node.kubernetes.io/system-os_release.VERSION_ID": "7",
 		}}}
-		if err := kube.AddNodes(t.Context(), odd); err != nil {
+		if err := e.kube.AddNodes(t.Context(), odd); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = kube.Client.CoreV1().Nodes().Delete(t.Context(), odd.Name, metav1.DeleteOptions{}) }()
+		defer func() { _ = e.kube.Client.CoreV1().Nodes().Delete(t.Context(), odd.Name, metav1.DeleteOptions{}) }()
 		start := time.Now()
-		tg := target()
+		tg := e.target()
 		_, err := tg.Install(t.Context(), []string{mixedProfile()}, shortGate)
 		if err == nil {
-			uninstall(t)
+			e.uninstall(t)
 			t.Fatal("install should fail with a GPU node no driver DaemonSet covers")
 		}
-		run := lastRun(t, "validation-gate", start)
+		run := e.lastRun(t, "validation-gate", start)
 		if !strings.Contains(run.Output, "GPU node gpu-centos7: pool default has no driver DaemonSet for its OS/kernel") {
 			t.Errorf("gate output:\n%s", run.Output)
 		}
@@ -178,20 +182,20 @@ func TestGateNamesClusterProblems(t *testing.T) {
 		for _, n := range fixtureNodes {
 			if n.Labels[stackcheck.GPUPresentLabel] == "true" {
 				labelled = append(labelled, n.Name)
-				setNodeLabel(t, n.Name, stackcheck.GPUPresentLabel, nil)
+				e.setNodeLabel(t, n.Name, stackcheck.GPUPresentLabel, nil)
 			}
 		}
 		defer func() {
 			for _, n := range labelled {
-				setNodeLabel(t, n, stackcheck.GPUPresentLabel, ptr("true"))
+				e.setNodeLabel(t, n, stackcheck.GPUPresentLabel, ptr("true"))
 			}
 		}()
 		start := time.Now()
-		if _, err := target().Install(t.Context(), []string{mixedProfile()}, shortGate); err == nil {
-			uninstall(t)
+		if _, err := e.target().Install(t.Context(), []string{mixedProfile()}, shortGate); err == nil {
+			e.uninstall(t)
 			t.Fatal("install should fail when no node is labelled as a GPU node")
 		}
-		run := lastRun(t, "validation-gate", start)
+		run := e.lastRun(t, "validation-gate", start)
 		if !strings.Contains(run.Output, "no node is labelled nvidia.com/gpu.present=true: NFD is not running") {
 			t.Errorf("gate output:\n%s", run.Output)
 		}
@@ -202,23 +206,24 @@ func TestGateNamesClusterProblems(t *testing.T) {
 // state label, validation annotations) and a node an admin cordoned; uninstall's pre-delete hook returns every node
 // to its state before install, keeping the admin's cordon.
 func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
-	stand.Reset()
+	e := use(t)
+	e.stand.Reset()
 	const mid, admin = "container-ubuntu2204", "container-rhel9"
-	if _, err := kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
+	if _, err := e.kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		_, _ = kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":false}}`), metav1.PatchOptions{})
+		_, _ = e.kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":false}}`), metav1.PatchOptions{})
 	}()
 	// the node lifecycle controller taints a cordoned node; take the snapshot once it has
 	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := kube.Client.CoreV1().Nodes().Get(ctx, admin, metav1.GetOptions{})
+		n, err := e.kube.Client.CoreV1().Nodes().Get(ctx, admin, metav1.GetOptions{})
 		return err == nil && len(n.Spec.Taints) > 0, nil
 	}); err != nil {
 		t.Fatal("the cordoned node was never tainted unschedulable")
 	}
-	before := snapshotNodes(t)
-	installProfile(t, mixedProfile())
+	before := e.snapshotNodes(t)
+	e.installProfile(t, mixedProfile())
 	// what an interrupted driver upgrade leaves: the same patches the driver manager writes
 	for _, step := range []func(*corev1.Node) (nodestate.Patch, error){
 		func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Cordon(n, "driver upgrade"), nil },
@@ -227,7 +232,7 @@ func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
 			return nodestate.SetUpgradeState(n, nodestate.PodRestartRequired, "", time.Now().UTC().Format(time.RFC3339)), nil
 		},
 	} {
-		n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), mid, metav1.GetOptions{})
+		n, err := e.kube.Client.CoreV1().Nodes().Get(t.Context(), mid, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,20 +240,20 @@ func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := nodestate.Apply(t.Context(), kube.Client, mid, p); err != nil {
+		if _, err := nodestate.Apply(t.Context(), e.kube.Client, mid, p); err != nil {
 			t.Fatal(err)
 		}
 	}
-	a, _ := kube.Client.CoreV1().Nodes().Get(t.Context(), admin, metav1.GetOptions{})
-	if _, err := nodestate.Apply(t.Context(), kube.Client, admin, nodestate.Cordon(a, "driver upgrade")); err != nil {
+	a, _ := e.kube.Client.CoreV1().Nodes().Get(t.Context(), admin, metav1.GetOptions{})
+	if _, err := nodestate.Apply(t.Context(), e.kube.Client, admin, nodestate.Cordon(a, "driver upgrade")); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	uninstall(t)
-	if run := lastRun(t, "cleanup", start); run.ExitCode != 0 {
+	e.uninstall(t)
+	if run := e.lastRun(t, "cleanup", start); run.ExitCode != 0 {
 		t.Errorf("pre-delete hook exit %d:\n%s", run.ExitCode, run.Output)
 	}
-	if changes := cluster.NodeChanges(before, snapshotNodes(t)); changes != "" {
+	if changes := cluster.NodeChanges(before, e.snapshotNodes(t)); changes != "" {
 		t.Errorf("uninstall after an interrupted upgrade left nodes changed:\n%s", changes)
 	}
 }
@@ -257,31 +262,32 @@ func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
 // validator turns ready (the anchor re-checks every 5 s): one node's plugin check waits while the gate runs, then
 // passes.
 func BenchmarkGateLastReadyToExit(b *testing.B) {
+	e := primary
 	const node = "container-ubuntu2404"
 	for b.Loop() {
-		stand.Reset()
-		stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no nvidia.com/gpu capacity yet"})
+		e.stand.Reset()
+		e.stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no nvidia.com/gpu capacity yet"})
 		start := time.Now()
 		done := make(chan error, 1)
-		go func() { _, err := target().Install(b.Context(), []string{mixedProfile()}); done <- err }()
-		for stand.InFlight("validation-gate") == 0 {
+		go func() { _, err := e.target().Install(b.Context(), []string{mixedProfile()}); done <- err }()
+		for e.stand.InFlight("validation-gate") == 0 {
 			time.Sleep(20 * time.Millisecond) // test-side wait for the hook to start
 		}
 		time.Sleep(time.Second) // let the gate see the node waiting
-		stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckReady})
+		e.stand.SetOutcome(node, "plugin", nodestate.Validation{State: nodestate.CheckReady})
 		if err := <-done; err != nil {
 			b.Fatal(err)
 		}
 		var run kubelet.Run
-		for _, r := range stand.Runs() {
+		for _, r := range e.stand.Runs() {
 			if r.Component == "validation-gate" && !r.Started.Before(start) {
 				run = r
 			}
 		}
-		latency := run.Ended.Sub(stand.ReadyAt(node))
+		latency := run.Ended.Sub(e.stand.ReadyAt(node))
 		b.ReportMetric(float64(latency.Milliseconds()), "ms-last-ready-to-exit")
 		b.Logf("gate exited %s after the last node turned ready", latency.Round(time.Millisecond))
-		if err := target().Uninstall(); err != nil {
+		if err := e.target().Uninstall(); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -147,18 +148,22 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
+	// The controllers' and the scheduler's client-side limits (20 and 50 requests/s by default) would pace every
+	// DaemonSet rollout and every garbage collection of the simulated nodes' pods; lifted as kwokctl does for its
+	// simulated clusters. The API server's own limits stay.
+	unthrottled := []string{"--kube-api-qps=5000", "--kube-api-burst=10000"}
 	children := []struct {
 		name string
 		args []string
 		env  []string
 	}{
-		{"kube-controller-manager", []string{
+		{"kube-controller-manager", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
 			"--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token,-nodeipam",
-		}, nil},
-		{"kube-scheduler", []string{
+		}, unthrottled...), nil},
+		{"kube-scheduler", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
-		}, nil},
+		}, unthrottled...), nil},
 		{"kwok", []string{
 			"--kubeconfig=" + c.Kubeconfig, "--config=" + stages, "--manage-all-nodes=false",
 			"--manage-nodes-with-annotation-selector=" + SimulatedNodeAnnotation + "=fake",
@@ -239,16 +244,35 @@ func (c *Cluster) spawn(path string, args, env []string, log io.Writer) error {
 }
 
 // StopOnSignal stops the cluster and exits when the process is interrupted (Ctrl-C, SIGTERM), so no etcd or API
-// server outlives a run. A SIGKILL'ed test binary still takes controller-manager, scheduler and kwok with it
-// (Pdeathsig); envtest's etcd and API server then need a manual kill.
+// server outlives a run; with several clusters in one process, all of them. A SIGKILL'ed test binary still takes
+// controller-manager, scheduler and kwok with it (Pdeathsig); envtest's etcd and API server then need a manual kill.
 func (c *Cluster) StopOnSignal() {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		c.Stop()
-		os.Exit(1)
-	}()
+	live.Lock()
+	defer live.Unlock()
+	live.clusters = append(live.clusters, c)
+	live.once.Do(func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+		go func() {
+			<-sig
+			live.Lock()
+			all := slices.Clone(live.clusters)
+			live.Unlock()
+			var wg sync.WaitGroup
+			for _, c := range all {
+				wg.Go(c.Stop)
+			}
+			wg.Wait()
+			os.Exit(1)
+		}()
+	})
+}
+
+// live are the clusters StopOnSignal stops.
+var live struct {
+	sync.Mutex
+	once     sync.Once
+	clusters []*Cluster
 }
 
 // Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs.

@@ -1,5 +1,6 @@
 // Package install installs and removes the chart on a live cluster through the helm v3 SDK, as `helm install
-// --wait` and `helm uninstall --wait` do, and reads back where the operand pods run.
+// --wait` and `helm uninstall --wait` do (their waits polled faster, see quickClient), and reads back where the
+// operand pods run.
 package install
 
 import (
@@ -15,6 +16,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/cli"
+	"helm.sh/helm/v3/pkg/kube"
 	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
@@ -48,9 +50,13 @@ func (t Target) config() (*action.Configuration, error) {
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig = &t.Kubeconfig
 	flags.Namespace = &t.Namespace
+	flags.WrapConfigFn = unthrottled
 	cfg := new(action.Configuration)
 	if err := cfg.Init(flags, t.Namespace, "secret", func(string, ...any) {}); err != nil {
 		return nil, err
+	}
+	if c, ok := cfg.KubeClient.(*kube.Client); ok {
+		cfg.KubeClient = quickClient{c}
 	}
 	return cfg, nil
 }

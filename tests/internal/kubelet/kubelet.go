@@ -285,7 +285,10 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 			argv = append(argv, "--driver-pools", e.Value)
 		}
 	}
-	cmd := stackcli.NewCommand(&out)
+	cmd, scope := stackcli.NewRoot(&out)
+	// the command's client gets the pace of the stand-in's others (the driver manager's, the validators', envtest's
+	// 1000 requests/s), not client-go's default 5/s: cleaning 28 nodes took 10 s of that pace alone
+	scope.Flags.WrapConfigFn = func(c *rest.Config) *rest.Config { c.QPS, c.Burst = 1000, 2000; return c }
 	cmd.SetArgs(argv)
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)

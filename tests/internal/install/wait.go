@@ -1,0 +1,88 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"helm.sh/helm/v3/pkg/kube"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+)
+
+// WaitPoll is how often the waits of quickClient look again. Helm looks every 2 s; on the local control plane a
+// rollout or a deletion is over well within that, so most of each wait was the poll's own pace.
+const WaitPoll = 100 * time.Millisecond
+
+// quickClient is Helm's kube client with its three waits (`--wait` after install and upgrade, the wait for a
+// deleted hook to go, `uninstall --wait`) asking every WaitPoll instead of every 2 s. What they wait for is
+// Helm's own: its ReadyChecker, with the options Helm's Wait and WaitWithJobs use, and NotFound for deletions.
+// Every other call is Helm's.
+type quickClient struct{ *kube.Client }
+
+// Wait is kube.Client.Wait, polled every WaitPoll.
+func (c quickClient) Wait(resources kube.ResourceList, timeout time.Duration) error {
+	return c.waitReady(resources, timeout, kube.PausedAsReady(true))
+}
+
+// WaitWithJobs is kube.Client.WaitWithJobs, polled every WaitPoll.
+func (c quickClient) WaitWithJobs(resources kube.ResourceList, timeout time.Duration) error {
+	return c.waitReady(resources, timeout, kube.PausedAsReady(true), kube.CheckJobs(true))
+}
+
+func (c quickClient) waitReady(resources kube.ResourceList, timeout time.Duration, opts ...kube.ReadyCheckerOption) error {
+	cs, err := c.Factory.KubernetesClientSet()
+	if err != nil {
+		return err
+	}
+	checker := kube.NewReadyChecker(cs, c.Log, opts...)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, WaitPoll, true, func(ctx context.Context) (bool, error) {
+		for _, r := range resources {
+			ready, err := checker.IsReady(ctx, r)
+			switch {
+			case err != nil && retryable(err):
+				return false, nil // as Helm does, a passing API error is asked again (until the timeout here)
+			case err != nil || !ready:
+				return false, err
+			}
+		}
+		return true, nil
+	})
+}
+
+// WaitForDelete is kube.Client.WaitForDelete, polled every WaitPoll.
+func (c quickClient) WaitForDelete(resources kube.ResourceList, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, WaitPoll, true, func(context.Context) (bool, error) {
+		for _, r := range resources {
+			if err := r.Get(); err == nil || !apierrors.IsNotFound(err) {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+}
+
+// retryable is Helm's rule for an error worth asking again: not an API status, or one with no code, 429 or a 5xx
+// other than 501.
+func retryable(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return true
+	}
+	code := st.Status().Code
+	return code == 0 || code == http.StatusTooManyRequests || (code >= 500 && code != http.StatusNotImplemented)
+}
+
+// unthrottled lifts client-go's default client-side limit (5 requests/s, bursts of 10) from the harness's Helm:
+// the ready checks above ask for every resource of a release several times a second. The API server's own limits
+// stay.
+func unthrottled(c *rest.Config) *rest.Config {
+	c.QPS, c.Burst = 1000, 2000
+	return c
+}
