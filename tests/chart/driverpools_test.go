@@ -688,3 +688,150 @@ func TestVGPUManagerPoolsOverlap(t *testing.T) {
 		t.Fatalf("want an error containing %q, got %v", want, err)
 	}
 }
+
+// preUpgradeVGPUPools decodes the pre-upgrade Job's VGPU_MANAGER_POOLS with the hooks' parser; the gate and the test,
+// which do not plan, do not get it.
+func preUpgradeVGPUPools(t *testing.T, stream string) []driverPool {
+	t.Helper()
+	raw, found := "", false
+	for _, h := range hookObjects(t, stream) {
+		if h.kind() != "Job" && h.kind() != "Pod" {
+			continue
+		}
+		v, ok := podOf(t, h).env("VGPU_MANAGER_POOLS")
+		if ok != (h.name() == preUpgradeName) {
+			t.Errorf("%s: VGPU_MANAGER_POOLS set=%v; only the pre-upgrade plan takes it", h.key(), ok)
+		}
+		if h.name() == preUpgradeName {
+			raw, found = v, ok
+		}
+	}
+	if !found {
+		t.Fatal("the pre-upgrade Job has no VGPU_MANAGER_POOLS")
+	}
+	pools, err := driverpools.Parse(raw)
+	if err != nil {
+		t.Fatalf("VGPU_MANAGER_POOLS %s: %v", raw, err)
+	}
+	return pools
+}
+
+// The pre-upgrade plan gets the vGPU manager pools (VGPU_MANAGER_POOLS, DRIVER_POOLS' shape): exactly the rendered
+// vGPU manager DaemonSets, each with the DRIVER_CONFIG_DIGEST its pods carry, in the pool whose selection covers
+// its nodes; on vm-vgpu fixture nodes every node is selected by exactly one pool, and a DaemonSet's terms select a
+// node exactly where that DaemonSet runs. The pace is the DaemonSets' updateStrategy (global's maxUnavailable 1
+// here), without canary or failure threshold; a pool's own updateStrategy paces that pool.
+func TestVGPUManagerPoolsEnv(t *testing.T) {
+	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)}, "vgpuManager.pools[1].updateStrategy.type=OnDelete",
+		"vgpuManager.pools[0].updateStrategy.rollingUpdate.maxUnavailable=25%")
+	pools := preUpgradeVGPUPools(t, stream)
+	var names []string
+	for _, p := range pools {
+		names = append(names, p.Name)
+		if p.Canary == nil || *p.Canary != 0 || p.MaxFailures == nil || *p.MaxFailures != 0 || p.Allocation != "" {
+			t.Errorf("pool %s: canary %v, maxFailures %v, allocation %q; want 0, 0 and none", p.Name, p.Canary, p.MaxFailures, p.Allocation)
+		}
+	}
+	if want := []string{"default", "r570", "noble", "preinstalled"}; !slices.Equal(names, want) {
+		t.Fatalf("VGPU_MANAGER_POOLS pools %v, want %v", names, want)
+	}
+	pace := func(p driverPool) string {
+		n := "unset"
+		if p.MaxUnavailable != nil {
+			n = p.MaxUnavailable.String()
+		}
+		return n + map[bool]string{true: " rolling", false: " on-delete"}[*p.AutoUpgrade]
+	}
+	// noble: an OnDelete strategy has no rollingUpdate; the plan batches one node at a time
+	for i, want := range []string{"1 rolling", "25% rolling", "unset on-delete"} {
+		if pools[i].AutoUpgrade == nil {
+			t.Fatalf("pool %s: no autoUpgrade", pools[i].Name)
+		}
+		if got := pace(pools[i]); got != want {
+			t.Errorf("pool %s paced %q, want %q (its DaemonSets' updateStrategy)", pools[i].Name, got, want)
+		}
+	}
+
+	rendered := operandDaemonSets(t, stream, "vgpu-manager")
+	listed := map[string]driverpools.DaemonSet{}
+	poolOf := map[string]string{}
+	for _, p := range pools {
+		if p.Source != "container" && len(p.DaemonSets) > 0 {
+			t.Errorf("pool %s (source %s) lists DaemonSets", p.Name, p.Source)
+		}
+		for _, ds := range p.DaemonSets {
+			listed[ds.Name], poolOf[ds.Name] = ds, p.Name
+		}
+	}
+	if got, want := slices.Sorted(maps.Keys(listed)), slices.Sorted(maps.Keys(rendered)); !slices.Equal(got, want) || len(got) == 0 {
+		t.Fatalf("VGPU_MANAGER_POOLS lists\n %v\nthe chart renders\n %v", got, want)
+	}
+	for name, ds := range rendered {
+		digests := podDigests(ds.Spec.Template.Spec)
+		if len(digests) < 2 {
+			t.Errorf("%s: DRIVER_CONFIG_DIGEST in %d containers, want the driver manager's and the vGPU manager's", name, len(digests))
+		}
+		for c, d := range digests {
+			if d != listed[name].Digest || d == "" {
+				t.Errorf("%s: container %s has DRIVER_CONFIG_DIGEST %s, VGPU_MANAGER_POOLS says %q", name, c, d, listed[name].Digest)
+			}
+		}
+	}
+	if listed["nvidia-vgpu-manager-r570-ubuntu2204"].Digest == listed["nvidia-vgpu-manager-daemonset-ubuntu2204"].Digest {
+		t.Error("pools r570 and default have one digest although their vGPU manager versions differ")
+	}
+
+	dss, err := placement.DaemonSets(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vgpu []placement.DaemonSet
+	for _, ds := range dss {
+		if ds.Operand == "vgpu-manager" {
+			vgpu = append(vgpu, ds)
+		}
+	}
+	nodes := []*corev1.Node{
+		vgpuNode("default-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", ""),
+		vgpuNode("r570-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "r570"),
+		vgpuNode("r570-rhel9", nodefixtures.RHEL96, "vm-vgpu", "r570"),
+		vgpuNode("r570-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "r570"),
+		vgpuNode("noble-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "noble"),
+		vgpuNode("host-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "host"),
+		vgpuNode("unknown-pool-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "other"),
+	}
+	place, err := placement.Place(vgpu, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"default-ubuntu2204": "default", "r570-ubuntu2204": "r570", "r570-rhel9": "r570", "r570-ubuntu2404": "r570",
+		"noble-ubuntu2404": "noble", "host-ubuntu2204": "preinstalled", "unknown-pool-ubuntu2204": "default"}
+	for _, n := range nodes {
+		matched, err := driverpools.Matching(pools, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(matched) != 1 || matched[0].Name != want[n.Name] {
+			t.Errorf("node %s is selected by pools %v, want only %s", n.Name, driverpools.Names(matched), want[n.Name])
+			continue
+		}
+		ds, err := matched[0].DaemonSetFor(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if ds != nil {
+			got = ds.Name
+		}
+		if got != place[n.Name]["vgpu-manager"] {
+			t.Errorf("node %s: the plan reads DaemonSet %q, the scheduler places %q", n.Name, got, place[n.Name]["vgpu-manager"])
+		}
+	}
+
+	// without the vGPU manager the plan gets no vGPU manager pool
+	for _, set := range [][]string{{"vgpuManager.enabled=false"}, {"global.sandboxWorkloads.enabled=false", "global.sandboxWorkloads.defaultWorkload=container"}} {
+		if pools := preUpgradeVGPUPools(t, render(t, newestKube, []string{vmVGPUProfile}, set...)); len(pools) != 0 {
+			t.Errorf("%v: VGPU_MANAGER_POOLS %v, want []", set, pools)
+		}
+	}
+}

@@ -8,7 +8,9 @@ which takes every node no other pool selects. The helpers below merge a pool's v
 {{/*
 gpu-stack-lib.poolValues: the operand's values for one pool, as JSON: the pool's overrides laid over the top-level
 values, maps merged key by key (unset keys inherit), scalars and lists replaced - including false and "", unlike
-mergeOverwrite. A key the top-level values do not have fails, naming it. dict "base" MAP "over" MAP "key" VALUES_KEY
+mergeOverwrite. A key the top-level values do not have fails, naming it; a map the top-level values leave empty
+({}, such as updateStrategy) has no keys to inherit or check, so the pool's map replaces it whole.
+dict "base" MAP "over" MAP "key" VALUES_KEY
 */}}
 {{- define "gpu-stack-lib.poolValues" -}}
 {{- $out := deepCopy .base -}}
@@ -16,7 +18,7 @@ mergeOverwrite. A key the top-level values do not have fails, naming it. dict "b
 {{- $path := printf "%s.%s" $.key $k -}}
 {{- if not (hasKey $out $k) }}{{ fail (printf "%s: unknown key (a pool overrides only keys the operand's top-level values have)" $path) }}{{ end -}}
 {{- $b := get $out $k -}}
-{{- if and (kindIs "map" $v) (kindIs "map" $b) -}}
+{{- if and (kindIs "map" $v) (kindIs "map" $b) (not (empty $b)) -}}
 {{- $_ := set $out $k (include "gpu-stack-lib.poolValues" (dict "base" $b "over" $v "key" $path) | fromJson) -}}
 {{- else -}}
 {{- $_ := set $out $k $v -}}
@@ -173,10 +175,13 @@ that is written as the one term nvidia.com/gpu.present In [true]. maxUnavailable
 maxFailures are the pool's upgradePolicy. daemonSets (container pools) are its driver DaemonSets, [{"name",
 "nodeSelectorTerms", "digest"}]: each one's own node selection (gpu-stack-lib.poolVariants' nodeSelectorTerms) and
 its DRIVER_CONFIG_DIGEST. Built from the same pools and variants the driver chart renders its DaemonSets from, so
-the two cannot disagree. dict:
+the two cannot disagree. The vGPU manager's pools (VGPU_MANAGER_POOLS) take the same shape, with a policy of their
+own. dict:
   values    the driver's values (the top-level ones: the default pool's)
   pools     gpu-stack-lib.poolVariants' pools
   variants  its items, each with its "digest" (driver.variants)
+  policy    optional: a template called with dict "values" POOL_VALUES that gives a pool's maxUnavailable,
+            autoUpgrade, canary, maxFailures (and gpuAllocation) as JSON, in place of the driver's upgradePolicy
 */}}
 {{- define "gpu-stack-lib.driverPools" -}}
 {{- $out := list -}}
@@ -189,8 +194,15 @@ the two cannot disagree. dict:
 {{- $terms = list (dict "matchExpressions" $pool.requirements) -}}
 {{- end -}}
 {{- $v := $pool.values | default $.values -}}
+{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms -}}
+{{- $fields := dict -}}
+{{- if $.policy -}}
+{{- $fields = include $.policy (dict "values" $v) | fromJson -}}
+{{- else -}}
 {{- $policy := $v.upgradePolicy -}}
-{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
+{{- $fields = dict "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
+{{- end -}}
+{{- range $k, $x := $fields }}{{ $_ := set $entry $k $x }}{{ end -}}
 {{- $dss := list -}}
 {{- range $ds := $.variants -}}
 {{- if eq $ds.pool $pool.name }}{{ $dss = append $dss (dict "name" $ds.name "nodeSelectorTerms" $ds.nodeSelectorTerms "digest" $ds.digest) }}{{ end -}}
