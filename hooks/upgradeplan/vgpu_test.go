@@ -217,3 +217,25 @@ func assertUnmarked(t *testing.T, client *fake.Clientset, names ...string) {
 		}
 	}
 }
+
+// `upgrade retry` of a failed vm-vgpu node restarts its vGPU manager pod, as it restarts a driver pod, and `upgrade
+// status` shows the vGPU manager's version there.
+func TestRetryAndStatusOfAVGPUManagerNode(t *testing.T) {
+	failed := readyNode("v1", map[string]string{"nvidia.com/gpu.workload.config": "vm-vgpu", nodestate.UpgradeStateLabel: string(nodestate.UpgradeFailed)})
+	client := fake.NewClientset(failed, vgpuManagerPod("v1", "vr-new"))
+	var out bytes.Buffer
+	if err := Retry(t.Context(), client, "gpu", "rel", "v1", time.Unix(0, 0), &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Pods("gpu").Get(t.Context(), "vgpu-manager-v1", metav1.GetOptions{}); err == nil {
+		t.Errorf("the vGPU manager pod of v1 was not deleted: %s", out.String())
+	}
+	client = fake.NewClientset(failed, vgpuManagerPod("v1", "vr-new"))
+	out.Reset()
+	if err := WriteStatus(t.Context(), client, "gpu", "rel", &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "570.172.07-ubuntu22.04") {
+		t.Errorf("status does not show the vGPU manager's version on v1:\n%s", out.String())
+	}
+}
