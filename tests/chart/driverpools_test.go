@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"helm.sh/helm/v3/pkg/getter"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
@@ -263,6 +266,21 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
           - {key: nvidia.com/driver.pool, operator: NotIn, values: [r570, precompiled]}
       source: host
 `)
+	// the shorthand: a pool without nodeSelector selects nvidia.com/driver.pool=<its name>, next to a selector pool
+	shorthand := writeTemp(t, "shorthand.yaml", `driver:
+  pools:
+    - name: r570
+      image: {tag: "570.195.03"}
+      os: [ubuntu24.04, rhel9]
+    - name: old-kernel
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: In, values: [precompiled]}
+          - {key: feature.node.kubernetes.io/kernel-version.full, operator: In, values: [5.15.0-140-generic]}
+      os: [ubuntu22.04]
+    - name: host
+      source: host
+`)
 	values := func(name string) string { return filepath.Join(chartrender.RepoRoot(), "values", name+".yaml") }
 	for _, tc := range []struct {
 		name  string
@@ -277,6 +295,9 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
 			map[string]string{"pool-r570-rhel9": "r570", "pool-precompiled-k6-8": "precompiled", "pool-host": "host", "container-rhel9": "default"}},
 		{"multi-term", []string{multiTerm}, []string{"default", "r570", "old-kernel", "host"},
 			map[string]string{"pool-precompiled-k5-15": "old-kernel", "pool-precompiled-k6-8": "default", "pool-host": "host", "pool-r570-ubuntu2404": "r570"}},
+		{"shorthand", []string{shorthand}, []string{"default", "r570", "old-kernel", "host"},
+			map[string]string{"pool-r570-rhel9": "r570", "pool-r570-ubuntu2404": "r570", "pool-precompiled-k5-15": "old-kernel",
+				"pool-precompiled-k6-8": "default", "pool-host": "host", "container-rhel9": "default"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := render(t, newestKube, tc.files)
@@ -287,6 +308,18 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
 			}
 			if !slices.Equal(names, tc.pools) {
 				t.Fatalf("DRIVER_POOLS pools %v, want %v (the default pool first, then as listed)", names, tc.pools)
+			}
+			if tc.name == "shorthand" {
+				for _, p := range pools[1:] {
+					if p.Name == "old-kernel" {
+						continue
+					}
+					want := []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+						{Key: nodefixtures.DriverPoolLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{p.Name}}}}}
+					if !equality.Semantic.DeepEqual(p.NodeSelectorTerms, want) {
+						t.Errorf("pool %s without nodeSelector selects %+v, want %s=%s", p.Name, p.NodeSelectorTerms, nodefixtures.DriverPoolLabel, p.Name)
+					}
+				}
 			}
 			if tc.name == "multi-term" && len(pools[0].NodeSelectorTerms) < 2 {
 				t.Fatalf("the default pool has %d terms; the case needs several", len(pools[0].NodeSelectorTerms))
@@ -832,6 +865,81 @@ func TestVGPUManagerPoolsEnv(t *testing.T) {
 	for _, set := range [][]string{{"vgpuManager.enabled=false"}, {"global.sandboxWorkloads.enabled=false", "global.sandboxWorkloads.defaultWorkload=container"}} {
 		if pools := preUpgradeVGPUPools(t, render(t, newestKube, []string{vmVGPUProfile}, set...)); len(pools) != 0 {
 			t.Errorf("%v: VGPU_MANAGER_POOLS %v, want []", set, pools)
+		}
+	}
+}
+
+// A pool without nodeSelector is exactly a pool selecting nvidia.com/driver.pool=<its name> (the same render, byte
+// for byte), so the overlap check treats it as it treats that selector: a selector pool that can select the same
+// node is refused, whichever comes first, naming both pools; one kept apart on that label is accepted. An empty
+// nodeSelector is refused, pointing at the shorthand.
+func TestDriverPoolShorthand(t *testing.T) {
+	explicit := render(t, newestKube, []string{driverPoolsProfile}, "driver.pools[0].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=r570",
+		"driver.pools[1].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=precompiled")
+	if got := render(t, newestKube, []string{driverPoolsProfile}); got != explicit {
+		t.Error("values/driver-pools.yaml's shorthand pools render differently from their nodeSelector spelled out")
+	}
+
+	pools := func(first, second string) string {
+		return "driver:\n  pools:\n" + first + second
+	}
+	const a100 = "    - name: a100\n"
+	for _, tc := range []struct {
+		name, other string
+		// the refusal, or "" for pools kept apart
+		want string
+	}{
+		{"same label, a common value", "    - name: mixed\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: In, values: [a100, h100]}]\n",
+			`label nvidia.com/driver.pool does not separate them`},
+		{"same label, any value", "    - name: labelled\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: Exists}]\n",
+			`label nvidia.com/driver.pool does not separate them`},
+		{"another label", "    - name: h100\n      nodeSelector:\n        matchLabels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}\n",
+			`they select on different labels`},
+		{"apart by value", "    - name: rest\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: NotIn, values: [a100]}, {key: nvidia.com/driver.pool, operator: Exists}]\n", ""},
+		{"apart by absence", "    - name: unlabelled-h100\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: DoesNotExist}, {key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H100-80GB-HBM3]}]\n", ""},
+		{"another shorthand", "    - name: h100\n", ""},
+	} {
+		other := strings.TrimPrefix(strings.SplitN(tc.other, "\n", 2)[0], "    - name: ")
+		for _, order := range [][2]string{{a100, tc.other}, {tc.other, a100}} {
+			_, err := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", pools(order[0], order[1]))})
+			first, second := "a100", other
+			if order[0] != a100 {
+				first, second = other, "a100"
+			}
+			switch want := fmt.Sprintf(`driver.pools: pools %q and %q can select the same node: %s`, first, second, tc.want); {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s (%s first): refused: %v", tc.name, first, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s (%s first): want an error containing %q, got %v", tc.name, first, want, err)
+			}
+		}
+	}
+
+	// kept apart, the pools split the labelled nodes as their selectors say; unlabelled nodes stay in the default pool
+	stream := render(t, newestKube, []string{writeTemp(t, "pools.yaml", pools(a100, "    - name: rest\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: NotIn, values: [a100]}, {key: nvidia.com/driver.pool, operator: Exists}]\n"))})
+	hook := gatePools(t, stream)
+	node := func(pool string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-" + pool, Labels: map[string]string{"nvidia.com/gpu.present": "true"}}}
+		if pool != "" {
+			n.Labels[nodefixtures.DriverPoolLabel] = pool
+		}
+		return n
+	}
+	for label, want := range map[string]string{"a100": "a100", "h100": "rest", "": "default"} {
+		matched, err := driverpools.Matching(hook, node(label))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names := driverpools.Names(matched); !slices.Equal(names, []string{want}) {
+			t.Errorf("node labelled %s=%q is selected by pools %v, want only %s", nodefixtures.DriverPoolLabel, label, names, want)
+		}
+	}
+
+	_, err := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", "driver:\n  pools:\n    - name: a100\n      nodeSelector: {matchLabels: {}, matchExpressions: []}\n")})
+	_, err2 := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", "driver:\n  pools:\n    - name: a100\n      nodeSelector: {}\n")})
+	for _, e := range []error{err, err2} {
+		if e == nil || !strings.Contains(e.Error(), "leave nodeSelector out to select the nodes labelled nvidia.com/driver.pool=") {
+			t.Errorf("an empty nodeSelector: %v; want a refusal pointing at the shorthand", e)
 		}
 	}
 }

@@ -44,7 +44,9 @@ gpu-stack-lib.pools: an operand's `pools` checked and resolved, the default pool
 {"items": [...]} of {"name", "source", "requirements" (its selector as node selector requirements), "values" (the
 pool's values: its overrides over the top-level ones; absent for the default pool), "exclude" (default pool only:
 matchAny alternatives keeping it off every other pool's nodes)}. Fails on bad or duplicate names and on pools that
-can overlap. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools)
+can overlap. With poolLabel, a pool that gives no nodeSelector selects the nodes labelled <poolLabel>=<its name>:
+exactly the requirement matchLabels {<poolLabel>: <name>} gives, so the overlap check and the default pool's
+exclusion treat it as that selector. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools) ["poolLabel" KEY]
 */}}
 {{- define "gpu-stack-lib.pools" -}}
 {{- $items := list -}}
@@ -59,7 +61,15 @@ can overlap. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools)
 {{- $key = printf "%s[%s]" $.key $name -}}
 {{- if has $name $names }}{{ fail (printf "%s: the name %q is taken (the default pool is named default; pool names must be unique)" $key $name) }}{{ end -}}
 {{- $names = append $names $name -}}
-{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $p.nodeSelector "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
+{{- $sel := $p.nodeSelector -}}
+{{- if $.poolLabel -}}
+{{- if kindIs "invalid" $sel -}}
+{{- $sel = dict "matchLabels" (dict $.poolLabel $name) -}}
+{{- else if and (kindIs "map" $sel) (not $sel.matchLabels) (not $sel.matchExpressions) -}}
+{{- fail (printf "%s.nodeSelector: an empty selector selects every GPU node; leave nodeSelector out to select the nodes labelled %s=%s, or select them with matchLabels or matchExpressions" $key $.poolLabel $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $sel "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
 {{- $selectors = append $selectors $reqs -}}
 {{- $over := omit $p "name" "nodeSelector" "source" -}}
 {{- $values := include "gpu-stack-lib.poolValues" (dict "base" (omit $.values "pools") "over" $over "key" $key) | fromJson -}}
@@ -92,13 +102,14 @@ as gpu-stack-lib.nodeAffinity writes them)}. host and none pools have no variant
   values  the operand's .Values (the top-level values are the default pool; pools under .pools)
   key     the operand's values key (driver, vgpuManager): pools are <key>.pools, a pool's key <key>.pools[NAME]
   prefix  the DaemonSet name prefix (nvidia-driver)
+  poolLabel  optional: the label a pool without nodeSelector selects on, with its name (gpu-stack-lib.pools)
   check   optional: a template called with dict "values" POOL_VALUES "key" POOL_KEY for each container pool, before
           its variants, to refuse values the operand cannot run with
 */}}
 {{- define "gpu-stack-lib.poolVariants" -}}
 {{- $names := list -}}
 {{- $items := list -}}
-{{- $pools := (include "gpu-stack-lib.pools" (dict "values" .values "key" (printf "%s.pools" .key)) | fromJson).items -}}
+{{- $pools := (include "gpu-stack-lib.pools" (dict "values" .values "key" (printf "%s.pools" .key) "poolLabel" .poolLabel) | fromJson).items -}}
 {{- range $pool := $pools -}}
 {{- if eq $pool.source "container" -}}
 {{- $v := $pool.values | default $.values -}}
