@@ -1,6 +1,7 @@
 package stackcli
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"time"
@@ -8,12 +9,13 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	o := upgradeplan.Options{}
-	var pools string
+	var pools, vgpuPools string
 	cmd := &cobra.Command{
 		Use:   "pre-upgrade",
 		Short: "Plan a driver change and mark the nodes it touches upgrade-required, or refuse (the pre-upgrade hook)",
@@ -21,6 +23,9 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 			var err error
 			if o.Client, o.Namespace, o.Pools, err = releaseScope(flags, pools); err != nil {
 				return err
+			}
+			if o.VGPUPools, err = driverpools.Parse(vgpuPools); err != nil {
+				return fmt.Errorf("vGPU manager pools: %w", err)
 			}
 			o.Release = *release
 			if err := o.Validate(); err != nil {
@@ -31,6 +36,7 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 		},
 	}
 	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")
+	cmd.Flags().StringVar(&vgpuPools, "vgpu-manager-pools", os.Getenv("VGPU_MANAGER_POOLS"), "vGPU manager pools as JSON, the driver pools' shape (env VGPU_MANAGER_POOLS)")
 	cmd.Flags().BoolVar(&o.Evict, "evict", true, "the driver manager evicts GPU pods, so PDBs that never allow eviction block the upgrade")
 	cmd.Flags().BoolVar(&o.Force, "force", false, "proceed although PDBs block eviction")
 	return cmd

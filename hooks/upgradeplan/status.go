@@ -17,13 +17,14 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
-// driverPods returns the release's driver pods by node.
+// driverPods returns the release's driver pods by node, and on vm-vgpu nodes its vGPU manager pods (a node has
+// one role, so one of the two): their driver managers walk the same upgrade states.
 func driverPods(ctx context.Context, client kubernetes.Interface, namespace, release string) (map[string]*corev1.Pod, error) {
-	sel := labels.Set{"app.kubernetes.io/component": "driver"}
+	sel := "app.kubernetes.io/component in (" + KindDriver + "," + KindVGPUManager + ")"
 	if release != "" {
-		sel["app.kubernetes.io/instance"] = release
+		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
 	}
-	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return nil, fmt.Errorf("list driver pods: %w", err)
 	}

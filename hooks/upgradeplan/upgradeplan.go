@@ -3,7 +3,9 @@
 // pod carries), prints the plan in batches of the pool's maxUnavailable, and marks those nodes upgrade-required —
 // or refuses, changing nothing, when the upgrade is unsafe. It arms and checks; the DaemonSet rollout and the
 // driver manager do the work. On a first install (Argo CD runs it as PreSync then too) there is no driver pod, so
-// it finds nothing to do.
+// it finds nothing to do. vGPU manager pools are planned the same way on the nodes that run a vGPU manager pod (its
+// pod runs the same driver manager with the same digest), paced by their DaemonSets' maxUnavailable, without a
+// canary.
 package upgradeplan
 
 import (
@@ -36,6 +38,9 @@ type Options struct {
 	Client             kubernetes.Interface
 	Namespace, Release string
 	Pools              []driverpools.Pool
+	// VGPUPools are the vGPU manager pools (VGPU_MANAGER_POOLS, the same shape), planned on the nodes that run a
+	// vGPU manager pod.
+	VGPUPools []driverpools.Pool
 	// Evict: the driver manager evicts GPU pods before unloading, so PDBs that never allow an eviction block it.
 	Evict bool
 	// Force proceeds although PDBs block eviction: each such node fails its driver change alone, restored.
@@ -49,7 +54,7 @@ func (o *Options) Validate() error {
 	if o.Client == nil || o.Namespace == "" || o.Release == "" {
 		return errors.New("need a client, --namespace and --release")
 	}
-	for _, p := range o.Pools {
+	for _, p := range slices.Concat(o.Pools, o.VGPUPools) {
 		if err := p.CheckMaxUnavailable(); err != nil {
 			return err
 		}
@@ -63,9 +68,17 @@ func (o *Options) Validate() error {
 // ErrUnsafe wraps every refusal.
 var ErrUnsafe = errors.New("driver upgrade refused, nothing changed")
 
+// The kinds of pool a plan covers: driver pools on container nodes, vGPU manager pools on vm-vgpu nodes.
+const (
+	KindDriver      = "driver"
+	KindVGPUManager = "vgpu-manager"
+)
+
 // NodePlan is one node whose driver will change, and the driver DaemonSet that will change it.
 type NodePlan struct {
 	Node, Pool, DaemonSet, From, To string
+	// Kind is KindDriver or KindVGPUManager: which kind of pool Pool is (a name is unique within its kind only).
+	Kind string
 	// Allocation is "<from> -> <to>" when the node also switches between the device plugin and DRA (its
 	// nvidia.com/gpu.allocation label against the pool's mode), else empty.
 	Allocation string
@@ -82,7 +95,7 @@ type Plan struct {
 	// Marks per pool: what Run writes on each of its planned nodes (canary.MarkAnnotation); absent for a pool with
 	// neither a canary nor a failure threshold, or OnDelete.
 	Marks map[string]canary.Mark
-	// Batches per driver DaemonSet, in order, after the canary; each batch is at most the pool's maxUnavailable of
+	// Batches per driver (or vGPU manager) DaemonSet, in order, after the canary; each batch is at most the pool's maxUnavailable of
 	// that DaemonSet's nodes, the bound its RollingUpdate enforces.
 	Batches map[string][][]NodePlan
 	Nodes   []NodePlan
@@ -104,64 +117,82 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	for i := range nodeList.Items {
 		nodes[nodeList.Items[i].Name] = &nodeList.Items[i]
 	}
-	sel := labels.Set{"app.kubernetes.io/instance": o.Release, "app.kubernetes.io/component": "driver"}.String()
-	driverPods, err := o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
-	if err != nil {
-		return nil, fmt.Errorf("list driver pods: %w", err)
-	}
 	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}}
-	pools := map[string]driverpools.Pool{}
-	dsNodes := map[string][]*corev1.Node{} // target driver DaemonSet -> the nodes it will serve
+	pools := map[string]driverpools.Pool{} // driver pools with planned nodes: their canary and marks
+	dsNodes := map[string][]*corev1.Node{} // target DaemonSet -> the nodes it will serve
 	dsPool := map[string]driverpools.Pool{}
-	for i := range driverPods.Items {
-		pod := &driverPods.Items[i]
-		node := nodes[pod.Spec.NodeName]
-		if node == nil || pod.DeletionTimestamp != nil {
-			continue
-		}
-		matched, err := driverpools.Matching(o.Pools, node)
+	dsKind := map[string]string{}
+	owner := map[string]NodePlan{} // node -> the pool of the first kind whose pod runs there
+	for _, k := range []struct {
+		kind  string
+		pools []driverpools.Pool
+	}{{KindDriver, o.Pools}, {KindVGPUManager, o.VGPUPools}} {
+		sel := labels.Set{"app.kubernetes.io/instance": o.Release, "app.kubernetes.io/component": k.kind}.String()
+		kindPods, err := o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("list %s pods: %w", kindNoun[k.kind], err)
 		}
-		switch {
-		case len(matched) == 0:
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a driver but no pool selects it any more: "+
-				"the upgrade would remove its driver under running workloads", node.Name))
-			continue
-		case len(matched) > 1:
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is selected by driver pools %s",
-				node.Name, strings.Join(driverpools.Names(matched), " and ")))
-			continue
+		for i := range kindPods.Items {
+			pod := &kindPods.Items[i]
+			node := nodes[pod.Spec.NodeName]
+			if node == nil || pod.DeletionTimestamp != nil {
+				continue
+			}
+			matched, err := driverpools.Matching(k.pools, node)
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case len(matched) == 0:
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a %s but no %s selects it any more: "+
+					"the upgrade would remove its %s under running workloads", node.Name, kindNoun[k.kind], poolNoun(k.kind), kindNoun[k.kind]))
+				continue
+			case len(matched) > 1:
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is selected by %s pools %s",
+					node.Name, kindNoun[k.kind], strings.Join(driverpools.Names(matched), " and ")))
+				continue
+			}
+			pool := matched[0]
+			// one role per node: a node with pods of both kinds could be planned twice, each kind with its own pace
+			if other, ok := owner[node.Name]; ok && other.Kind != k.kind {
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a %s pod (%s pool %s) and a %s pod (%s pool %s): a node "+
+					"has one role (nvidia.com/gpu.workload.config), so one of them is leaving; wait until its pod is gone", node.Name,
+					kindNoun[other.Kind], kindNoun[other.Kind], other.Pool, kindNoun[k.kind], kindNoun[k.kind], pool.Name))
+				continue
+			}
+			owner[node.Name] = NodePlan{Kind: k.kind, Pool: pool.Name}
+			if pool.Source != "container" {
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a %s pod but %s %s is now source=%s: "+
+					"drain it and remove the %s pod first", node.Name, kindNoun[k.kind], poolNoun(k.kind), pool.Name, pool.Source, kindNoun[k.kind]))
+				continue
+			}
+			ds, err := pool.DaemonSetFor(node)
+			if err != nil {
+				return nil, err
+			}
+			if ds == nil {
+				plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s (%s %s, kernel %s): %s %s has no %s "+
+					"image for its OS/kernel any more", node.Name, node.Labels[osIDLabel], node.Labels[osVersionLabel],
+					node.Labels[kernelLabel], poolNoun(k.kind), pool.Name, kindNoun[k.kind]))
+				continue
+			}
+			if k.kind == KindDriver {
+				pools[pool.Name] = pool
+			}
+			dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
+			dsPool[ds.Name] = pool
+			dsKind[ds.Name] = k.kind
+			from := PodDigest(pod)
+			if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
+				plan.CalledOff = append(plan.CalledOff, node.Name)
+			}
+			// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
+			switching := AllocationSwitch(node, pool.Allocation)
+			if (from == ds.Digest && switching == "") || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+				continue
+			}
+			plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
 		}
-		pool := matched[0]
-		if pool.Source != "container" {
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s runs a driver pod but pool %s is now source=%s: "+
-				"drain it and remove the driver pod first", node.Name, pool.Name, pool.Source))
-			continue
-		}
-		ds, err := pool.DaemonSetFor(node)
-		if err != nil {
-			return nil, err
-		}
-		if ds == nil {
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s (%s %s, kernel %s): pool %s has no driver "+
-				"image for its OS/kernel any more", node.Name, node.Labels[osIDLabel], node.Labels[osVersionLabel],
-				node.Labels[kernelLabel], pool.Name))
-			continue
-		}
-		pools[pool.Name] = pool
-		dsNodes[ds.Name] = append(dsNodes[ds.Name], node)
-		dsPool[ds.Name] = pool
-		from := PodDigest(pod)
-		if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
-			plan.CalledOff = append(plan.CalledOff, node.Name)
-		}
-		// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
-		switching := AllocationSwitch(node, pool.Allocation)
-		if (from == ds.Digest && switching == "") || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
-			continue
-		}
-		plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
 	}
 	slices.Sort(plan.CalledOff)
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
@@ -209,15 +240,17 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 		if len(down) > maxUnavailable {
 			slices.Sort(down)
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("%s (pool %s): %d of its nodes are already unavailable (%s), "+
-				"more than its maxUnavailable %d: bring them back first", dsName, pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("%s (%s %s): %d of its nodes are already unavailable (%s), "+
+				"more than its maxUnavailable %d: bring them back first", dsName, poolNoun(dsKind[dsName]), pool.Name, len(down), strings.Join(down, ", "), maxUnavailable))
 		}
 	}
 	if err := listMoves(ctx, o.Client, plan.Nodes); err != nil {
 		return nil, err
 	}
-	if o.Evict && !o.Force && len(plan.Nodes) > 0 {
-		blocked, err := blockingPDBs(ctx, o.Client, plan.Nodes)
+	// the vGPU manager never evicts (its driver manager runs with eviction off): budgets block only driver nodes
+	evicting := slices.DeleteFunc(slices.Clone(plan.Nodes), func(np NodePlan) bool { return np.Kind != KindDriver })
+	if o.Evict && !o.Force && len(evicting) > 0 {
+		blocked, err := blockingPDBs(ctx, o.Client, evicting)
 		if err != nil {
 			return nil, err
 		}
@@ -227,8 +260,10 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	return plan, nil
 }
 
-// planCanary picks each pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
-// nodes get, named after the plan's time; it returns the canary nodes.
+// planCanary picks each driver pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
+// nodes get, named after the plan's time; it returns the canary nodes. vGPU manager pools get neither: their
+// driver manager may not evict, so it could not hand a waiting canary its turn (drivermanager's handCanaryItsTurn),
+// and their DaemonSets' updateStrategy alone paces them.
 func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) map[string]bool {
 	in := map[string]bool{}
 	id := now.UTC().Format(time.RFC3339Nano)
@@ -239,7 +274,7 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) ma
 		}
 		mark := canary.Mark{Pool: name, Plan: id, Canary: map[string]string{}, MaxFailures: pool.FailureThreshold()}
 		for _, np := range plan.Nodes {
-			if np.Pool != name || len(plan.Canary[name]) >= pool.CanaryNodes() {
+			if np.Pool != name || np.Kind == KindVGPUManager || len(plan.Canary[name]) >= pool.CanaryNodes() {
 				continue
 			}
 			plan.Canary[name] = append(plan.Canary[name], np)
@@ -251,6 +286,17 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) ma
 		}
 	}
 	return in
+}
+
+// kindNoun names a kind of pool's operand in messages.
+var kindNoun = map[string]string{KindDriver: "driver", KindVGPUManager: "vGPU manager"}
+
+// poolNoun names a kind's pools in messages: "pool" alone for the driver's, as before vGPU manager pools were planned.
+func poolNoun(kind string) string {
+	if kind == KindVGPUManager {
+		return "vGPU manager pool"
+	}
+	return "pool"
 }
 
 const (
@@ -416,11 +462,15 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	var marked []*corev1.Node // as they were before their mark
 	for _, np := range plan.Nodes {
 		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
+		if np.Kind == KindVGPUManager {
+			reason = fmt.Sprintf("vGPU manager pool %s config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
+		}
 		if np.Allocation != "" {
 			reason += ", GPU allocation " + np.Allocation
 		}
 		var before *corev1.Node
 		mark, hasMark := plan.Marks[np.Pool]
+		hasMark = hasMark && np.Kind != KindVGPUManager // marks are the driver pools' (planCanary)
 		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
 			before = n.DeepCopy()
 			p := nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)
@@ -515,7 +565,7 @@ func (p *Plan) Write(out io.Writer) {
 			for j, np := range b {
 				names[j] = np.Node
 			}
-			fmt.Fprintf(out, "%s (pool %s) batch %d: %s\n", ds, b[0].Pool, i+1, strings.Join(names, ", "))
+			fmt.Fprintf(out, "%s (%s %s) batch %d: %s\n", ds, poolNoun(b[0].Kind), b[0].Pool, i+1, strings.Join(names, ", "))
 		}
 	}
 	for _, np := range p.Nodes {

@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"helm.sh/helm/v3/pkg/getter"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
@@ -263,6 +266,21 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
           - {key: nvidia.com/driver.pool, operator: NotIn, values: [r570, precompiled]}
       source: host
 `)
+	// the shorthand: a pool without nodeSelector selects nvidia.com/driver.pool=<its name>, next to a selector pool
+	shorthand := writeTemp(t, "shorthand.yaml", `driver:
+  pools:
+    - name: r570
+      image: {tag: "570.195.03"}
+      os: [ubuntu24.04, rhel9]
+    - name: old-kernel
+      nodeSelector:
+        matchExpressions:
+          - {key: nvidia.com/driver.pool, operator: In, values: [precompiled]}
+          - {key: feature.node.kubernetes.io/kernel-version.full, operator: In, values: [5.15.0-140-generic]}
+      os: [ubuntu22.04]
+    - name: host
+      source: host
+`)
 	values := func(name string) string { return filepath.Join(chartrender.RepoRoot(), "values", name+".yaml") }
 	for _, tc := range []struct {
 		name  string
@@ -277,6 +295,9 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
 			map[string]string{"pool-r570-rhel9": "r570", "pool-precompiled-k6-8": "precompiled", "pool-host": "host", "container-rhel9": "default"}},
 		{"multi-term", []string{multiTerm}, []string{"default", "r570", "old-kernel", "host"},
 			map[string]string{"pool-precompiled-k5-15": "old-kernel", "pool-precompiled-k6-8": "default", "pool-host": "host", "pool-r570-ubuntu2404": "r570"}},
+		{"shorthand", []string{shorthand}, []string{"default", "r570", "old-kernel", "host"},
+			map[string]string{"pool-r570-rhel9": "r570", "pool-r570-ubuntu2404": "r570", "pool-precompiled-k5-15": "old-kernel",
+				"pool-precompiled-k6-8": "default", "pool-host": "host", "container-rhel9": "default"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := render(t, newestKube, tc.files)
@@ -287,6 +308,18 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
 			}
 			if !slices.Equal(names, tc.pools) {
 				t.Fatalf("DRIVER_POOLS pools %v, want %v (the default pool first, then as listed)", names, tc.pools)
+			}
+			if tc.name == "shorthand" {
+				for _, p := range pools[1:] {
+					if p.Name == "old-kernel" {
+						continue
+					}
+					want := []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+						{Key: nodefixtures.DriverPoolLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{p.Name}}}}}
+					if !equality.Semantic.DeepEqual(p.NodeSelectorTerms, want) {
+						t.Errorf("pool %s without nodeSelector selects %+v, want %s=%s", p.Name, p.NodeSelectorTerms, nodefixtures.DriverPoolLabel, p.Name)
+					}
+				}
 			}
 			if tc.name == "multi-term" && len(pools[0].NodeSelectorTerms) < 2 {
 				t.Fatalf("the default pool has %d terms; the case needs several", len(pools[0].NodeSelectorTerms))
@@ -686,5 +719,227 @@ func TestVGPUManagerPoolsOverlap(t *testing.T) {
 	want := `vgpuManager.pools: pools "r570" and "noble" can select the same node: label nvidia.com/vgpu-manager.pool does not separate them`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("want an error containing %q, got %v", want, err)
+	}
+}
+
+// preUpgradeVGPUPools decodes the pre-upgrade Job's VGPU_MANAGER_POOLS with the hooks' parser; the gate and the test,
+// which do not plan, do not get it.
+func preUpgradeVGPUPools(t *testing.T, stream string) []driverPool {
+	t.Helper()
+	raw, found := "", false
+	for _, h := range hookObjects(t, stream) {
+		if h.kind() != "Job" && h.kind() != "Pod" {
+			continue
+		}
+		v, ok := podOf(t, h).env("VGPU_MANAGER_POOLS")
+		if ok != (h.name() == preUpgradeName) {
+			t.Errorf("%s: VGPU_MANAGER_POOLS set=%v; only the pre-upgrade plan takes it", h.key(), ok)
+		}
+		if h.name() == preUpgradeName {
+			raw, found = v, ok
+		}
+	}
+	if !found {
+		t.Fatal("the pre-upgrade Job has no VGPU_MANAGER_POOLS")
+	}
+	pools, err := driverpools.Parse(raw)
+	if err != nil {
+		t.Fatalf("VGPU_MANAGER_POOLS %s: %v", raw, err)
+	}
+	return pools
+}
+
+// The pre-upgrade plan gets the vGPU manager pools (VGPU_MANAGER_POOLS, DRIVER_POOLS' shape): exactly the rendered
+// vGPU manager DaemonSets, each with the DRIVER_CONFIG_DIGEST its pods carry, in the pool whose selection covers
+// its nodes; on vm-vgpu fixture nodes every node is selected by exactly one pool, and a DaemonSet's terms select a
+// node exactly where that DaemonSet runs. The pace is the DaemonSets' updateStrategy (global's maxUnavailable 1
+// here), without canary or failure threshold; a pool's own updateStrategy paces that pool.
+func TestVGPUManagerPoolsEnv(t *testing.T) {
+	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)}, "vgpuManager.pools[1].updateStrategy.type=OnDelete",
+		"vgpuManager.pools[0].updateStrategy.rollingUpdate.maxUnavailable=25%")
+	pools := preUpgradeVGPUPools(t, stream)
+	var names []string
+	for _, p := range pools {
+		names = append(names, p.Name)
+		if p.Canary == nil || *p.Canary != 0 || p.MaxFailures == nil || *p.MaxFailures != 0 || p.Allocation != "" {
+			t.Errorf("pool %s: canary %v, maxFailures %v, allocation %q; want 0, 0 and none", p.Name, p.Canary, p.MaxFailures, p.Allocation)
+		}
+	}
+	if want := []string{"default", "r570", "noble", "preinstalled"}; !slices.Equal(names, want) {
+		t.Fatalf("VGPU_MANAGER_POOLS pools %v, want %v", names, want)
+	}
+	pace := func(p driverPool) string {
+		n := "unset"
+		if p.MaxUnavailable != nil {
+			n = p.MaxUnavailable.String()
+		}
+		return n + map[bool]string{true: " rolling", false: " on-delete"}[*p.AutoUpgrade]
+	}
+	// noble: an OnDelete strategy has no rollingUpdate; the plan batches one node at a time
+	for i, want := range []string{"1 rolling", "25% rolling", "unset on-delete"} {
+		if pools[i].AutoUpgrade == nil {
+			t.Fatalf("pool %s: no autoUpgrade", pools[i].Name)
+		}
+		if got := pace(pools[i]); got != want {
+			t.Errorf("pool %s paced %q, want %q (its DaemonSets' updateStrategy)", pools[i].Name, got, want)
+		}
+	}
+
+	rendered := operandDaemonSets(t, stream, "vgpu-manager")
+	listed := map[string]driverpools.DaemonSet{}
+	poolOf := map[string]string{}
+	for _, p := range pools {
+		if p.Source != "container" && len(p.DaemonSets) > 0 {
+			t.Errorf("pool %s (source %s) lists DaemonSets", p.Name, p.Source)
+		}
+		for _, ds := range p.DaemonSets {
+			listed[ds.Name], poolOf[ds.Name] = ds, p.Name
+		}
+	}
+	if got, want := slices.Sorted(maps.Keys(listed)), slices.Sorted(maps.Keys(rendered)); !slices.Equal(got, want) || len(got) == 0 {
+		t.Fatalf("VGPU_MANAGER_POOLS lists\n %v\nthe chart renders\n %v", got, want)
+	}
+	for name, ds := range rendered {
+		digests := podDigests(ds.Spec.Template.Spec)
+		if len(digests) < 2 {
+			t.Errorf("%s: DRIVER_CONFIG_DIGEST in %d containers, want the driver manager's and the vGPU manager's", name, len(digests))
+		}
+		for c, d := range digests {
+			if d != listed[name].Digest || d == "" {
+				t.Errorf("%s: container %s has DRIVER_CONFIG_DIGEST %s, VGPU_MANAGER_POOLS says %q", name, c, d, listed[name].Digest)
+			}
+		}
+	}
+	if listed["nvidia-vgpu-manager-r570-ubuntu2204"].Digest == listed["nvidia-vgpu-manager-daemonset-ubuntu2204"].Digest {
+		t.Error("pools r570 and default have one digest although their vGPU manager versions differ")
+	}
+
+	dss, err := placement.DaemonSets(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vgpu []placement.DaemonSet
+	for _, ds := range dss {
+		if ds.Operand == "vgpu-manager" {
+			vgpu = append(vgpu, ds)
+		}
+	}
+	nodes := []*corev1.Node{
+		vgpuNode("default-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", ""),
+		vgpuNode("r570-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "r570"),
+		vgpuNode("r570-rhel9", nodefixtures.RHEL96, "vm-vgpu", "r570"),
+		vgpuNode("r570-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "r570"),
+		vgpuNode("noble-ubuntu2404", nodefixtures.Ubuntu2404, "vm-vgpu", "noble"),
+		vgpuNode("host-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "host"),
+		vgpuNode("unknown-pool-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "other"),
+	}
+	place, err := placement.Place(vgpu, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"default-ubuntu2204": "default", "r570-ubuntu2204": "r570", "r570-rhel9": "r570", "r570-ubuntu2404": "r570",
+		"noble-ubuntu2404": "noble", "host-ubuntu2204": "preinstalled", "unknown-pool-ubuntu2204": "default"}
+	for _, n := range nodes {
+		matched, err := driverpools.Matching(pools, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(matched) != 1 || matched[0].Name != want[n.Name] {
+			t.Errorf("node %s is selected by pools %v, want only %s", n.Name, driverpools.Names(matched), want[n.Name])
+			continue
+		}
+		ds, err := matched[0].DaemonSetFor(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if ds != nil {
+			got = ds.Name
+		}
+		if got != place[n.Name]["vgpu-manager"] {
+			t.Errorf("node %s: the plan reads DaemonSet %q, the scheduler places %q", n.Name, got, place[n.Name]["vgpu-manager"])
+		}
+	}
+
+	// without the vGPU manager the plan gets no vGPU manager pool
+	for _, set := range [][]string{{"vgpuManager.enabled=false"}, {"global.sandboxWorkloads.enabled=false", "global.sandboxWorkloads.defaultWorkload=container"}} {
+		if pools := preUpgradeVGPUPools(t, render(t, newestKube, []string{vmVGPUProfile}, set...)); len(pools) != 0 {
+			t.Errorf("%v: VGPU_MANAGER_POOLS %v, want []", set, pools)
+		}
+	}
+}
+
+// A pool without nodeSelector is exactly a pool selecting nvidia.com/driver.pool=<its name> (the same render, byte
+// for byte), so the overlap check treats it as it treats that selector: a selector pool that can select the same
+// node is refused, whichever comes first, naming both pools; one kept apart on that label is accepted. An empty
+// nodeSelector is refused, pointing at the shorthand.
+func TestDriverPoolShorthand(t *testing.T) {
+	explicit := render(t, newestKube, []string{driverPoolsProfile}, "driver.pools[0].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=r570",
+		"driver.pools[1].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=precompiled")
+	if got := render(t, newestKube, []string{driverPoolsProfile}); got != explicit {
+		t.Error("values/driver-pools.yaml's shorthand pools render differently from their nodeSelector spelled out")
+	}
+
+	pools := func(first, second string) string {
+		return "driver:\n  pools:\n" + first + second
+	}
+	const a100 = "    - name: a100\n"
+	for _, tc := range []struct {
+		name, other string
+		// the refusal, or "" for pools kept apart
+		want string
+	}{
+		{"same label, a common value", "    - name: mixed\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: In, values: [a100, h100]}]\n",
+			`label nvidia.com/driver.pool does not separate them`},
+		{"same label, any value", "    - name: labelled\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: Exists}]\n",
+			`label nvidia.com/driver.pool does not separate them`},
+		{"another label", "    - name: h100\n      nodeSelector:\n        matchLabels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}\n",
+			`they select on different labels`},
+		{"apart by value", "    - name: rest\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: NotIn, values: [a100]}, {key: nvidia.com/driver.pool, operator: Exists}]\n", ""},
+		{"apart by absence", "    - name: unlabelled-h100\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: DoesNotExist}, {key: nvidia.com/gpu.product, operator: In, values: [NVIDIA-H100-80GB-HBM3]}]\n", ""},
+		{"another shorthand", "    - name: h100\n", ""},
+	} {
+		other := strings.TrimPrefix(strings.SplitN(tc.other, "\n", 2)[0], "    - name: ")
+		for _, order := range [][2]string{{a100, tc.other}, {tc.other, a100}} {
+			_, err := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", pools(order[0], order[1]))})
+			first, second := "a100", other
+			if order[0] != a100 {
+				first, second = other, "a100"
+			}
+			switch want := fmt.Sprintf(`driver.pools: pools %q and %q can select the same node: %s`, first, second, tc.want); {
+			case tc.want == "" && err != nil:
+				t.Errorf("%s (%s first): refused: %v", tc.name, first, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+				t.Errorf("%s (%s first): want an error containing %q, got %v", tc.name, first, want, err)
+			}
+		}
+	}
+
+	// kept apart, the pools split the labelled nodes as their selectors say; unlabelled nodes stay in the default pool
+	stream := render(t, newestKube, []string{writeTemp(t, "pools.yaml", pools(a100, "    - name: rest\n      nodeSelector:\n        matchExpressions: [{key: nvidia.com/driver.pool, operator: NotIn, values: [a100]}, {key: nvidia.com/driver.pool, operator: Exists}]\n"))})
+	hook := gatePools(t, stream)
+	node := func(pool string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-" + pool, Labels: map[string]string{"nvidia.com/gpu.present": "true"}}}
+		if pool != "" {
+			n.Labels[nodefixtures.DriverPoolLabel] = pool
+		}
+		return n
+	}
+	for label, want := range map[string]string{"a100": "a100", "h100": "rest", "": "default"} {
+		matched, err := driverpools.Matching(hook, node(label))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if names := driverpools.Names(matched); !slices.Equal(names, []string{want}) {
+			t.Errorf("node labelled %s=%q is selected by pools %v, want only %s", nodefixtures.DriverPoolLabel, label, names, want)
+		}
+	}
+
+	_, err := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", "driver:\n  pools:\n    - name: a100\n      nodeSelector: {matchLabels: {}, matchExpressions: []}\n")})
+	_, err2 := renderErr(t, newestKube, []string{writeTemp(t, "pools.yaml", "driver:\n  pools:\n    - name: a100\n      nodeSelector: {}\n")})
+	for _, e := range []error{err, err2} {
+		if e == nil || !strings.Contains(e.Error(), "leave nodeSelector out to select the nodes labelled nvidia.com/driver.pool=") {
+			t.Errorf("an empty nodeSelector: %v; want a refusal pointing at the shorthand", e)
+		}
 	}
 }

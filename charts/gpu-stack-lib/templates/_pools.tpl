@@ -8,7 +8,9 @@ which takes every node no other pool selects. The helpers below merge a pool's v
 {{/*
 gpu-stack-lib.poolValues: the operand's values for one pool, as JSON: the pool's overrides laid over the top-level
 values, maps merged key by key (unset keys inherit), scalars and lists replaced - including false and "", unlike
-mergeOverwrite. A key the top-level values do not have fails, naming it. dict "base" MAP "over" MAP "key" VALUES_KEY
+mergeOverwrite. A key the top-level values do not have fails, naming it; a map the top-level values leave empty
+({}, such as updateStrategy) has no keys to inherit or check, so the pool's map replaces it whole.
+dict "base" MAP "over" MAP "key" VALUES_KEY
 */}}
 {{- define "gpu-stack-lib.poolValues" -}}
 {{- $out := deepCopy .base -}}
@@ -16,7 +18,7 @@ mergeOverwrite. A key the top-level values do not have fails, naming it. dict "b
 {{- $path := printf "%s.%s" $.key $k -}}
 {{- if not (hasKey $out $k) }}{{ fail (printf "%s: unknown key (a pool overrides only keys the operand's top-level values have)" $path) }}{{ end -}}
 {{- $b := get $out $k -}}
-{{- if and (kindIs "map" $v) (kindIs "map" $b) -}}
+{{- if and (kindIs "map" $v) (kindIs "map" $b) (not (empty $b)) -}}
 {{- $_ := set $out $k (include "gpu-stack-lib.poolValues" (dict "base" $b "over" $v "key" $path) | fromJson) -}}
 {{- else -}}
 {{- $_ := set $out $k $v -}}
@@ -42,7 +44,9 @@ gpu-stack-lib.pools: an operand's `pools` checked and resolved, the default pool
 {"items": [...]} of {"name", "source", "requirements" (its selector as node selector requirements), "values" (the
 pool's values: its overrides over the top-level ones; absent for the default pool), "exclude" (default pool only:
 matchAny alternatives keeping it off every other pool's nodes)}. Fails on bad or duplicate names and on pools that
-can overlap. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools)
+can overlap. With poolLabel, a pool that gives no nodeSelector selects the nodes labelled <poolLabel>=<its name>:
+exactly the requirement matchLabels {<poolLabel>: <name>} gives, so the overlap check and the default pool's
+exclusion treat it as that selector. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools) ["poolLabel" KEY]
 */}}
 {{- define "gpu-stack-lib.pools" -}}
 {{- $items := list -}}
@@ -57,7 +61,15 @@ can overlap. dict "values" .Values "key" VALUES_KEY (e.g. driver.pools)
 {{- $key = printf "%s[%s]" $.key $name -}}
 {{- if has $name $names }}{{ fail (printf "%s: the name %q is taken (the default pool is named default; pool names must be unique)" $key $name) }}{{ end -}}
 {{- $names = append $names $name -}}
-{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $p.nodeSelector "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
+{{- $sel := $p.nodeSelector -}}
+{{- if $.poolLabel -}}
+{{- if kindIs "invalid" $sel -}}
+{{- $sel = dict "matchLabels" (dict $.poolLabel $name) -}}
+{{- else if and (kindIs "map" $sel) (not $sel.matchLabels) (not $sel.matchExpressions) -}}
+{{- fail (printf "%s.nodeSelector: an empty selector selects every GPU node; leave nodeSelector out to select the nodes labelled %s=%s, or select them with matchLabels or matchExpressions" $key $.poolLabel $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $reqs := (include "gpu-stack-lib.selectorRequirements" (dict "selector" $sel "key" (printf "%s.nodeSelector" $key)) | fromJson).items -}}
 {{- $selectors = append $selectors $reqs -}}
 {{- $over := omit $p "name" "nodeSelector" "source" -}}
 {{- $values := include "gpu-stack-lib.poolValues" (dict "base" (omit $.values "pools") "over" $over "key" $key) | fromJson -}}
@@ -90,13 +102,14 @@ as gpu-stack-lib.nodeAffinity writes them)}. host and none pools have no variant
   values  the operand's .Values (the top-level values are the default pool; pools under .pools)
   key     the operand's values key (driver, vgpuManager): pools are <key>.pools, a pool's key <key>.pools[NAME]
   prefix  the DaemonSet name prefix (nvidia-driver)
+  poolLabel  optional: the label a pool without nodeSelector selects on, with its name (gpu-stack-lib.pools)
   check   optional: a template called with dict "values" POOL_VALUES "key" POOL_KEY for each container pool, before
           its variants, to refuse values the operand cannot run with
 */}}
 {{- define "gpu-stack-lib.poolVariants" -}}
 {{- $names := list -}}
 {{- $items := list -}}
-{{- $pools := (include "gpu-stack-lib.pools" (dict "values" .values "key" (printf "%s.pools" .key)) | fromJson).items -}}
+{{- $pools := (include "gpu-stack-lib.pools" (dict "values" .values "key" (printf "%s.pools" .key) "poolLabel" .poolLabel) | fromJson).items -}}
 {{- range $pool := $pools -}}
 {{- if eq $pool.source "container" -}}
 {{- $v := $pool.values | default $.values -}}
@@ -173,10 +186,13 @@ that is written as the one term nvidia.com/gpu.present In [true]. maxUnavailable
 maxFailures are the pool's upgradePolicy. daemonSets (container pools) are its driver DaemonSets, [{"name",
 "nodeSelectorTerms", "digest"}]: each one's own node selection (gpu-stack-lib.poolVariants' nodeSelectorTerms) and
 its DRIVER_CONFIG_DIGEST. Built from the same pools and variants the driver chart renders its DaemonSets from, so
-the two cannot disagree. dict:
+the two cannot disagree. The vGPU manager's pools (VGPU_MANAGER_POOLS) take the same shape, with a policy of their
+own. dict:
   values    the driver's values (the top-level ones: the default pool's)
   pools     gpu-stack-lib.poolVariants' pools
   variants  its items, each with its "digest" (driver.variants)
+  policy    optional: a template called with dict "values" POOL_VALUES that gives a pool's maxUnavailable,
+            autoUpgrade, canary, maxFailures (and gpuAllocation) as JSON, in place of the driver's upgradePolicy
 */}}
 {{- define "gpu-stack-lib.driverPools" -}}
 {{- $out := list -}}
@@ -189,8 +205,15 @@ the two cannot disagree. dict:
 {{- $terms = list (dict "matchExpressions" $pool.requirements) -}}
 {{- end -}}
 {{- $v := $pool.values | default $.values -}}
+{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms -}}
+{{- $fields := dict -}}
+{{- if $.policy -}}
+{{- $fields = include $.policy (dict "values" $v) | fromJson -}}
+{{- else -}}
 {{- $policy := $v.upgradePolicy -}}
-{{- $entry := dict "name" $pool.name "source" $pool.source "nodeSelectorTerms" $terms "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
+{{- $fields = dict "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
+{{- end -}}
+{{- range $k, $x := $fields }}{{ $_ := set $entry $k $x }}{{ end -}}
 {{- $dss := list -}}
 {{- range $ds := $.variants -}}
 {{- if eq $ds.pool $pool.name }}{{ $dss = append $dss (dict "name" $ds.name "nodeSelectorTerms" $ds.nodeSelectorTerms "digest" $ds.digest) }}{{ end -}}

@@ -28,6 +28,25 @@ with the hooks; named templates are global, and it is called only when that subc
 {{- end }}
 
 {{/*
+kube-gpu-stack.preUpgradeEnv: the env of `kube-gpu-stack pre-upgrade`: kube-gpu-stack.checkEnv and
+VGPU_MANAGER_POOLS, the vGPU manager pools and their DaemonSets in DRIVER_POOLS' shape (vgpu-manager.hookPools, the
+vGPU manager subchart's contract with the hook, called only when that subchart is enabled), so a vGPU manager
+change is planned on its vm-vgpu nodes as a driver change is on container nodes.
+*/}}
+{{- define "kube-gpu-stack.preUpgradeEnv" -}}
+{{- $env := include "kube-gpu-stack.checkEnv" . | fromJson -}}
+{{- $pools := "[]" -}}
+{{- if .Values.vgpuManager.enabled -}}
+{{- /* the subchart reads global (its vm-vgpu role, its update strategy) as its own .Values.global */ -}}
+{{- $values := deepCopy .Values.vgpuManager -}}
+{{- $_ := set $values "global" .Values.global -}}
+{{- $pools = include "vgpu-manager.hookPools" (dict "Values" $values) -}}
+{{- end -}}
+{{- $_ := set $env "VGPU_MANAGER_POOLS" $pools -}}
+{{- toJson $env -}}
+{{- end }}
+
+{{/*
 kube-gpu-stack.checkArgs: the arguments of `kube-gpu-stack check` for this release (JSON list); with the DRA driver
 it waits for each DRA node's ResourceSlices too (checkRules grants the read then).
 */}}

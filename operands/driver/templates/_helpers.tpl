@@ -77,7 +77,8 @@ DaemonSets carry. Needs only .Values (the driver chart's, or the umbrella's .Val
 */}}
 {{- define "driver.variants" -}}
 {{- include "driver.checks" . -}}
-{{- $all := include "gpu-stack-lib.poolVariants" (dict "values" .Values "key" "driver" "prefix" "nvidia-driver" "check" "driver.poolChecks") | fromJson -}}
+{{- /* a pool without nodeSelector selects nvidia.com/driver.pool=<its name> */ -}}
+{{- $all := include "gpu-stack-lib.poolVariants" (dict "values" .Values "key" "driver" "prefix" "nvidia-driver" "poolLabel" "nvidia.com/driver.pool" "check" "driver.poolChecks") | fromJson -}}
 {{- $items := list -}}
 {{- range $d := $all.items -}}
 {{- $v := $d.values -}}

@@ -281,8 +281,11 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 	_, kubeconfig := k.apiOf()
 	argv := append(append([]string{}, args...), "--kubeconfig", kubeconfig)
 	for _, e := range c.Env {
-		if e.Name == "DRIVER_POOLS" { // the container reads it from its environment; in-process it is a flag
+		switch e.Name { // the container reads them from its environment; in-process they are flags
+		case "DRIVER_POOLS":
 			argv = append(argv, "--driver-pools", e.Value)
+		case "VGPU_MANAGER_POOLS":
+			argv = append(argv, "--vgpu-manager-pools", e.Value)
 		}
 	}
 	cmd, scope := stackcli.NewRoot(&out)
