@@ -111,7 +111,7 @@ func TestScaleProfileDaemonSets(t *testing.T) {
 			t.Errorf("no DaemonSet %s among %s", want, all)
 		}
 	}
-	for _, gone := range []string{"dcgm-exporter", "gpu-feature-discovery", "node-feature-discovery"} {
+	for _, gone := range []string{"dcgm-exporter", "gpu-feature-discovery", "node-feature-discovery", "nvidia-container-toolkit", "nvidia-device-plugin-daemonset"} {
 		if strings.Contains(all, gone) {
 			t.Errorf("DaemonSet %s rendered; the trim should drop it", gone)
 		}

@@ -22,7 +22,7 @@ import (
 const (
 	release   = "gpu"
 	namespace = "gpu-operator"
-	// held is the node whose device plugin check waits until everything else has settled, so that its validator
+	// held is the node whose driver check waits until everything else has settled, so that its validator
 	// is the last one Ready and the gate's last wait is on it alone (as BenchmarkGateLastReadyToExit in tests/e2e).
 	held = "scale-0001"
 )
@@ -61,7 +61,7 @@ func BenchmarkScale1000(b *testing.B) {
 
 func (e *env) measure(ctx context.Context, b *testing.B) {
 	// 1. install with the gate; one node's plugin check waits until everything else settled
-	e.stand.SetOutcome(held, "plugin", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "no nvidia.com/gpu capacity yet"})
+	e.stand.SetOutcome(held, "driver", nodestate.Validation{State: nodestate.CheckWaiting, Reason: "driver not loaded yet"})
 	target := install.Target{Kubeconfig: e.c.Kubeconfig, Release: release, Namespace: namespace, Timeout: 40 * time.Minute, NoWait: true}
 	start := time.Now()
 	done := make(chan error, 1)
@@ -81,7 +81,7 @@ func (e *env) measure(ctx context.Context, b *testing.B) {
 	}
 	b.Logf("%d pods ready but %s's validator, %s after install began", pods, held, time.Since(start).Round(time.Second))
 	time.Sleep(time.Second) // let the gate see the held node waiting
-	e.stand.SetOutcome(held, "plugin", nodestate.Validation{State: nodestate.CheckReady})
+	e.stand.SetOutcome(held, "driver", nodestate.Validation{State: nodestate.CheckReady})
 	if err := <-done; err != nil {
 		for _, r := range e.stand.Runs() {
 			b.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, tail(r.Output, 3000))
