@@ -95,6 +95,8 @@ func open() (*env, error) {
 	for _, bin := range []struct{ out, pkg string }{{"gate", "./hooks/cmd/in-cluster"}, {"admin", "./hooks/cmd/kube-gpu-stack"}} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, bin.out, "kube-gpu-stack"), bin.pkg)
 		cmd.Dir = chartrender.RepoRoot()
+		// static, as the image's binary is built (with cgo it would need the host's NVML)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("go build %s: %v\n%s", bin.pkg, err, out)
 		}
