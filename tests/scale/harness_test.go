@@ -7,8 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -120,20 +121,54 @@ type proc struct {
 func (p proc) Wall() time.Duration { return p.End.Sub(p.Start) }
 func (p proc) MiB() float64        { return float64(p.MaxRSS) / (1 << 20) }
 
-// run runs a binary to its end and reads its peak RSS from the kernel's rusage (ru_maxrss, KiB on Linux).
+// run runs a binary to its end and reads its peak resident memory from /proc/PID/status (VmHWM, polled every 5 ms
+// until it exits). Not getrusage's ru_maxrss: Go starts a child with vfork semantics, and Linux carries the parent's
+// high-water mark (the test binary's, hundreds of MiB) into the child's maxrss at exec.
 func run(ctx context.Context, env []string, name string, args ...string) proc {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	p := proc{Start: time.Now()}
-	p.Err = cmd.Run()
+	if p.Err = cmd.Start(); p.Err != nil {
+		return p
+	}
+	done := make(chan struct{})
+	peak := make(chan int64, 1)
+	go func() {
+		var hwm int64
+		status := filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "status")
+		for {
+			if v := vmHWM(status); v > hwm {
+				hwm = v
+			}
+			select {
+			case <-done:
+				peak <- hwm
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	p.Err = cmd.Wait()
 	p.End = time.Now()
+	close(done)
+	p.MaxRSS = <-peak
 	p.Output = out.String()
-	if cmd.ProcessState != nil {
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			p.MaxRSS = ru.Maxrss * 1024
+	return p
+}
+
+// vmHWM reads a process's peak resident set (bytes) from its status file; 0 when gone.
+func vmHWM(status string) int64 {
+	b, err := os.ReadFile(status)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024
 		}
 	}
-	return p
+	return 0
 }
