@@ -1,7 +1,7 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus
+.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
 ## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
@@ -28,6 +28,12 @@ prometheus:
 ## DEMO_ARGS=-keep leaves it running
 demo:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) run ./ci/demo $(DEMO_ARGS)
+
+## bench-scale: the scale benchmarks on the local control plane (tests/scale: 1,000 simulated GPU nodes, the gate,
+## the admin CLI, renders, API load); numbers, not assertions, quoted in the README's Benchmarks
+bench-scale:
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
+		$(GO) test -run XXX -bench . -benchtime 1x -timeout 60m ./tests/scale/...
 
 ## golden: rewrite the golden files of rendered manifests (tests/chart/testdata/golden) after an intended chart
 ## change, then review the diff like code
