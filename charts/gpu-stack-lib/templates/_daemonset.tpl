@@ -8,18 +8,29 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
   match        optional extra node selector requirements (e.g. nvidia.com/mig.capable In [true])
   pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
                `runtimeClass: true` for pods that run under the nvidia runtime class (or, with
-               global.cdi.nriPluginEnabled, get every GPU through NRI annotations)
+               global.cdi.nriPluginEnabled, get every GPU through NRI annotations). An operand writes it as YAML
+               (a template of its own, read with fromYaml)
+  main         optional: the name of the operand's main container, written in the pod (one not built with
+               gpu-stack-lib.container main=true)
   podAnnotations  optional extra pod annotations (e.g. a config checksum)
-Scheduling is merged here and nowhere else: the pod's own + global + the operand's tolerations, the pod's own
-nodeSelector under the global one under the operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
+The user's container values are merged here into every container and init container (gpu-stack-lib.containerValues),
+so the containers can be written as plain YAML. Scheduling is merged here and nowhere else: the pod's own + global +
+the operand's tolerations, the pod's own nodeSelector under the global one under the operand's (operand wins),
+operand priorityClassName over the global one, global + operand pull secrets.
 */}}
 {{- define "gpu-stack-lib.podTemplate" -}}
 {{- $ctx := .ctx -}}
 {{- $v := $ctx.Values -}}
 {{- $g := $v.global -}}
+{{- /* a template that is not YAML reads back as {"Error": ...}: say so rather than render that */ -}}
+{{- with .pod.Error }}{{ fail (printf "the pod of %s does not read as YAML: %s" $.name .) }}{{ end -}}
 {{- $pod := deepCopy .pod -}}
-{{- $containers := $pod.containers -}}
-{{- $inits := $pod.initContainers | default list -}}
+{{- $main := .main | default "" -}}
+{{- $containers := list -}}
+{{- range $pod.containers }}{{ $containers = append $containers (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (eq .name $main)) | fromYaml) }}{{ end -}}
+{{- $_ := set $pod "containers" $containers -}}
+{{- $inits := list -}}
+{{- range $pod.initContainers | default list }}{{ $inits = append $inits (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (eq .name $main)) | fromYaml) }}{{ end -}}
 {{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
 {{- $nri := dict -}}
 {{- if $pod.runtimeClass -}}
