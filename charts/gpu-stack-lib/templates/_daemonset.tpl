@@ -85,10 +85,15 @@ spec:
     matchLabels:
       {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
   updateStrategy:
-    {{- toYaml (.updateStrategy | default $v.updateStrategy | default $v.global.updateStrategy) | nindent 4 }}
+    {{- with .updateStrategy }}{{ toYaml . | nindent 4 }}{{ else }}{{ include "gpu-stack-lib.updateStrategy" $.ctx | nindent 4 }}{{ end }}
   template:
     {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
 {{- end }}
+{{- end }}
+
+{{/* gpu-stack-lib.updateStrategy: a DaemonSet's update strategy: the operand's updateStrategy, else global.updateStrategy */}}
+{{- define "gpu-stack-lib.updateStrategy" -}}
+{{- toYaml (.Values.updateStrategy | default .Values.global.updateStrategy) -}}
 {{- end }}
 
 {{/*
