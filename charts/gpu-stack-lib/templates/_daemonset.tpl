@@ -11,7 +11,7 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
                global.cdi.nriPluginEnabled, get every GPU through NRI annotations). An operand writes it as YAML
                (a template of its own, read with fromYaml)
   main         optional: the name of the operand's main container, written in the pod (one not built with
-               gpu-stack-lib.container main=true)
+               gpu-stack-lib.container main=true), or a list of names where the pod has more than one
   podAnnotations  optional extra pod annotations (e.g. a config checksum)
 The user's container values are merged here into every container and init container (gpu-stack-lib.containerValues),
 so the containers can be written as plain YAML. Scheduling is merged here and nowhere else: the pod's own + global +
@@ -25,12 +25,13 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- /* a template that is not YAML reads back as {"Error": ...}: say so rather than render that */ -}}
 {{- with .pod.Error }}{{ fail (printf "the pod of %s does not read as YAML: %s" $.name .) }}{{ end -}}
 {{- $pod := deepCopy .pod -}}
-{{- $main := .main | default "" -}}
+{{- $main := .main | default list -}}
+{{- if kindIs "string" $main }}{{ $main = list $main }}{{ end -}}
 {{- $containers := list -}}
-{{- range $pod.containers }}{{ $containers = append $containers (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (eq .name $main)) | fromYaml) }}{{ end -}}
+{{- range $pod.containers }}{{ $containers = append $containers (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
 {{- $_ := set $pod "containers" $containers -}}
 {{- $inits := list -}}
-{{- range $pod.initContainers | default list }}{{ $inits = append $inits (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (eq .name $main)) | fromYaml) }}{{ end -}}
+{{- range $pod.initContainers | default list }}{{ $inits = append $inits (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
 {{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
 {{- $nri := dict -}}
 {{- if $pod.runtimeClass -}}
