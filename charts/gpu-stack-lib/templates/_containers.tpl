@@ -60,12 +60,13 @@ dict "ctx" . "container" CONTAINER (its env a list, or a map NAME -> value) ["ma
 {{/*
 gpu-stack-lib.envList: a map NAME -> value as a container env list, sorted by name (deterministic). An empty
 value is rendered as no value: the container gets the empty string all the same, and the API server drops
-`value: ""`, so rendering it would leave a GitOps diff that never closes.
+`value: ""`, so rendering it would leave a GitOps diff that never closes. Names are quoted: Y, on or no would
+read back as YAML booleans.
 */}}
 {{- define "gpu-stack-lib.envList" -}}
 {{- range $name := keys . | sortAlpha }}
 {{- $val := get $ $name }}
-- name: {{ $name }}
+- name: {{ $name | quote }}
   {{- if kindIs "map" $val }}
   valueFrom:
     {{- toYaml $val | nindent 4 }}
