@@ -1,5 +1,7 @@
 {{/*
-gpu-stack-lib.container: one container, as YAML. Call with dict:
+gpu-stack-lib.container: one container, as YAML, for a helper that builds a container from parts (an operand
+template writes its containers as YAML instead; gpu-stack-lib.podTemplate merges the user's values into those).
+Call with dict:
   ctx              the operand chart's context
   name             container name
   image            resolved image reference (gpu-stack-lib.image / gpu-stack-lib.stackImage)
@@ -8,42 +10,63 @@ gpu-stack-lib.container: one container, as YAML. Call with dict:
   env              optional map NAME -> string | {fieldRef: ...} (a map becomes valueFrom)
   volumeMounts     optional list
   securityContext  the container's default security context
-  main             true for the operand's main container: it also takes the operand's resources,
-                   securityContext (merged over the default) and extraVolumeMounts
+  main             true for the operand's main container (see gpu-stack-lib.containerValues)
   spec             optional map of further container fields (ports, probes, lifecycle, ...)
-Every container takes global.extraEnv and the operand's extraEnv; keys win over the chart's own env.
+The user's values are merged as gpu-stack-lib.containerValues merges them.
 */}}
 {{- define "gpu-stack-lib.container" -}}
-{{- $v := .ctx.Values -}}
 {{- $c := deepCopy (.spec | default dict) -}}
 {{- $_ := set $c "name" .name -}}
 {{- $_ = set $c "image" .image -}}
-{{- $_ = set $c "imagePullPolicy" (.pullPolicy | default ($v.image | default dict).pullPolicy | default "IfNotPresent") -}}
+{{- with .pullPolicy }}{{ $_ = set $c "imagePullPolicy" . }}{{ end -}}
 {{- with .command }}{{ $_ = set $c "command" . }}{{ end -}}
 {{- with .args }}{{ $_ = set $c "args" . }}{{ end -}}
-{{- $env := mergeOverwrite (deepCopy (.env | default dict)) (deepCopy ($v.global.extraEnv | default dict)) (deepCopy ($v.extraEnv | default dict)) -}}
+{{- with .env }}{{ $_ = set $c "env" . }}{{ end -}}
+{{- with .volumeMounts }}{{ $_ = set $c "volumeMounts" . }}{{ end -}}
+{{- with .securityContext }}{{ $_ = set $c "securityContext" . }}{{ end -}}
+{{- include "gpu-stack-lib.containerValues" (dict "ctx" .ctx "container" $c "main" .main) -}}
+{{- end }}
+
+{{/*
+gpu-stack-lib.containerValues: one container with the user's values merged in, as YAML. Every container takes the
+operand's image.pullPolicy where it names none (else IfNotPresent), and global.extraEnv and the operand's extraEnv
+over its env (their keys win; the list is sorted by name). The operand's main container also takes the operand's
+resources, securityContext (merged over the container's) and extraVolumeMounts (after its own).
+gpu-stack-lib.podTemplate calls it for every container of a pod, so an operand writes its containers as plain YAML;
+a container that went through it once (gpu-stack-lib.container) comes out the same, its main parts aside.
+dict "ctx" . "container" CONTAINER (its env a list, or a map NAME -> value) ["main" BOOL]
+*/}}
+{{- define "gpu-stack-lib.containerValues" -}}
+{{- $v := .ctx.Values -}}
+{{- $c := deepCopy .container -}}
+{{- $_ := set $c "imagePullPolicy" ($c.imagePullPolicy | default ($v.image | default dict).pullPolicy | default "IfNotPresent") -}}
+{{- $env := dict -}}
+{{- if kindIs "map" $c.env -}}
+{{- $env = $c.env -}}
+{{- else -}}
+{{- range $c.env | default list }}{{ $_ := set $env .name (.valueFrom | default .value | default "") }}{{ end -}}
+{{- end -}}
+{{- $env = mergeOverwrite $env (deepCopy ($v.global.extraEnv | default dict)) (deepCopy ($v.extraEnv | default dict)) -}}
+{{- $c = omit $c "env" -}}
 {{- with (include "gpu-stack-lib.envList" $env | fromYamlArray) }}{{ $_ = set $c "env" . }}{{ end -}}
-{{- $mounts := .volumeMounts | default list -}}
-{{- $sc := deepCopy (.securityContext | default dict) -}}
 {{- if .main -}}
-{{- $mounts = concat $mounts ($v.extraVolumeMounts | default list) -}}
-{{- $sc = mergeOverwrite $sc (deepCopy ($v.securityContext | default dict)) -}}
+{{- with concat ($c.volumeMounts | default list) ($v.extraVolumeMounts | default list) }}{{ $_ = set $c "volumeMounts" . }}{{ end -}}
+{{- with mergeOverwrite (deepCopy ($c.securityContext | default dict)) (deepCopy ($v.securityContext | default dict)) }}{{ $_ = set $c "securityContext" . }}{{ end -}}
 {{- with $v.resources }}{{ $_ = set $c "resources" . }}{{ end -}}
 {{- end -}}
-{{- with $mounts }}{{ $_ = set $c "volumeMounts" . }}{{ end -}}
-{{- with $sc }}{{ $_ = set $c "securityContext" . }}{{ end -}}
 {{ toYaml $c }}
 {{- end }}
 
 {{/*
 gpu-stack-lib.envList: a map NAME -> value as a container env list, sorted by name (deterministic). An empty
 value is rendered as no value: the container gets the empty string all the same, and the API server drops
-`value: ""`, so rendering it would leave a GitOps diff that never closes.
+`value: ""`, so rendering it would leave a GitOps diff that never closes. Names are quoted: Y, on or no would
+read back as YAML booleans.
 */}}
 {{- define "gpu-stack-lib.envList" -}}
 {{- range $name := keys . | sortAlpha }}
 {{- $val := get $ $name }}
-- name: {{ $name }}
+- name: {{ $name | quote }}
   {{- if kindIs "map" $val }}
   valueFrom:
     {{- toYaml $val | nindent 4 }}

@@ -8,18 +8,30 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
   match        optional extra node selector requirements (e.g. nvidia.com/mig.capable In [true])
   pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
                `runtimeClass: true` for pods that run under the nvidia runtime class (or, with
-               global.cdi.nriPluginEnabled, get every GPU through NRI annotations)
+               global.cdi.nriPluginEnabled, get every GPU through NRI annotations). An operand writes it as YAML
+               (a template of its own, read with fromYaml)
+  main         optional: the name of the operand's main container, written in the pod (one not built with
+               gpu-stack-lib.container main=true), or a list of names where the pod has more than one
   podAnnotations  optional extra pod annotations (e.g. a config checksum)
-Scheduling is merged here and nowhere else: the pod's own + global + the operand's tolerations, the pod's own
-nodeSelector under the global one under the operand's (operand wins), operand priorityClassName over the global one, global + operand pull secrets.
+The user's container values are merged here into every container and init container (gpu-stack-lib.containerValues),
+so the containers can be written as plain YAML. Scheduling is merged here and nowhere else: the pod's own + global +
+the operand's tolerations, the pod's own nodeSelector under the global one under the operand's (operand wins),
+operand priorityClassName over the global one, global + operand pull secrets.
 */}}
 {{- define "gpu-stack-lib.podTemplate" -}}
 {{- $ctx := .ctx -}}
 {{- $v := $ctx.Values -}}
 {{- $g := $v.global -}}
+{{- /* a template that is not YAML reads back as {"Error": ...}: say so rather than render that */ -}}
+{{- with .pod.Error }}{{ fail (printf "the pod of %s does not read as YAML: %s" $.name .) }}{{ end -}}
 {{- $pod := deepCopy .pod -}}
-{{- $containers := $pod.containers -}}
-{{- $inits := $pod.initContainers | default list -}}
+{{- $main := .main | default list -}}
+{{- if kindIs "string" $main }}{{ $main = list $main }}{{ end -}}
+{{- $containers := list -}}
+{{- range $pod.containers }}{{ $containers = append $containers (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
+{{- $_ := set $pod "containers" $containers -}}
+{{- $inits := list -}}
+{{- range $pod.initContainers | default list }}{{ $inits = append $inits (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
 {{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
 {{- $nri := dict -}}
 {{- if $pod.runtimeClass -}}
@@ -74,10 +86,15 @@ spec:
     matchLabels:
       {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
   updateStrategy:
-    {{- toYaml (.updateStrategy | default $v.updateStrategy | default $v.global.updateStrategy) | nindent 4 }}
+    {{- with .updateStrategy }}{{ toYaml . | nindent 4 }}{{ else }}{{ include "gpu-stack-lib.updateStrategy" $.ctx | nindent 4 }}{{ end }}
   template:
     {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
 {{- end }}
+{{- end }}
+
+{{/* gpu-stack-lib.updateStrategy: a DaemonSet's update strategy: the operand's updateStrategy, else global.updateStrategy */}}
+{{- define "gpu-stack-lib.updateStrategy" -}}
+{{- toYaml (.Values.updateStrategy | default .Values.global.updateStrategy) -}}
 {{- end }}
 
 {{/*

@@ -262,26 +262,33 @@ Repository and CA directories depend on the OS family. dict "ctx" . "os" OSINFO
 
 {{/*
 driver.moduleSidecar: a sidecar that builds and loads an extra kernel module (nvidia-fs, gdrdrv) once the driver
-container has installed the driver, and reports started once the module is loaded.
-dict "ctx" . "name" NAME "image" REF "install" INSTALL_COMMAND "module" MODULE
+container has installed the driver, and reports started once the module is loaded; an item of the pod's containers.
+dict "name" NAME "image" REF "install" INSTALL_COMMAND "module" MODULE
 */}}
 {{- define "driver.moduleSidecar" -}}
-{{- $script := printf "until [ -d /run/nvidia/driver/usr/src ] && grep -q '^nvidia ' /proc/modules; do echo waiting for the NVIDIA driver; sleep 10; done; exec %s" .install -}}
-{{- include "gpu-stack-lib.container" (dict
-  "ctx" .ctx
-  "name" .name
-  "image" .image
-  "command" (list "sh" "-c" $script)
-  "env" (dict "NVIDIA_VISIBLE_DEVICES" "void")
-  "volumeMounts" (list
-    (dict "name" "run-nvidia" "mountPath" "/run/nvidia" "mountPropagation" "HostToContainer")
-    (dict "name" "var-log" "mountPath" "/var/log")
-    (dict "name" "dev-log" "mountPath" "/dev/log" "readOnly" true))
-  "securityContext" (dict "privileged" true "seLinuxOptions" (dict "level" "s0"))
-  "spec" (dict "startupProbe" (dict
-    "exec" (dict "command" (list "sh" "-c" (printf "grep -q '^%s ' /proc/modules" .module)))
-    "initialDelaySeconds" 10 "periodSeconds" 10 "timeoutSeconds" 10 "failureThreshold" 120))
-) -}}
+- name: {{ .name }}
+  image: {{ .image | quote }}
+  command:
+  - sh
+  - -c
+  - until [ -d /run/nvidia/driver/usr/src ] && grep -q '^nvidia ' /proc/modules; do echo waiting for the NVIDIA driver; sleep 10; done; exec {{ .install }}
+  env:
+  - {name: NVIDIA_VISIBLE_DEVICES, value: void}
+  securityContext:
+    privileged: true
+    seLinuxOptions:
+      level: s0
+  startupProbe:
+    exec:
+      command: [sh, -c, "grep -q '^{{ .module }} ' /proc/modules"]
+    initialDelaySeconds: 10
+    periodSeconds: 10
+    timeoutSeconds: 10
+    failureThreshold: 120
+  volumeMounts:
+  - {name: run-nvidia, mountPath: /run/nvidia, mountPropagation: HostToContainer}
+  - {name: var-log, mountPath: /var/log}
+  - {name: dev-log, mountPath: /dev/log, readOnly: true}
 {{- end }}
 
 {{/*
