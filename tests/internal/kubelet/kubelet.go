@@ -63,6 +63,8 @@ type Kubelet struct {
 	// the validators' outcomes) always go straight to the API server. Both are read and set under mu.
 	api           kubernetes.Interface
 	apiKubeconfig string
+	// perComponent, when set, gives the driver manager and the upgrade gate each a client of its own (UseClients).
+	perComponent func(component string) kubernetes.Interface
 
 	mu       sync.Mutex
 	outcomes map[string]map[string]nodestate.Validation // node -> check -> outcome (absent: ready)
@@ -184,6 +186,26 @@ func (k *Kubelet) UseAPI(cfg *rest.Config, dir string) error {
 	defer k.mu.Unlock()
 	k.api, k.apiKubeconfig = client, kubeconfig
 	return nil
+}
+
+// UseClients makes the driver manager and the upgrade gate the stand-in runs from now on talk to the API server
+// through clientFor(DriverManagerRun) and clientFor(UncordonRun): clients with a user agent each, so that the API
+// server's audit log tells their requests apart (in a cluster each runs in its own container). nil goes back to
+// the client UseAPI set.
+func (k *Kubelet) UseClients(clientFor func(component string) kubernetes.Interface) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.perComponent = clientFor
+}
+
+// apiFor is what component (DriverManagerRun or UncordonRun) talks to now (see UseAPI and UseClients).
+func (k *Kubelet) apiFor(component string) kubernetes.Interface {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.perComponent != nil {
+		return k.perComponent(component)
+	}
+	return k.api
 }
 
 // apiOf returns what the project's code talks to now (see UseAPI).
