@@ -219,3 +219,40 @@ func Rollout(n int) []Node {
 	}
 	return append(out, Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()})
 }
+
+// Scale is n GPU nodes (scale-0001 …) for the 1,000-node benchmark, cycling through a mix of 20: the default driver
+// pool on Ubuntu 22.04 (two of them MIG-capable H100s), Ubuntu 24.04 and RHEL 9; the r570 pool of
+// values/driver-pools.yaml on Ubuntu 24.04 and RHEL 9, its precompiled pool on both kernels and its host-driver
+// pool; vm-passthrough and vm-vgpu nodes (Ubuntu 22.04, the vGPU manager's OS in values/mixed.yaml).
+func Scale(n int) []Node {
+	role := func(r string) map[string]string { return map[string]string{"nvidia.com/gpu.workload.config": r} }
+	pool := func(p, kernel string) map[string]string {
+		return map[string]string{DriverPoolLabel: p, "feature.node.kubernetes.io/kernel-version.full": kernel}
+	}
+	mig := map[string]string{"nvidia.com/mig.capable": "true"}
+	type kind struct {
+		os      OS
+		product string
+		extra   map[string]string
+	}
+	mix := []kind{
+		{Ubuntu2204, "NVIDIA-L40S", nil}, {Ubuntu2204, "NVIDIA-L40S", nil}, {Ubuntu2204, "NVIDIA-L40S", nil},
+		{Ubuntu2204, "NVIDIA-L40S", nil},
+		{Ubuntu2204, "NVIDIA-H100-80GB-HBM3", mig}, {Ubuntu2204, "NVIDIA-H100-80GB-HBM3", mig},
+		{Ubuntu2404, "NVIDIA-L40S", nil}, {Ubuntu2404, "NVIDIA-L40S", nil}, {Ubuntu2404, "NVIDIA-H100-80GB-HBM3", mig},
+		{RHEL96, "NVIDIA-L40S", nil}, {RHEL96, "NVIDIA-L40S", nil}, {RHEL96, "NVIDIA-L40S", nil},
+		{Ubuntu2404, "NVIDIA-A100-SXM4-80GB", pool("r570", "6.8.0-60-generic")},
+		{RHEL96, "NVIDIA-A100-SXM4-80GB", pool("r570", "5.14.0-570.12.1.el9_6.x86_64")},
+		{Ubuntu2204, "NVIDIA-A100-SXM4-80GB", pool("precompiled", "5.15.0-140-generic")},
+		{Ubuntu2204, "NVIDIA-A100-SXM4-80GB", pool("precompiled", "6.8.0-60-generic")},
+		{Ubuntu2204, "NVIDIA-A100-SXM4-80GB", pool("host", "6.8.0-60-generic")},
+		{Ubuntu2204, "NVIDIA-H100-80GB-HBM3", role("vm-passthrough")}, {Ubuntu2204, "NVIDIA-H100-80GB-HBM3", role("vm-passthrough")},
+		{Ubuntu2204, "NVIDIA-L40S", role("vm-vgpu")},
+	}
+	out := make([]Node, 0, n)
+	for i := range n {
+		k := mix[i%len(mix)]
+		out = append(out, gpuNode(fmt.Sprintf("scale-%04d", i+1), k.os, k.product, maps.Clone(k.extra)))
+	}
+	return out
+}

@@ -116,10 +116,12 @@ func Read(path string) ([]Request, error) {
 	return out, sc.Err()
 }
 
-// Row is one user's requests of one verb.
+// Row is one client's requests of one verb: a user, and the program its user agent names (processes that share
+// a user, as the local control plane's do, tell themselves apart by it).
 type Row struct {
-	User string
-	Verb string
+	User  string
+	Agent string
+	Verb  string
 	// Count is the number of requests received in the window; a watch counts once, when it opened, however long
 	// it stays open and however many events it carries.
 	Count int
@@ -127,19 +129,19 @@ type Row struct {
 	PerSecond float64
 }
 
-// Summary is the requests received in [From, To), by user and verb, the busiest first.
+// Summary is the requests received in [From, To), by client and verb, the busiest first.
 type Summary struct {
 	From, To time.Time
 	Rows     []Row
 }
 
 // Summarize counts each request once (by audit ID, whatever stages were logged) when it was received in [from,
-// to), grouped by user and verb.
+// to), grouped by user, user agent program (Agent) and verb.
 func Summarize(reqs []Request, from, to time.Time) Summary {
 	s := Summary{From: from, To: to}
 	secs := to.Sub(from).Seconds()
 	seen := map[string]bool{}
-	idx := map[[2]string]int{}
+	idx := map[[3]string]int{}
 	for _, r := range reqs {
 		if r.At.Before(from) || !r.At.Before(to) {
 			continue
@@ -150,12 +152,13 @@ func Summarize(reqs []Request, from, to time.Time) Summary {
 			}
 			seen[r.AuditID] = true
 		}
-		k := [2]string{r.User, r.Verb}
+		agent, _, _ := strings.Cut(r.UserAgent, "/")
+		k := [3]string{r.User, agent, r.Verb}
 		i, ok := idx[k]
 		if !ok {
 			i = len(s.Rows)
 			idx[k] = i
-			s.Rows = append(s.Rows, Row{User: r.User, Verb: r.Verb})
+			s.Rows = append(s.Rows, Row{User: r.User, Agent: agent, Verb: r.Verb})
 		}
 		s.Rows[i].Count++
 	}
@@ -172,6 +175,9 @@ func Summarize(reqs []Request, from, to time.Time) Summary {
 		if a.User != b.User {
 			return a.User < b.User
 		}
+		if a.Agent != b.Agent {
+			return a.Agent < b.Agent
+		}
 		return a.Verb < b.Verb
 	})
 	return s
@@ -187,6 +193,17 @@ func (s Summary) Total(users ...string) int {
 		}
 	}
 	return n
+}
+
+// Agent narrows the summary to rows whose Agent is agent.
+func (s Summary) Agent(agent string) Summary {
+	out := Summary{From: s.From, To: s.To}
+	for _, r := range s.Rows {
+		if r.Agent == agent {
+			out.Rows = append(out.Rows, r)
+		}
+	}
+	return out
 }
 
 // Verbs is the count of each verb for users with one of these prefixes (none: all).
@@ -212,12 +229,12 @@ func matches(user string, prefixes []string) bool {
 	return false
 }
 
-// String is a table: user, verb, count and rate.
+// String is a table: user, agent, verb, count and rate.
 func (s Summary) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests received in %s (a watch counts once, when it opened)\n", s.To.Sub(s.From).Round(time.Millisecond))
 	for _, r := range s.Rows {
-		fmt.Fprintf(&b, "%-60s %-8s %6d %8.2f/s\n", r.User, r.Verb, r.Count, r.PerSecond)
+		fmt.Fprintf(&b, "%-50s %-24s %-8s %6d %8.2f/s\n", r.User, r.Agent, r.Verb, r.Count, r.PerSecond)
 	}
 	return b.String()
 }

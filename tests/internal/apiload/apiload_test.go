@@ -70,10 +70,10 @@ func TestSummarizeCountsEachRequestOnceInWindow(t *testing.T) {
 	// [from, from+4s): the anonymous /healthz at +5 s is outside; the watch's two stages count once.
 	s := Summarize(reqs, from, from.Add(4*time.Second))
 	want := []Row{
-		{User: "kube-gpu-stack-admin", Verb: "get", Count: 2, PerSecond: 0.5},
-		{User: "kube-gpu-stack-admin", Verb: "patch", Count: 1, PerSecond: 0.25},
-		{User: "system:serviceaccount:gpu:gate", Verb: "list", Count: 1, PerSecond: 0.25},
-		{User: "system:serviceaccount:gpu:gate", Verb: "watch", Count: 1, PerSecond: 0.25},
+		{User: "kube-gpu-stack-admin", Agent: "e2e.test", Verb: "get", Count: 2, PerSecond: 0.5},
+		{User: "kube-gpu-stack-admin", Agent: "e2e.test", Verb: "patch", Count: 1, PerSecond: 0.25},
+		{User: "system:serviceaccount:gpu:gate", Agent: "in-cluster", Verb: "list", Count: 1, PerSecond: 0.25},
+		{User: "system:serviceaccount:gpu:gate", Agent: "in-cluster", Verb: "watch", Count: 1, PerSecond: 0.25},
 	}
 	if !reflect.DeepEqual(s.Rows, want) {
 		t.Errorf("rows:\n%v\nwant\n%v", s.Rows, want)
@@ -83,6 +83,9 @@ func TestSummarizeCountsEachRequestOnceInWindow(t *testing.T) {
 	}
 	if v := s.Verbs("system:serviceaccount:gpu:gate"); !reflect.DeepEqual(v, map[string]int{"list": 1, "watch": 1}) {
 		t.Errorf("gate's verbs = %v", v)
+	}
+	if n := s.Agent("in-cluster").Total(); n != 2 {
+		t.Errorf("in-cluster agent's total = %d, want 2", n)
 	}
 	if s.Total() != 5 {
 		t.Errorf("total = %d, want 5", s.Total())
