@@ -184,7 +184,7 @@ func settings(canary int, extra ...string) []string {
 		fmt.Sprintf("driver.upgradePolicy.canary=%d", canary),
 		fmt.Sprintf("hooks.validation.timeoutSeconds=%d", int(gateTimeout.Seconds())),
 		// the fixture nodes carry NFD's labels; its 200 worker pods would only load the 2-core machine
-		"nfd.mode=none",
+		"nfd.mode=none", "gfd.useNodeFeatureAPI=false",
 	}, extra...)
 }
 
