@@ -472,3 +472,29 @@ func TestWaitingNodeWatchesOnlyWhatItsTurnNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A new plan naming another canary while a node waits: the node's watches follow its mark to the new canary, and
+// it goes once that one validated (the old canary's state no longer counts).
+func TestWaitingNodeFollowsItsMarkToANewCanary(t *testing.T) {
+	const newCanary, laterPlan = "gpu-9", "2026-09-01T12:30:00Z"
+	later := canary.Mark{Pool: "default", Plan: laterPlan, Canary: map[string]string{newCanary: newDigest}, MaxFailures: 1}.Format()
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1, planned(newCanary, nodestate.UpgradeRequired, later))
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+canaryNode)
+	n := e.node()
+	n.Annotations[canary.MarkAnnotation] = later
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+newCanary)
+	e.setState(canaryNode, nodestate.UpgradeDone) // the earlier plan's canary: no longer this node's
+	time.Sleep(200 * time.Millisecond)
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+newCanary)
+	e.setState(newCanary, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("after the new canary: state %q", state(e.node()))
+	}
+}
