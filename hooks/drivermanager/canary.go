@@ -23,8 +23,8 @@ import (
 
 // waitTurn holds a planned driver change before it starts (before the cordon) until the node's turn under its
 // plan's mark (package canary): a node that is not its pool's canary waits until the canary validated, and every
-// node of a pool at its failure threshold holds until an admin acts. It waits on one watch of the nodes carrying
-// an upgrade state and changes nothing on the node but the reason its state shows. A node without a mark (not in
+// node of a pool at its failure threshold holds until an admin acts. It waits on watches of the nodes its turn reads
+// (watchTurn) and changes nothing on the node but the reason its state shows. A node without a mark (not in
 // a plan: added to the pool after it, an OnDelete pool, no pre-upgrade hook) goes at once, bounded by the
 // DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required, or cordoned
 // by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
