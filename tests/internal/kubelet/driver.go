@@ -184,10 +184,12 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 	install := len(h.Fixture.LoadedModules()) == 0
 	k.mu.Unlock()
 	if install {
-		started := time.Now()
 		if h.Install > 0 {
 			// the container runs, un-Ready, while it builds and loads the driver
 			k.setStatus(ctx, pod, running(pod, false, nil))
+		}
+		started := time.Now()
+		if h.Install > 0 {
 			select {
 			case <-ctx.Done():
 				return
