@@ -1,7 +1,7 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
 
-.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale
+.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale bench-rollout
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
 ## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
@@ -10,6 +10,12 @@ GO ?= go
 TEST_PACKAGES ?= 4
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && $(GO) test -p $(TEST_PACKAGES) -timeout 30m ./...
+
+## bench-rollout: the rollout overhead benchmark (tests/rolloutbench): a driver change across 200 simulated GPU nodes
+## of one pool, maxUnavailable 20, each install taking 30 s, without and with a canary; about 25 minutes on 2 cores.
+## BENCH_ROLLOUT_ARGS passes -nodes, -install, -max-unavailable
+bench-rollout:
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) test ./tests/rolloutbench -run XXX -bench . -benchtime 1x -timeout 90m -v -args $(BENCH_ROLLOUT_ARGS)
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
 controlplane:
@@ -29,11 +35,13 @@ prometheus:
 demo:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) run ./ci/demo $(DEMO_ARGS)
 
-## bench-scale: the scale benchmarks on the local control plane (tests/scale: 1,000 simulated GPU nodes, the gate,
-## the admin CLI, renders, API load); numbers, not assertions, quoted in the README's Benchmarks
+## bench-scale: every scale benchmark on the local control plane, one after the other: tests/scale (1,000 simulated
+## GPU nodes: the gate, the admin CLI, renders, API load), then tests/rolloutbench (bench-rollout's defaults);
+## numbers, not assertions, quoted in the README's Benchmarks
 bench-scale:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
-		$(GO) test -run XXX -bench . -benchtime 1x -timeout 60m ./tests/scale/...
+		$(GO) test -run XXX -bench . -benchtime 1x -timeout 60m ./tests/scale/... && \
+		$(GO) test -run XXX -bench . -benchtime 1x -timeout 90m -v ./tests/rolloutbench
 
 ## golden: rewrite the golden files of rendered manifests (tests/chart/testdata/golden) after an intended chart
 ## change, then review the diff like code

@@ -3,6 +3,7 @@ package drivermanager
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -22,8 +23,8 @@ import (
 
 // waitTurn holds a planned driver change before it starts (before the cordon) until the node's turn under its
 // plan's mark (package canary): a node that is not its pool's canary waits until the canary validated, and every
-// node of a pool at its failure threshold holds until an admin acts. It waits on one watch of the nodes carrying
-// an upgrade state and changes nothing on the node but the reason its state shows. A node without a mark (not in
+// node of a pool at its failure threshold holds until an admin acts. It waits on watches of the nodes its turn reads
+// (watchTurn) and changes nothing on the node but the reason its state shows. A node without a mark (not in
 // a plan: added to the pool after it, an OnDelete pool, no pre-upgrade hook) goes at once, bounded by the
 // DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required, or cordoned
 // by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
@@ -41,57 +42,97 @@ func (m *manager) waitTurn(ctx context.Context) error {
 		m.log.Info("no plan mark on the node: its driver change does not wait for a canary", "annotation", canary.MarkAnnotation)
 		return nil
 	}
-	store, err := kwatch.Start(ctx, kwatch.Nodes(m.o.Client, nodestate.UpgradeStateLabel), &corev1.Node{})
-	if err != nil {
-		return &untouchedError{fmt.Errorf("node %s: watch the nodes of pool %s for its canary and failures: %w", m.o.NodeName, mark.Pool, err)}
-	}
 	shown := m.node.Annotations[nodestate.UpgradeReasonAnnotation]
 	handed := map[string]bool{} // canary driver pods this run evicted (by UID)
-	err = kwatch.Until(ctx, store, func(nodes []*corev1.Node) (bool, error) {
-		// the node's own mark from the watch: a new plan meanwhile names a new canary
-		if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == m.o.NodeName }); i >= 0 {
-			self := nodes[i]
-			if nodestate.UpgradeState(self.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
-				return true, nil // moved on by someone else: the upgrade path reads it afresh
-			}
-			switch fresh, err := canary.Read(self); {
-			case err == nil && fresh == nil:
-				return true, nil // the admin removed the mark: no canary to wait for
-			case err == nil:
-				mark = fresh
-			}
+	for {
+		// the watches follow the mark's canary nodes: a new plan naming others starts them over
+		watched := slices.Sorted(maps.Keys(mark.Canary))
+		rctx, cancel := context.WithCancel(ctx)
+		var stores []*kwatch.Store[*corev1.Node]
+		stores, err = m.watchTurn(rctx, watched)
+		if err != nil {
+			cancel()
+			return &untouchedError{fmt.Errorf("node %s: watch the nodes of pool %s for its canary and failures: %w", m.o.NodeName, mark.Pool, err)}
 		}
-		turn := canary.Decide(m.o.NodeName, mark, nodes)
-		if turn.Go {
-			return true, nil
-		}
-		if turn.Waiting != shown {
-			m.log.Info("driver change held", "why", turn.Waiting)
-			if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
-				if nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
-					return nodestate.Patch{}, nil // moved on meanwhile: the next event ends the wait
+		rewatch := false
+		err = kwatch.UntilAll(rctx, stores, func(nodes []*corev1.Node) (bool, error) {
+			// the node's own mark from the watch: a new plan meanwhile names a new canary
+			if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == m.o.NodeName }); i >= 0 {
+				self := nodes[i]
+				if nodestate.UpgradeState(self.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
+					return true, nil // moved on by someone else: the upgrade path reads it afresh
 				}
-				return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, turn.Waiting, m.now()), nil
-			}); err != nil {
-				return false, err
-			}
-			shown = turn.Waiting
-		}
-		for _, name := range turn.Pending {
-			// the digest the canary's own mark names: a later plan may have re-marked it for another driver
-			if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 {
-				if digest := canary.CanaryTarget(nodes[i]); digest != "" {
-					m.handCanaryItsTurn(ctx, name, digest, handed)
+				switch fresh, err := canary.Read(self); {
+				case err == nil && fresh == nil:
+					return true, nil // the admin removed the mark: no canary to wait for
+				case err == nil:
+					mark = fresh
+				}
+				if !slices.Equal(watched, slices.Sorted(maps.Keys(mark.Canary))) {
+					rewatch = true
+					return true, nil
 				}
 			}
+			turn := canary.Decide(m.o.NodeName, mark, nodes)
+			if turn.Go {
+				return true, nil
+			}
+			if turn.Waiting != shown {
+				m.log.Info("driver change held", "why", turn.Waiting)
+				if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
+					if nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
+						return nodestate.Patch{}, nil // moved on meanwhile: the next event ends the wait
+					}
+					return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, turn.Waiting, m.now()), nil
+				}); err != nil {
+					return false, err
+				}
+				shown = turn.Waiting
+			}
+			for _, name := range turn.Pending {
+				// the digest the canary's own mark names: a later plan may have re-marked it for another driver
+				if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 {
+					if digest := canary.CanaryTarget(nodes[i]); digest != "" {
+						m.handCanaryItsTurn(ctx, name, digest, handed)
+					}
+				}
+			}
+			return false, nil
+		})
+		cancel()
+		if err != nil || !rewatch {
+			break
 		}
-		return false, nil
-	})
+	}
 	if err != nil {
 		return &untouchedError{fmt.Errorf("node %s: stopped while its driver change was held (%w); nothing changed on the node, the loaded driver stays", m.o.NodeName, err)}
 	}
 	m.log.Info("the pool's canary validated: the driver change goes ahead", "pool", mark.Pool, "canary", mark.Canary)
 	return nil
+}
+
+// watchTurn watches just the nodes Decide reads, each selected by the API server, so that a wait costs the same in
+// a pool of ten nodes or a thousand: the nodes in upgrade-failed (of every pool: Decide counts its own pool's),
+// this node (its mark, and whether someone moved it on), and each of the canary nodes.
+func (m *manager) watchTurn(ctx context.Context, canaries []string) ([]*kwatch.Store[*corev1.Node], error) {
+	srcs := []*kwatch.Source{
+		kwatch.Nodes(m.o.Client, nodestate.UpgradeStateLabel+"="+string(nodestate.UpgradeFailed)),
+		kwatch.Node(m.o.Client, m.o.NodeName),
+	}
+	for _, name := range canaries {
+		if name != m.o.NodeName {
+			srcs = append(srcs, kwatch.Node(m.o.Client, name))
+		}
+	}
+	stores := make([]*kwatch.Store[*corev1.Node], 0, len(srcs))
+	for _, src := range srcs {
+		s, err := kwatch.Start(ctx, src, &corev1.Node{})
+		if err != nil {
+			return nil, err
+		}
+		stores = append(stores, s)
+	}
+	return stores, nil
 }
 
 // handCanaryItsTurn evicts a waiting canary's driver pod while it still runs an older driver config or an older

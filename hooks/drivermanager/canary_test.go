@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -427,5 +428,73 @@ func TestWaitingNodeHandsTheCanaryItsTurnOnATemplateChange(t *testing.T) {
 	e.setState(canaryNode, nodestate.UpgradeDone)
 	if err := wait(t, done); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A waiting node reads only what its turn depends on, each selected by the API server: the nodes in upgrade-failed,
+// itself and its pool's canary. A watch of every node carrying an upgrade state would send each of a pool's
+// waiting managers the whole pool and each of its changes: at 1,000 nodes, a LIST of megabytes per manager.
+func TestWaitingNodeWatchesOnlyWhatItsTurnNeeds(t *testing.T) {
+	var peers []*corev1.Node
+	for i := range 20 {
+		peers = append(peers, planned(fmt.Sprintf("gpu-peer-%02d", i), nodestate.UpgradeRequired, planMark(planID, 1)))
+	}
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1, peers...)
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+canaryNode)
+	failedOnly := nodestate.UpgradeStateLabel + "=" + string(nodestate.UpgradeFailed)
+	named := map[string]bool{}
+	for _, a := range e.client.Actions() {
+		if a.GetResource().Resource != "nodes" || (a.GetVerb() != "list" && a.GetVerb() != "watch") {
+			continue
+		}
+		var lbl, fld string
+		switch a := a.(type) {
+		case k8stesting.ListAction:
+			lbl, fld = a.GetListRestrictions().Labels.String(), a.GetListRestrictions().Fields.String()
+		case k8stesting.WatchAction:
+			lbl, fld = a.GetWatchRestrictions().Labels.String(), a.GetWatchRestrictions().Fields.String()
+		}
+		name, isNamed := strings.CutPrefix(fld, "metadata.name=")
+		switch {
+		case lbl == failedOnly && fld == "":
+		case lbl == "" && isNamed:
+			named[name] = true
+		default:
+			t.Errorf("%s nodes with labels %q and fields %q: selects more nodes than the turn reads", a.GetVerb(), lbl, fld)
+		}
+	}
+	if !named[nodeName] || !named[canaryNode] || len(named) != 2 {
+		t.Errorf("nodes watched by name: %v, want this node %s and the canary %s", named, nodeName, canaryNode)
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A new plan naming another canary while a node waits: the node's watches follow its mark to the new canary, and
+// it goes once that one validated (the old canary's state no longer counts).
+func TestWaitingNodeFollowsItsMarkToANewCanary(t *testing.T) {
+	const newCanary, laterPlan = "gpu-9", "2026-09-01T12:30:00Z"
+	later := canary.Mark{Pool: "default", Plan: laterPlan, Canary: map[string]string{newCanary: newDigest}, MaxFailures: 1}.Format()
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1, planned(newCanary, nodestate.UpgradeRequired, later))
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+canaryNode)
+	n := e.node()
+	n.Annotations[canary.MarkAnnotation] = later
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+newCanary)
+	e.setState(canaryNode, nodestate.UpgradeDone) // the earlier plan's canary: no longer this node's
+	time.Sleep(200 * time.Millisecond)
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+newCanary)
+	e.setState(newCanary, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if state(e.node()) != nodestate.ValidationRequired {
+		t.Fatalf("after the new canary: state %q", state(e.node()))
 	}
 }

@@ -3,6 +3,7 @@ package kwatch
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -142,5 +143,62 @@ func TestUntilEndsOnAForbiddenWatch(t *testing.T) {
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("Until took %s", took)
+	}
+}
+
+// TestUntilAllSeesEveryStoreOnce: cond gets the objects of every store, one shared by two stores once, and runs
+// again on a change to any of them.
+func TestUntilAllSeesEveryStoreOnce(t *testing.T) {
+	node := func(name string, labels map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	}
+	client := fake.NewClientset(node("a", map[string]string{"x": "1"}), node("b", map[string]string{"x": "1", "y": "1"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stores []*Store[*corev1.Node]
+	for _, sel := range []string{"x=1", "y=1"} {
+		s, err := Start(ctx, Nodes(client, sel), &corev1.Node{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_, _ = client.CoreV1().Nodes().Create(context.Background(), node("c", map[string]string{"y": "1"}), metav1.CreateOptions{})
+	}()
+	var calls int
+	err := UntilAll(ctx, stores, func(ns []*corev1.Node) (bool, error) {
+		calls++
+		var names []string
+		for _, n := range ns {
+			names = append(names, n.Name)
+		}
+		slices.Sort(names)
+		if got := strings.Join(names, ","); got != "a,b" && got != "a,b,c" {
+			t.Errorf("cond got %s, want a,b then a,b,c", got)
+		}
+		return len(ns) == 3, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls < 2 {
+		t.Errorf("cond ran %d times, want once at the start and again after the change", calls)
+	}
+}
+
+// TestUntilAllEndsWhenAStoreFailsForGood: a watch of one store refused for good ends the wait with its error.
+func TestUntilAllEndsWhenAStoreFailsForGood(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Node(client, "a"), &corev1.Node{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.watchError(ctx, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "a", errors.New("RBAC: access denied")))
+	if err := UntilAll(ctx, []*Store[*corev1.Node]{s}, func([]*corev1.Node) (bool, error) { return false, nil }); !apierrors.IsForbidden(err) {
+		t.Fatalf("UntilAll = %v, want the watch's Forbidden", err)
 	}
 }

@@ -21,11 +21,13 @@ import (
 // DriverComponent is the driver DaemonSets' component.
 const DriverComponent = "driver"
 
-// DriverManagerRun is the Run.Component of a driver pod's driver-manager init container run, and UncordonRun of
-// its driver-upgrade-gate sidecar.
+// DriverManagerRun is the Run.Component of a driver pod's driver-manager init container run, UncordonRun of its
+// driver-upgrade-gate sidecar, and DriverInstallRun of its driver container's install (from its start to the
+// driver loaded; none when the container keeps a loaded driver).
 const (
 	DriverManagerRun = "driver-manager"
 	UncordonRun      = "driver-upgrade-gate"
+	DriverInstallRun = "driver-install"
 )
 
 // DriverHost is a simulated node's host, for its driver pods. Without one a driver pod is simply made Ready (what
@@ -34,8 +36,8 @@ const (
 //   - the driver-manager init container: the real driver manager, configured from the container's environment as
 //     the binary is, against Fixture (a fake kernel on a fixture host tree); a failed run restarts after a short
 //     back-off, as the kubelet restarts a failed init container, until the pod goes;
-//   - the driver container: loads a driver into Fixture when none is loaded, recording the pod's
-//     DRIVER_CONFIG_DIGEST, as the containerized driver does;
+//   - the driver container: loads a driver into Fixture when none is loaded (taking Install to do it), recording
+//     the pod's DRIVER_CONFIG_DIGEST, as the containerized driver does;
 //   - the driver-upgrade-gate sidecar: the real `uncordon-when-valid`, from the container's arguments; the pod
 //     turns Ready when it has written its ready file (the sidecar's readiness probe); a failed run restarts
 //     after a short back-off, as the kubelet restarts the container.
@@ -48,6 +50,9 @@ type DriverHost struct {
 	// there as a pod deletion does (a rollout, a second `helm upgrade`, a drain): the pod is deleted with its grace
 	// period and the manager's context ends (its SIGTERM) before the step returns. The DaemonSet's next pod resumes.
 	Stop func(step string) bool
+	// Install is how long the driver container takes to build and load the driver when it installs one (0: at
+	// once), so that a rollout's time can be told apart from the install's.
+	Install time.Duration
 }
 
 // labelAllocation writes the driver pod's GPU_ALLOCATION on its node as the driver manager does on a node without
@@ -176,16 +181,36 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 			"nvidia-driver: the loaded driver records config " + recorded + ", not this pod's: Could not unload NVIDIA driver kernel modules, driver is in use"}))
 		return
 	}
-	if len(h.Fixture.LoadedModules()) == 0 {
-		h.Fixture.LoadDriver()
-		h.Fixture.DriverState(getenv("DRIVER_CONFIG_DIGEST"))
-		h.Fixture.PidFile()
-		h.Fixture.MountDriverRoot()
-		k.loaded[pod.Spec.NodeName] = pod.Spec.Containers[0].Image
-	}
+	install := len(h.Fixture.LoadedModules()) == 0
 	k.mu.Unlock()
+	if install {
+		if h.Install > 0 {
+			// the container runs, un-Ready, while it builds and loads the driver
+			k.setStatus(ctx, pod, running(pod, false, nil))
+		}
+		started := time.Now()
+		if h.Install > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(h.Install):
+			}
+		}
+		k.mu.Lock()
+		if len(h.Fixture.LoadedModules()) == 0 {
+			h.Fixture.LoadDriver()
+			h.Fixture.DriverState(getenv("DRIVER_CONFIG_DIGEST"))
+			h.Fixture.PidFile()
+			h.Fixture.MountDriverRoot()
+			k.loaded[pod.Spec.NodeName] = pod.Spec.Containers[0].Image
+		}
+		k.runs = append(k.runs, Run{Pod: pod.Name, Component: DriverInstallRun, Node: pod.Spec.NodeName, Started: started, Ended: time.Now()})
+		k.mu.Unlock()
+	}
 	k.poke(pod.Spec.NodeName)
-	k.setStatus(ctx, pod, running(pod, false, nil))
+	if !install || h.Install == 0 {
+		k.setStatus(ctx, pod, running(pod, false, nil))
+	}
 
 	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running); a failed run
 	// restarts after a short back-off, as the kubelet restarts a pod's failed container, until the pod goes
@@ -213,8 +238,7 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 			err = derr
 		} else {
 			defer os.RemoveAll(dir)
-			api, _ := k.apiOf()
-			o.Client, o.Hold, o.ReadyFile = api, false, filepath.Join(dir, filepath.Base(o.ReadyFile))
+			o.Client, o.Hold, o.ReadyFile = k.apiFor(UncordonRun), false, filepath.Join(dir, filepath.Base(o.ReadyFile))
 			o.Log = slog.New(slog.NewTextHandler(&out, nil))
 			o.Complete()
 			if err = o.Validate(); err == nil {
@@ -238,8 +262,7 @@ func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost
 	var out bytes.Buffer
 	o, err := drivermanagercli.OptionsFromEnv(getenv)
 	if err == nil {
-		api, _ := k.apiOf()
-		o.Client, o.Host, o.AfterStep = api, h.Fixture.Host(), k.afterStep(ctx, pod, h)
+		o.Client, o.Host, o.AfterStep = k.apiFor(DriverManagerRun), h.Fixture.Host(), k.afterStep(ctx, pod, h)
 		o.Log = slog.New(slog.NewTextHandler(&out, nil))
 		o.Complete()
 		if err = o.Validate(); err == nil {

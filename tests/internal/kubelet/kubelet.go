@@ -63,6 +63,8 @@ type Kubelet struct {
 	// the validators' outcomes) always go straight to the API server. Both are read and set under mu.
 	api           kubernetes.Interface
 	apiKubeconfig string
+	// perComponent, when set, gives the driver manager and the upgrade gate each a client of its own (UseClients).
+	perComponent func(component string) kubernetes.Interface
 
 	mu       sync.Mutex
 	outcomes map[string]map[string]nodestate.Validation // node -> check -> outcome (absent: ready)
@@ -76,13 +78,16 @@ type Kubelet struct {
 	loaded   map[string]string                // node -> image of the driver its host has loaded
 	faults   map[string]string                // driver image tag prefix -> why its validation fails
 	stops    map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
+	// validating serializes the runs of one validator pod's checks
+	validating map[types.UID]*sync.Mutex
 }
 
 // Start watches pods of the handled components and acts on each once it is bound to a node.
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
-		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{}}
+		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{},
+		validating: map[types.UID]*sync.Mutex{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))
@@ -115,7 +120,9 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 			case node := <-k.pokes:
 				for _, obj := range pods.GetStore().List() {
 					if pod := obj.(*corev1.Pod); pod.Spec.NodeName == node && isValidator(pod) && pod.DeletionTimestamp == nil {
-						k.validate(ctx, pod)
+						// each pod's validators run in a goroutine of their own, as each node's kubelet does: one at a
+						// time here would pace a rollout's nodes by the stand-in's requests
+						go k.validate(ctx, pod)
 					}
 				}
 			}
@@ -136,6 +143,7 @@ func (k *Kubelet) poke(node string) { k.pokes <- node }
 func (k *Kubelet) stop(uid types.UID) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	delete(k.validating, uid)
 	if cancel := k.stops[uid]; cancel != nil {
 		cancel()
 		delete(k.stops, uid)
@@ -184,6 +192,26 @@ func (k *Kubelet) UseAPI(cfg *rest.Config, dir string) error {
 	defer k.mu.Unlock()
 	k.api, k.apiKubeconfig = client, kubeconfig
 	return nil
+}
+
+// UseClients makes the driver manager and the upgrade gate the stand-in runs from now on talk to the API server
+// through clientFor(DriverManagerRun) and clientFor(UncordonRun): clients with a user agent each, so that the API
+// server's audit log tells their requests apart (in a cluster each runs in its own container). nil goes back to
+// the client UseAPI set.
+func (k *Kubelet) UseClients(clientFor func(component string) kubernetes.Interface) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.perComponent = clientFor
+}
+
+// apiFor is what component (DriverManagerRun or UncordonRun) talks to now (see UseAPI and UseClients).
+func (k *Kubelet) apiFor(component string) kubernetes.Interface {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.perComponent != nil {
+		return k.perComponent(component)
+	}
+	return k.api
 }
 
 // apiOf returns what the project's code talks to now (see UseAPI).
@@ -313,6 +341,16 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 // (ready by default) on the node, as the real check does; the pod turns Ready only when all passed, and otherwise
 // stays in the first failing or waiting init container.
 func (k *Kubelet) validate(ctx context.Context, pod *corev1.Pod) {
+	// one run per pod at a time, each reading the outcomes when it starts: the last run writes the latest
+	k.mu.Lock()
+	one := k.validating[pod.UID]
+	if one == nil {
+		one = &sync.Mutex{}
+		k.validating[pod.UID] = one
+	}
+	k.mu.Unlock()
+	one.Lock()
+	defer one.Unlock()
 	k.mu.Lock()
 	outcomes := map[string]nodestate.Validation{}
 	for c, v := range k.outcomes[pod.Spec.NodeName] {
