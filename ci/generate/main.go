@@ -8,8 +8,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"log"
 	"os"
 	"path/filepath"
 	"slices"
@@ -62,7 +60,6 @@ func writeSchemas(root string) error {
 }
 
 func writeImages(ctx context.Context, root string) error {
-	log.SetOutput(io.Discard) // the chart loader logs one notice per operand symlink
 	set, err := imagelist.Collect(ctx, root)
 	if err != nil {
 		return err

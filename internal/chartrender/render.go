@@ -5,8 +5,6 @@ package chartrender
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
 	"maps"
 	"path/filepath"
 	"runtime"
@@ -47,11 +45,9 @@ func RepoRoot() string {
 // ChartDir is the umbrella chart users install.
 func ChartDir() string { return filepath.Join(RepoRoot(), "charts", "kube-gpu-stack") }
 
-// Load loads a chart directory or archive (following the operand symlinks) and pins the version of it and every
-// dependency. Rendering removes disabled subcharts from the chart, so load once per render.
+// Load loads a chart directory or archive and pins the version of it and every dependency. Rendering removes
+// disabled subcharts from the chart, so load once per render.
 func Load(dir string) (*chart.Chart, error) {
-	log.SetOutput(io.Discard) // the loader logs one notice per operand symlink
-
 	chrt, err := loader.Load(dir)
 	if err != nil {
 		return nil, err

@@ -1,8 +1,6 @@
 package chart
 
 import (
-	"io"
-	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +53,6 @@ func TestRenderIsDeterministicAcrossEngines(t *testing.T) {
 // sdkRender renders the chart (directory or archive) as chartrender does, with the chart's own versions.
 func sdkRender(t *testing.T, path, valuesFile string) string {
 	t.Helper()
-	log.SetOutput(io.Discard) // the loader logs one notice per operand symlink
 	chrt, err := loader.Load(path)
 	if err != nil {
 		t.Fatalf("load %s: %v", path, err)

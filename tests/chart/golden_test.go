@@ -72,8 +72,8 @@ func lineDiff(a, b string) string {
 	return ""
 }
 
-// TestPackagedChartCarriesEveryOperand packages the chart as `helm package` does (following the operand
-// symlinks) and checks that the archive holds every operand and renders byte-identically to the directory.
+// TestPackagedChartCarriesEveryOperand packages the chart as `helm package` does and checks that the archive holds
+// every operand and renders byte-identically to the directory.
 func TestPackagedChartCarriesEveryOperand(t *testing.T) {
 	dir := t.TempDir()
 	pkg := action.NewPackage()
