@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 
 	"github.com/spf13/cobra"
 
@@ -32,7 +31,6 @@ func airgapBundleCommand(out io.Writer) *cobra.Command {
 			"Docker config (docker login). It needs free space for the bundle twice while it works.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log.SetOutput(io.Discard) // the chart loader logs one notice per symlinked operand chart
 			o.Progress = cmd.ErrOrStderr()
 			if err := o.Complete(); err != nil {
 				return err

@@ -24,7 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	stdlog.SetOutput(io.Discard) // the chart loader logs a notice per symlinked subchart, TLS servers each refused handshake
+	stdlog.SetOutput(io.Discard) // the TLS test servers log each refused handshake
 	os.Exit(m.Run())
 }
 

@@ -3,8 +3,6 @@ package stackplan
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
 	"slices"
 	"strings"
 
@@ -48,7 +46,6 @@ type RenderOptions struct {
 
 // Render renders the chart once, as `helm install --dry-run` would (the schema checked), and reduces it.
 func Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
-	log.SetOutput(io.Discard) // the chart loader logs one notice per symlinked operand chart
 	chrt, err := loader.Load(o.ChartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", o.ChartDir, err)
