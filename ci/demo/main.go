@@ -7,17 +7,15 @@ import (
 	"flag"
 	"fmt"
 	"os"
-
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/demo"
 )
 
 func main() {
-	var opts demo.Options
+	var opts Options
 	flag.StringVar(&opts.Profile, "values", "values/mixed.yaml", "values profile to install")
 	flag.StringVar(&opts.UpgradeDriver, "upgrade-driver", "", "after the install, upgrade the driver to this version and show each node's upgrade states")
 	flag.BoolVar(&opts.Keep, "keep", false, "keep the cluster running and print its kubeconfig")
 	flag.Parse()
-	if err := demo.Run(context.Background(), opts, os.Stdout); err != nil {
+	if err := Run(context.Background(), opts, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}

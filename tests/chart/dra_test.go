@@ -13,7 +13,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // draRole is the container role on a node whose pool allocates GPUs through DRA: the DRA kubelet plugin instead of

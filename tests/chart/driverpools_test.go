@@ -21,7 +21,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // driver-pools: every GPU node is a container node; the host pool's nodes get everything but the driver.

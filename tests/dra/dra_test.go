@@ -22,12 +22,12 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
 )
 
 const (

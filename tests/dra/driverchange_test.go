@@ -24,8 +24,8 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 const (

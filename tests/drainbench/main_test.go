@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
 )
 
 // kube is the package's one cluster; every test and benchmark uses its own nodes and namespaces.

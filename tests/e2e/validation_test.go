@@ -18,8 +18,8 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // shortGate makes a failing gate fail fast, after an install or an upgrade; the passing gate ends as soon as the

@@ -18,7 +18,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // scene is one scenario's share of the package's install: the nodes' fixture hosts and the driver tag its upgrade

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 )
 
 // The NFD CRDs the chart bundles, and the one the upgrade test changes.

@@ -10,8 +10,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // kube is the package's one cluster. It has no simulated nodes: a test that needs some adds its own, named for

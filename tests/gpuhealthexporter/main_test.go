@@ -10,7 +10,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 
 var kube *cluster.Cluster

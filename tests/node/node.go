@@ -1,4 +1,4 @@
-// Package node runs a real worker node beside the local control plane (tests/internal/cluster): containerd and runc from
+// Package node runs a real worker node beside the local control plane (internal/cluster): containerd and runc from
 // Debian packages, the bridge CNI plugin, and a kubelet built from the pinned Kubernetes module (ci/build-node.sh).
 // Pods run in real containers, from images built here and imported into containerd, never pulled. Stop puts the
 // machine back as Start found it (mounts, cgroups, network namespaces and interfaces, sysctls, CNI results, pod
@@ -31,7 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 
 const (

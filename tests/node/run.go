@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 
 // RunPackage is a test package's TestMain body: it starts a node (and its control plane), hands it to use, runs

@@ -1,7 +1,7 @@
 // Package rolloutbench measures a driver rollout across one large pool on the local control plane: the chart
 // installed with the helm SDK on -nodes simulated GPU nodes (default 200), then a driver change rolled by the
 // DaemonSet controller, with the real driver manager and upgrade gate run for every driver pod by the kubelet
-// stand-in (tests/internal/kubelet), whose driver container takes a fixed -install time. It reports the rollout's
+// stand-in (internal/kubelet), whose driver container takes a fixed -install time. It reports the rollout's
 // total time, the overhead beyond the install per batch and where it goes, and the API requests per node by
 // component (client side for the stack's own code, server side from the audit log for everyone).
 //
@@ -22,10 +22,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/apiload"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 var (

@@ -21,10 +21,10 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/apiload"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 // Nodes is the simulated cluster's size: 1,000, or SCALE_NODES (a smaller run of the same mix on a machine that

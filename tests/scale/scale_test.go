@@ -14,9 +14,9 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/apiload"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 const (

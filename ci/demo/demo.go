@@ -1,10 +1,10 @@
-// Package demo runs the README's demo: a local control plane with simulated GPU nodes, the chart installed with
+// The demo's body runs the README's demo: a local control plane with simulated GPU nodes, the chart installed with
 // the helm SDK (its hooks run by the kubelet stand-in, validators passing), and a node x operand table of what runs
 // where, followed by the post-install gate's own report. Every GPU node has a fixture host tree, so the stand-in
 // runs the real driver manager and upgrade gate for each driver pod, as in tests/rollout: a driver change (the
 // demo's -upgrade-driver, or a `helm upgrade` against the kept cluster) moves the nodes through the real upgrade
 // states.
-package demo
+package main
 
 import (
 	"context"
@@ -29,10 +29,10 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/kubelet"
 )
 
 // Options of the demo.

@@ -77,7 +77,7 @@ type Options struct {
 	// Log receives the child processes' output; nil discards it.
 	Log io.Writer
 	// HarnessComponents are pod components (label app.kubernetes.io/component) that kwok leaves alone: the tests
-	// play the kubelet for them (tests/internal/kubelet), running the project's own code instead of faking success.
+	// play the kubelet for them (internal/kubelet), running the project's own code instead of faking success.
 	HarnessComponents []string
 	// APIServerAddress and APIServerPort, when both set, are where the API server listens (and the address its serving
 	// certificate names) instead of a free port on 127.0.0.1: a real kubelet's pods must reach it (tests/node).

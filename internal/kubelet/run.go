@@ -10,7 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 
 // RunPackage is a test package's TestMain body: it starts the local control plane (kwok leaving Components() to

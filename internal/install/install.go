@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // Target is where releases go: a kubeconfig, a release name and its namespace.
