@@ -8,12 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
 )
 
 func imageCommand(out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "The project's own container image"}
-	o := stackimage.Options{}
+	o := imagebuild.Options{}
 	build := &cobra.Command{
 		Use:   "build --out DIR",
 		Short: "Build the image the chart runs (one static binary, non-root, multi-platform) as an OCI layout",
@@ -44,7 +44,7 @@ func imageCommand(out io.Writer) *cobra.Command {
 	build.Flags().StringVar(&o.Out, "out", "", "OCI image layout directory to write (an earlier layout there is replaced)")
 	build.Flags().StringVar(&o.Version, "version", "", "image tag and version label (default: the chart's appVersion)")
 	build.Flags().StringVar(&o.Reference, "reference", "", "full image reference (default ghcr.io/kube-gpu-stack/kube-gpu-stack:<version>)")
-	build.Flags().StringSliceVar(&o.Platforms, "platform", stackimage.DefaultPlatforms, "platforms, os/arch[/variant], comma-separated")
+	build.Flags().StringSliceVar(&o.Platforms, "platform", imagebuild.DefaultPlatforms, "platforms, os/arch[/variant], comma-separated")
 	build.Flags().StringVar(&o.ModuleDir, "module-dir", ".", "root of the kube-gpu-stack source (holds go.mod)")
 	build.Flags().StringVar(&o.GoCommand, "go", "go", "go command that builds the binaries")
 	build.Flags().Int64Var(&o.SourceDateEpoch, "source-date-epoch", 0, "file times and created time, seconds since 1970 (env SOURCE_DATE_EPOCH)")
@@ -54,7 +54,7 @@ func imageCommand(out io.Writer) *cobra.Command {
 }
 
 func imagePushCommand(out io.Writer) *cobra.Command {
-	o := stackimage.PushOptions{}
+	o := imagebuild.PushOptions{}
 	cmd := &cobra.Command{
 		Use:   "push --layout DIR --registry REG",
 		Short: "Push the image `image build` wrote into your registry and print the values that install from it",

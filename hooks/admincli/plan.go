@@ -5,12 +5,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/placementplan"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackplan"
 )
 
 func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
-	o := stackplan.Options{}
+	o := placementplan.Options{}
 	cmd := &cobra.Command{
 		Use:   "plan [-f values.yaml] [--set k=v] [--nodes FILE [--pods FILE]]",
 		Short: "Print, per node, what the chart with these values will run there and what a driver change would evict (read-only)",
@@ -35,7 +35,7 @@ func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err := stackplan.Run(cmd.Context(), o, out)
+			_, err := placementplan.Run(cmd.Context(), o, out)
 			return err
 		},
 	}

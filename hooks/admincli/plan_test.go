@@ -9,7 +9,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/placementplan"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
@@ -45,7 +45,7 @@ func TestPlanCommand(t *testing.T) {
 		if err := cmd.ExecuteContext(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		var p stackplan.Plan
+		var p placementplan.Plan
 		if err := json.Unmarshal(out.Bytes(), &p); err != nil {
 			t.Fatalf("%v:\n%s", err, out.String())
 		}

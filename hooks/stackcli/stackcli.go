@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcleanup"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecleanup"
 )
 
 // DefaultReportConfigMap is where the post-install hook leaves its report.
@@ -90,7 +90,7 @@ func releaseScope(flags *genericclioptions.ConfigFlags, rawPools string) (kubern
 }
 
 func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
-	o := stackcheck.Options{}
+	o := releasecheck.Options{}
 	var pools string
 	cmd := &cobra.Command{
 		Use:   "check",
@@ -108,7 +108,7 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err = stackcheck.Run(cmd.Context(), o, out)
+			_, err = releasecheck.Run(cmd.Context(), o, out)
 			return err
 		},
 	}
@@ -129,9 +129,9 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 			if err != nil {
 				return err
 			}
-			o := stackcleanup.Options{Client: client, Namespace: ns, Release: *release}
+			o := releasecleanup.Options{Client: client, Namespace: ns, Release: *release}
 			for _, d := range del {
-				obj, err := stackcleanup.ParseObject(d)
+				obj, err := releasecleanup.ParseObject(d)
 				if err != nil {
 					return err
 				}
@@ -143,7 +143,7 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			return stackcleanup.Run(cmd.Context(), o, out)
+			return releasecleanup.Run(cmd.Context(), o, out)
 		},
 	}
 	cmd.Flags().StringArrayVar(&del, "delete", nil, "KIND/NAME of a hook-created object to delete (repeatable)")
@@ -161,7 +161,7 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 			if err != nil {
 				return err
 			}
-			r, pools, err := stackcheck.LoadConfigMap(cmd.Context(), client, ns, name)
+			r, pools, err := releasecheck.LoadConfigMap(cmd.Context(), client, ns, name)
 			if !live {
 				if err != nil {
 					return fmt.Errorf("%w (or use --live)", err)
@@ -169,19 +169,19 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 				r.WriteTable(out)
 				return nil
 			}
-			o := stackcheck.Options{Client: client, Namespace: ns, Release: *release, Pools: pools, Once: true}
+			o := releasecheck.Options{Client: client, Namespace: ns, Release: *release, Pools: pools, Once: true}
 			if r != nil {
 				if o.Release == "" {
 					o.Release = r.Release
 				}
 				// the saved report had DRA nodes: their slices are checked live too
-				o.ResourceSlices = slices.ContainsFunc(r.Nodes, func(n stackcheck.NodeRow) bool { return n.Allocation == stackcheck.AllocationDRA })
+				o.ResourceSlices = slices.ContainsFunc(r.Nodes, func(n releasecheck.NodeRow) bool { return n.Allocation == releasecheck.AllocationDRA })
 			}
 			o.Complete()
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err = stackcheck.Run(cmd.Context(), o, out)
+			_, err = releasecheck.Run(cmd.Context(), o, out)
 			return err
 		},
 	}

@@ -15,7 +15,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
@@ -109,7 +109,7 @@ func TestImagePushThenInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := stackimage.DefaultRepository + ":0.1.0"
+	ref := imagebuild.DefaultRepository + ":0.1.0"
 	layoutDir := airgaptest.OwnImageLayout(t, idx, ref)
 	want, err := idx.Digest()
 	if err != nil {
@@ -117,7 +117,7 @@ func TestImagePushThenInstall(t *testing.T) {
 	}
 	reg := airgaptest.Registry(t) + "/mirror"
 	var out strings.Builder
-	o := stackimage.PushOptions{Layout: layoutDir, Registry: reg, Insecure: true}
+	o := imagebuild.PushOptions{Layout: layoutDir, Registry: reg, Insecure: true}
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
@@ -44,7 +44,7 @@ func (e *env) reportState(t *testing.T) (string, string) {
 	if err != nil {
 		t.Fatalf("report ConfigMap: %v", err)
 	}
-	return cm.Data[stackcheck.ReportStateKey], cm.Data[stackcheck.ReportTextKey]
+	return cm.Data[releasecheck.ReportStateKey], cm.Data[releasecheck.ReportTextKey]
 }
 
 // TestGatePassesAndReports installs with every validator passing: the post-install hook passes and prints the node ×
@@ -157,7 +157,7 @@ func TestGateNamesClusterProblems(t *testing.T) {
 	e.stand.Reset()
 	t.Run("uncovered OS", func(t *testing.T) {
 		odd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-centos7", Labels: map[string]string{
-			stackcheck.GPUPresentLabel:                                "true",
+			releasecheck.GPUPresentLabel:                              "true",
 			"feature.node.kubernetes.io/system-os_release.ID":         "centos",
 			"feature.node.kubernetes.io/system-os_release.VERSION_ID": "7",
 		}}}
@@ -180,14 +180,14 @@ func TestGateNamesClusterProblems(t *testing.T) {
 	t.Run("no GPU node labelled", func(t *testing.T) {
 		var labelled []string
 		for _, n := range fixtureNodes {
-			if n.Labels[stackcheck.GPUPresentLabel] == "true" {
+			if n.Labels[releasecheck.GPUPresentLabel] == "true" {
 				labelled = append(labelled, n.Name)
-				e.setNodeLabel(t, n.Name, stackcheck.GPUPresentLabel, nil)
+				e.setNodeLabel(t, n.Name, releasecheck.GPUPresentLabel, nil)
 			}
 		}
 		defer func() {
 			for _, n := range labelled {
-				e.setNodeLabel(t, n, stackcheck.GPUPresentLabel, ptr("true"))
+				e.setNodeLabel(t, n, releasecheck.GPUPresentLabel, ptr("true"))
 			}
 		}()
 		start := time.Now()

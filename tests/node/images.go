@@ -19,7 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackimage"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
 )
 
@@ -209,7 +209,7 @@ func WriteArchive(file string, images map[string]v1.Image) error {
 // ProjectImage builds the project's image for linux/amd64 only (the node's platform; one platform keeps the build
 // short) and returns it with the reference the chart renders by default.
 func ProjectImage(ctx context.Context, moduleDir string) (string, v1.Image, error) {
-	o := stackimage.Options{ModuleDir: moduleDir, Platforms: []string{"linux/amd64"}}
+	o := imagebuild.Options{ModuleDir: moduleDir, Platforms: []string{"linux/amd64"}}
 	if err := o.Complete(); err != nil {
 		return "", nil, err
 	}

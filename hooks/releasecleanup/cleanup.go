@@ -1,4 +1,4 @@
-// Package stackcleanup is the pre-delete hook: it removes what the release put on nodes (paused operand
+// Package releasecleanup is the pre-delete hook: it removes what the release put on nodes (paused operand
 // switches, upgrade state, the stack's own cordons, pre-installed marks it made, every kube-gpu-stack.io/
 // annotation) and the objects Helm never deletes because hooks created them, so `helm uninstall` leaves nodes as
 // they were before install. It touches nothing the stack did not write.
@@ -6,7 +6,7 @@
 // It first removes the release's operand DaemonSets and waits for their pods to go: Helm would delete them right
 // after anyway, and while they run a validator or driver manager could write its marks again behind the cleanup
 // (restoring a paused switch brings that operand's pod straight back).
-package stackcleanup
+package releasecleanup
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package stackcleanup
+package releasecleanup
 
 import (
 	"bytes"

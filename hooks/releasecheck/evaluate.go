@@ -1,10 +1,10 @@
-// Package stackcheck decides whether an installed release works: every operand DaemonSet rolled out on the nodes
+// Package releasecheck decides whether an installed release works: every operand DaemonSet rolled out on the nodes
 // its selector matches, every GPU node's validation passed, every DRA node's GPUs published as ResourceSlices, and
 // no cluster-level problem (no GPU node at all, GPU nodes no driver pool covers, nodes two pools select, nodes both
 // allocation plugins target). Evaluate is a pure function of a snapshot of the cluster;
 // Run keeps the snapshot current with watches and re-evaluates on every change, so it ends as soon as the last
 // node turns ready.
-package stackcheck
+package releasecheck
 
 import (
 	"fmt"

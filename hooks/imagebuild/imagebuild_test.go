@@ -1,4 +1,4 @@
-package stackimage
+package imagebuild
 
 import (
 	"archive/tar"
@@ -29,7 +29,7 @@ const testEpoch = 1700000000 // 2023-11-14: not 0, so the tests see the mtimes c
 var snapshots string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "stackimage-test-")
+	dir, err := os.MkdirTemp("", "imagebuild-test-")
 	if err != nil {
 		panic(err)
 	}

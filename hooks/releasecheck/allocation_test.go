@@ -1,4 +1,4 @@
-package stackcheck
+package releasecheck
 
 import (
 	"context"

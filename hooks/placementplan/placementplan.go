@@ -1,9 +1,9 @@
-// Package stackplan is `kube-gpu-stack plan`: with the values one would install or upgrade to, what will run where.
+// Package placementplan is `kube-gpu-stack plan`: with the values one would install or upgrade to, what will run where.
 // It renders the chart once and evaluates every node against the rendered DaemonSets with hooks/placement (the
 // evaluator the role-matrix tests prove), the driver pools with hooks/driverpools, the driver change and allocation
 // switch as hooks/upgradeplan compares them, GPU pods by hooks/gpupods and their budgets by upgradeplan's rule. It
 // only reads: nodes, pods, PodDisruptionBudgets and resource claims, or files of them.
-package stackplan
+package placementplan
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/placement"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
@@ -181,12 +181,12 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 	containerNodes := map[string]bool{}
 	driverDS := map[string][]string{}
 	for _, n := range c.Nodes {
-		row := Node{Name: n.Name, GPU: n.Labels[stackcheck.GPUPresentLabel] == "true", Operands: placed.Operands(n.Name)}
+		row := Node{Name: n.Name, GPU: n.Labels[releasecheck.GPUPresentLabel] == "true", Operands: placed.Operands(n.Name)}
 		if row.Operands == nil {
 			row.Operands = []string{}
 		}
 		for _, op := range row.Operands {
-			if stackcheck.ContainerRoleOperand(op) {
+			if releasecheck.ContainerRoleOperand(op) {
 				containerNodes[n.Name] = true
 			}
 		}
@@ -243,7 +243,7 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		plan.Nodes = append(plan.Nodes, row)
 	}
 	if r.Pools != nil {
-		for _, p := range stackcheck.Coverage(c.Nodes, r.Pools, containerNodes, driverDS) {
+		for _, p := range releasecheck.Coverage(c.Nodes, r.Pools, containerNodes, driverDS) {
 			plan.Uncovered = append(plan.Uncovered, p.Message)
 		}
 	}

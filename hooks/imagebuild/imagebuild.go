@@ -1,4 +1,4 @@
-// Package stackimage builds the project's own container image without Docker: the one in-cluster binary
+// Package imagebuild builds the project's own container image without Docker: the one in-cluster binary
 // (hooks/cmd/in-cluster, installed as kube-gpu-stack with validator and driver-manager linked to it),
 // cross-compiled as a static CGO_ENABLED=0 binary, in a scratch-like image run as a non-root user, for several
 // platforms as one OCI image index, written as an OCI image layout (what the air-gapped bundle takes in).
@@ -6,7 +6,7 @@
 // The build is reproducible: the same source gives the same index digest. Binaries are built with -trimpath,
 // -buildvcs=false and -ldflags "-s -w -buildid="; tar entries are sorted with fixed owners, modes and mtimes
 // (SourceDateEpoch); gzip runs with a fixed level and an empty header; the config's created time is SourceDateEpoch.
-package stackimage
+package imagebuild
 
 import (
 	"context"
@@ -175,7 +175,7 @@ func megabytes(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
 // Build cross-compiles the binary for every platform and assembles the image index.
 func (o *Options) Build(ctx context.Context) (v1.ImageIndex, error) {
-	work, err := os.MkdirTemp("", "stackimage-")
+	work, err := os.MkdirTemp("", "imagebuild-")
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package stackimage
+package imagebuild
 
 import (
 	"context"
