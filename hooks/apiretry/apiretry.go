@@ -115,3 +115,14 @@ func (e *GaveUpError) Error() string {
 
 // Unwrap returns the last error and the cause, so errors.Is and apierrors' checks see both.
 func (e *GaveUpError) Unwrap() []error { return []error{e.Last, e.Cause} }
+
+// Value is Do for a call that returns what it read (a Get or a List).
+func Value[T any](ctx context.Context, fn func(context.Context) (T, error)) (T, error) {
+	var out T
+	err := Do(ctx, func(ctx context.Context) error {
+		var err error
+		out, err = fn(ctx)
+		return err
+	})
+	return out, err
+}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -24,7 +25,9 @@ func driverPods(ctx context.Context, client kubernetes.Interface, namespace, rel
 	if release != "" {
 		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
 	}
-	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
+		return client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list driver pods: %w", err)
 	}
@@ -44,7 +47,9 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 	if err != nil {
 		return err
 	}
-	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodes, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.NodeList, error) {
+		return client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	})
 	if err != nil {
 		return fmt.Errorf("list nodes: %w", err)
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
@@ -109,7 +110,9 @@ type Plan struct {
 
 // Compute builds the plan from the cluster without changing it.
 func Compute(ctx context.Context, o Options) (*Plan, error) {
-	nodeList, err := o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodeList, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.NodeList, error) {
+		return o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -128,7 +131,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		pools []driverpools.Pool
 	}{{KindDriver, o.Pools}, {KindVGPUManager, o.VGPUPools}} {
 		sel := labels.Set{"app.kubernetes.io/instance": o.Release, "app.kubernetes.io/component": k.kind}.String()
-		kindPods, err := o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		kindPods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
+			return o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		})
 		if err != nil {
 			return nil, fmt.Errorf("list %s pods: %w", kindNoun[k.kind], err)
 		}
@@ -348,11 +353,15 @@ func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodeP
 	for _, np := range plan {
 		onPlan[np.Node] = true
 	}
-	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
+		return client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
-	pdbs, err := client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
+	pdbs, err := apiretry.Value(ctx, func(ctx context.Context) (*policyv1.PodDisruptionBudgetList, error) {
+		return client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list PodDisruptionBudgets: %w", err)
 	}
@@ -401,7 +410,9 @@ func listMoves(ctx context.Context, client kubernetes.Interface, plan []NodePlan
 	if len(switching) == 0 {
 		return nil
 	}
-	pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
+		return client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	})
 	if err != nil {
 		return fmt.Errorf("list pods: %w", err)
 	}

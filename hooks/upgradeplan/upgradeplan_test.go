@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -311,5 +312,32 @@ func TestAllocationSwitchIsPlannedAndGatedLikeADriverChange(t *testing.T) {
 	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
 	if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) || !strings.Contains(n.Annotations[nodestate.UpgradeReasonAnnotation], "GPU allocation device-plugin -> dra") {
 		t.Errorf("node a: state %q reason %q", n.Labels[nodestate.UpgradeStateLabel], n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+}
+
+// TestPlanRidesOutPassingAPIErrors: the plan runs once, as a single-try hook Job, so a read the API server answers
+// with a passing error (etcd timing out) is sent again, not the end of the upgrade. Every list fails once.
+func TestPlanRidesOutPassingAPIErrors(t *testing.T) {
+	noCanary := 0
+	pools := pool("new", intstr.FromInt32(1))
+	pools[0].Canary = &noCanary
+	client := fake.NewClientset(readyNode("a", nil), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"), gpuWorkload("a"))
+	failed := map[string]bool{}
+	client.PrependReactor("list", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		key := action.GetResource().Resource + "/" + action.(k8stesting.ListAction).GetListRestrictions().Labels.String()
+		if failed[key] {
+			return false, nil, nil
+		}
+		failed[key] = true
+		return true, nil, apierrors.NewInternalError(errors.New("etcdserver: request timed out"))
+	})
+	var out bytes.Buffer
+	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(0, 0) }}, &out)
+	if err != nil {
+		t.Fatalf("the plan gave up on a passing error: %v\n%s", err, out.String())
+	}
+	if len(plan.Nodes) != 2 || !failed["poddisruptionbudgets/"] || !failed["nodes/"] {
+		t.Fatalf("plan %+v after failed lists %v\n%s", plan, failed, out.String())
 	}
 }
