@@ -324,16 +324,7 @@ func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
 			if tc.name == "multi-term" && len(pools[0].NodeSelectorTerms) < 2 {
 				t.Fatalf("the default pool has %d terms; the case needs several", len(pools[0].NodeSelectorTerms))
 			}
-			dss, err := placement.DaemonSets(stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var drivers []placement.DaemonSet
-			for _, ds := range dss {
-				if ds.Operand == "driver" {
-					drivers = append(drivers, ds)
-				}
-			}
+			drivers := operandPlacements(t, stream, "driver")
 			poolOfDS := func(ds string) string {
 				best := ""
 				for _, p := range pools {
@@ -643,16 +634,7 @@ func vgpuPoolsFile(t *testing.T) string {
 // DaemonSet of its pool and OS (none on host pools, none on other roles).
 func TestVGPUManagerPools(t *testing.T) {
 	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)})
-	dss, err := placement.DaemonSets(stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vgpu []placement.DaemonSet
-	for _, ds := range dss {
-		if ds.Operand == "vgpu-manager" {
-			vgpu = append(vgpu, ds)
-		}
-	}
+	vgpu := operandPlacements(t, stream, "vgpu-manager")
 	var names []string
 	for _, ds := range vgpu {
 		names = append(names, ds.Name)
@@ -814,16 +796,7 @@ func TestVGPUManagerPoolsEnv(t *testing.T) {
 		t.Error("pools r570 and default have one digest although their vGPU manager versions differ")
 	}
 
-	dss, err := placement.DaemonSets(stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vgpu []placement.DaemonSet
-	for _, ds := range dss {
-		if ds.Operand == "vgpu-manager" {
-			vgpu = append(vgpu, ds)
-		}
-	}
+	vgpu := operandPlacements(t, stream, "vgpu-manager")
 	nodes := []*corev1.Node{
 		vgpuNode("default-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", ""),
 		vgpuNode("r570-ubuntu2204", nodefixtures.Ubuntu2204, "vm-vgpu", "r570"),
@@ -942,4 +915,20 @@ func TestDriverPoolShorthand(t *testing.T) {
 			t.Errorf("an empty nodeSelector: %v; want a refusal pointing at the shorthand", e)
 		}
 	}
+}
+
+// operandPlacements returns the placement view of one operand's DaemonSets in a rendered stream.
+func operandPlacements(t *testing.T, stream, operand string) []placement.DaemonSet {
+	t.Helper()
+	dss, err := placement.DaemonSets(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []placement.DaemonSet
+	for _, ds := range dss {
+		if ds.Operand == operand {
+			out = append(out, ds)
+		}
+	}
+	return out
 }
