@@ -20,9 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
 	nodelease "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
 	podfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
@@ -70,6 +72,12 @@ type Cluster struct {
 	restarted []*exec.Cmd
 }
 
+// ManyNodes are the controller-manager flags of a cluster of hundreds of simulated nodes (the benchmarks): kwok
+// renews every node's lease from one process sharing the machine's cores with the system under test, and a renewal
+// late under that load would turn the node NotReady and its pods unready (the node lifecycle controller marks them,
+// and no kubelet marks them back) for a reason of the simulator, not of the stack.
+var ManyNodes = []string{"--node-monitor-grace-period=10m"}
+
 // Options tune Start.
 type Options struct {
 	// BinDir holds the binaries; empty means BinDir().
@@ -86,11 +94,16 @@ type Options struct {
 	// APIServerArgs are extra kube-apiserver flags (name without dashes -> values); no values drops one of envtest's
 	// defaults (e.g. disable-admission-plugins, which turns off ServiceAccount admission: real pods need their token).
 	APIServerArgs map[string][]string
+	// ControllerManagerArgs are extra kube-controller-manager flags ("--name=value").
+	ControllerManagerArgs []string
 }
 
 // Start starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, and returns once the API
 // server answers. Stop tears everything down; call it even when Start's caller fails.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	// envtest logs through controller-runtime's logger, which otherwise prints a stack trace complaining it was
+	// never set; the children's output goes to opts.Log
+	ctrllog.SetLogger(logr.Discard())
 	bin := opts.BinDir
 	if bin == "" {
 		var err error
@@ -160,7 +173,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		{"kube-controller-manager", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
 			"--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token,-nodeipam",
-		}, unthrottled...), nil},
+		}, slices.Concat(unthrottled, opts.ControllerManagerArgs)...), nil},
 		{"kube-scheduler", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
 		}, unthrottled...), nil},

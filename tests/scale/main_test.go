@@ -109,7 +109,8 @@ func open() (*env, error) {
 	e.stop = stop
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if e.c, err = cluster.Start(startCtx, cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), APIServerArgs: args}); err != nil {
+	if e.c, err = cluster.Start(startCtx, cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), APIServerArgs: args,
+		ControllerManagerArgs: cluster.ManyNodes}); err != nil {
 		return nil, err
 	}
 	e.c.StopOnSignal()
