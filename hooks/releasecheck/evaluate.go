@@ -190,10 +190,16 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 	dss := slices.Clone(s.DaemonSets)
 	slices.SortFunc(dss, func(a, b *appsv1.DaemonSet) int { return strings.Compare(a.Name, b.Name) })
 
-	podsByOwner := map[types.UID][]*corev1.Pod{}
+	// indexed once: every DaemonSet × node cell looks up its own pods (1,000 nodes make a scan per cell quadratic)
+	type ownerNode struct {
+		owner types.UID
+		node  string
+	}
+	podsOn := map[ownerNode][]*corev1.Pod{}
 	for _, p := range s.Pods {
 		if ref := controllerOf(p); ref != "" {
-			podsByOwner[ref] = append(podsByOwner[ref], p)
+			k := ownerNode{ref, p.Spec.NodeName}
+			podsOn[k] = append(podsOn[k], p)
 		}
 	}
 	// the newest FailedCreate per DaemonSet says why its pods cannot be created (quota, admission, PSA)
@@ -213,8 +219,9 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 	slicesWanted := map[string]bool{}   // DRA nodes whose plugin publishes gpu.nvidia.com slices
 	for _, ds := range dss {
 		operand := operandOf(ds)
+		fitter := schedule.NewDaemonSetFitter(&ds.Spec.Template.Spec)
 		for _, n := range nodes {
-			fits, err := schedule.FitsDaemonSet(&ds.Spec.Template.Spec, n)
+			fits, err := fitter.Fits(n)
 			if err != nil {
 				return nil, fmt.Errorf("DaemonSet %s on node %s: %w", ds.Name, n.Name, err)
 			}
@@ -237,7 +244,7 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 					slicesWanted[n.Name] = true
 				}
 			}
-			c := podCell(ds, n, podsByOwner[ds.UID], s.Revisions[ds.UID], failedCreate[ds.UID])
+			c := podCell(ds, n, podsOn[ownerNode{ds.UID, n.Name}], s.Revisions[ds.UID], failedCreate[ds.UID])
 			if validatorOperands[operand] {
 				c = withValidation(c, n)
 			}

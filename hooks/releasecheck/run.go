@@ -105,6 +105,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		slicesLister = func() ([]*resourcev1.ResourceSlice, error) { return rs.Lister().List(labels.Everything()) }
 	}
 	for _, inf := range watched {
+		if err := inf.SetTransform(slim); err != nil {
+			return nil, err
+		}
 		if _, err := inf.AddEventHandler(notify); err != nil {
 			return nil, err
 		}
