@@ -1281,3 +1281,74 @@ func TestRestartedGateOnARetriedNodeStaysUnready(t *testing.T) {
 		t.Fatalf("state = %q, want upgrade-required left for the next driver pod", state(e.node()))
 	}
 }
+
+// remark is what a pre-upgrade plan for a newer driver does to a node in flight: it marks it upgrade-required,
+// leaving the cordon of the change under way.
+func remark(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := nodestate.Apply(context.Background(), e.client, nodeName, nodestate.SetUpgradeState(e.node(), nodestate.UpgradeRequired, "", e.clock().UTC().Format(time.RFC3339))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdsUnready runs the gate (the driver pod's uncordon sidecar) until its pod stops, after during() ran, and checks
+// it neither turned the pod Ready nor moved the node: a Ready pod on a node still cordoned for the change would
+// let the rolling update take one more node out than maxUnavailable.
+func holdsUnready(t *testing.T, e *env, during func()) {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "driver-validated")
+	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 5 * time.Second, ReadyFile: ready, Now: e.clock}
+	o.Complete()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	during()
+	select {
+	case err := <-done:
+		t.Fatalf("the gate returned (%v) on a node marked for a newer change, before its pod was replaced", err)
+	case <-time.After(time.Second):
+	}
+	if _, err := os.Stat(ready); err == nil {
+		t.Fatal("the gate wrote its ready file on a node still cordoned for a change: the rollout would take one more node out")
+	}
+	cancel(errors.New("pod replaced"))
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "next driver pod") {
+			t.Fatalf("stopped gate: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the gate did not stop with its pod")
+	}
+	n := e.node()
+	if state(n) != nodestate.UpgradeRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+		t.Fatalf("state=%q unschedulable=%v ours=%v; want upgrade-required and still cordoned by the upgrade for the next driver pod",
+			state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n))
+	}
+}
+
+// A second `helm upgrade` plans a newer driver while a node waits for validation of the last one, before its gate
+// container starts: the gate holds the pod un-Ready.
+func TestGateOnANodeRemarkedBeforeItStartsStaysUnready(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	remark(t, e)
+	holdsUnready(t, e, func() {})
+}
+
+// The same plan lands while the gate waits for the validator, which then turns Ready: the gate neither writes
+// uncordon-required over the plan's mark nor turns the pod Ready.
+func TestGateOnANodeRemarkedWhileItWaitsStaysUnready(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	holdsUnready(t, e, func() {
+		time.Sleep(200 * time.Millisecond)
+		remark(t, e)
+		validatorReady(t, e, e.clock().Add(time.Minute))
+	})
+}

@@ -124,9 +124,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		if restarts(state) {
 			// `upgrade retry`: the change starts over in the next driver pod (retry deletes this one). Turning
 			// Ready in between would free the node's slot before that pod even started.
-			log.Info("node left upgrade-failed to start its change over: holding this driver pod un-Ready until it is replaced", "state", state)
-			<-ctx.Done()
-			return "", fmt.Errorf("node %s: stopped (%w) after it was retried (%s); the next driver pod takes the change over", o.NodeName, context.Cause(ctx), state)
+			return o.holdForNextPod(ctx, log, state, "node left upgrade-failed to start its change over")
 		}
 	}
 	switch state {
@@ -153,24 +151,62 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 			return "", errors.New(reason)
 		}
 		log.Info("validator ready", "pod", pod)
-		if _, err := nodestate.Update(ctx, o.Client, o.NodeName, setState(nodestate.UncordonRequired, "")); err != nil {
+		if node, err = o.advance(ctx, nodestate.ValidationRequired, setState(nodestate.UncordonRequired, "")); err != nil {
 			return "", err
+		}
+		if state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); state != nodestate.UncordonRequired {
+			return o.notOurs(ctx, log, node, state)
 		}
 	case nodestate.UncordonRequired:
 	default:
-		return fmt.Sprintf("node %s is %q, not waiting for validation: nothing to do", o.NodeName, state), nil
+		return o.notOurs(ctx, log, node, state)
 	}
 	var ours bool
-	if _, err := nodestate.Update(ctx, o.Client, o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+	node, err = o.advance(ctx, nodestate.UncordonRequired, func(n *corev1.Node) (nodestate.Patch, error) {
 		ours = nodestate.CordonedByUs(n)
 		return merge(nodestate.Uncordon(n), nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now())), nil
-	}); err != nil {
+	})
+	if err != nil {
 		return "", err
+	}
+	if state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); state != nodestate.UpgradeDone {
+		return o.notOurs(ctx, log, node, state)
 	}
 	if ours {
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
 	return fmt.Sprintf("node %s validated with the new driver: upgrade-done (no cordon of ours to lift)", o.NodeName), nil
+}
+
+// advance writes compute's patch only while the node is still in state from (compute sees the fresh read, and the
+// write carries its resourceVersion), and returns the node as it then is: a pre-upgrade plan may mark the node for a
+// newer driver change while this pod finishes the last one, and that mark must not be overwritten.
+func (o *UncordonOptions) advance(ctx context.Context, from nodestate.UpgradeState, compute func(*corev1.Node) (nodestate.Patch, error)) (*corev1.Node, error) {
+	return nodestate.Update(ctx, o.Client, o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+		if nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != from {
+			return nodestate.Patch{}, nil
+		}
+		return compute(n)
+	})
+}
+
+// notOurs ends the run on a node that is in state, which this pod has nothing to finish in. A node cordoned by the
+// upgrade with a change still to carry (a newer plan marked it while this pod finished the last one) is out of
+// service: this pod stays un-Ready until the next driver pod replaces it, so that the node keeps its slot in the
+// pool's maxUnavailable. Any other node is left as it is, and the pod turns Ready.
+func (o *UncordonOptions) notOurs(ctx context.Context, log *slog.Logger, node *corev1.Node, state nodestate.UpgradeState) (string, error) {
+	if restarts(state) && nodestate.CordonedByUs(node) {
+		return o.holdForNextPod(ctx, log, state, "node was marked for a newer driver change while cordoned for the last one")
+	}
+	return fmt.Sprintf("node %s is %q, not waiting for validation: nothing to do", o.NodeName, state), nil
+}
+
+// holdForNextPod keeps this driver pod un-Ready until it stops (the rolling update replaces it, or `upgrade retry`
+// deletes it): the next driver pod's manager carries the node's change on from state.
+func (o *UncordonOptions) holdForNextPod(ctx context.Context, log *slog.Logger, state nodestate.UpgradeState, why string) (string, error) {
+	log.Info(why+": holding this driver pod un-Ready until it is replaced", "state", state)
+	<-ctx.Done()
+	return "", fmt.Errorf("node %s: stopped (%w) while it was %s; the next driver pod takes the change over", o.NodeName, context.Cause(ctx), state)
 }
 
 // restarts reports whether a node in state has a driver change still to start or in progress before validation,

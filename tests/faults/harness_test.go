@@ -322,11 +322,15 @@ func retryFailed(t *testing.T) []string {
 //
 // It also keeps each node's sequence of states.
 type recorder struct {
-	mu        sync.Mutex
-	seq       map[string][]nodestate.UpgradeState
-	out       map[string]bool
-	maxOut    int
-	worst     string
+	mu     sync.Mutex
+	seq    map[string][]nodestate.UpgradeState
+	out    map[string]bool
+	maxOut int
+	worst  string
+	// events are the nodes' changes as the recorder saw them, and worstAt the index of the worst moment: a
+	// violation logs what led to it
+	events    []string
+	worstAt   int
 	violation []string
 	cancel    context.CancelFunc
 }
@@ -371,9 +375,12 @@ func (r *recorder) observe(old, n *corev1.Node) {
 			delete(r.out, n.Name)
 		}
 	}
+	r.events = append(r.events, fmt.Sprintf("%s %s %s cordoned-by-us=%v unschedulable=%v: out %v",
+		now.Format("15:04:05.000"), n.Name, st, nodestate.CordonedByUs(n), n.Spec.Unschedulable, keys(r.out)))
 	if len(r.out) > r.maxOut {
 		r.maxOut = len(r.out)
 		r.worst = fmt.Sprintf("%v", keys(r.out))
+		r.worstAt = len(r.events) - 1
 	}
 	if old != nil && nodestate.CordonedByUs(old) && old.Spec.Unschedulable && !n.Spec.Unschedulable && !nodestate.CordonedByUs(n) {
 		since, err := nodestate.ValidationSince(n)
@@ -430,8 +437,8 @@ func (r *recorder) assertInvariants(t *testing.T) {
 	defer r.mu.Unlock()
 	t.Logf("at most %d nodes out of service at once (%s)", r.maxOut, r.worst)
 	if r.maxOut > maxUnavailable {
-		t.Errorf("at one moment %d nodes were out of service (in flight, failed or cordoned by the upgrade), want at most %d: %s",
-			r.maxOut, maxUnavailable, r.worst)
+		t.Errorf("at one moment %d nodes were out of service (in flight, failed or cordoned by the upgrade), want at most %d: %s; the changes that led there:\n%s",
+			r.maxOut, maxUnavailable, r.worst, strings.Join(r.events[max(0, r.worstAt-40):r.worstAt+1], "\n"))
 	}
 	if r.maxOut == 0 {
 		t.Error("the recorder saw no node out of service: the rollout was not observed")
