@@ -6,7 +6,7 @@ and the per-OS image tags of the NVIDIA driver image scheme.
 {{/*
 gpu-stack-lib.osInfo: one OS tag (<ID><VERSION_ID> as NFD reports os_release, e.g. ubuntu22.04, rhel9) parsed into
 {"tag", "id", "version", "suffix" (the tag without dots, for object names), "match" (node selector requirements
-for gpu-stack-lib.daemonset's `match`)}, as JSON. Letters (and inner dashes) are the ID, the rest the version. A
+for gpu-stack-lib.podTemplate's `match`)}, as JSON. Letters (and inner dashes) are the ID, the rest the version. A
 version without a dot (rhel9, rocky9, ol9: the images drop the minor version) matches VERSION_ID.major, so every
 9.x node takes it. dict "tag" TAG "key" VALUES_KEY (named in the error).
 */}}

@@ -1,5 +1,5 @@
 {{/*
-Well-known host volumes. A pod only names the volumes its containers mount; gpu-stack-lib.daemonset adds the
+Well-known host volumes. A pod only names the volumes its containers mount; gpu-stack-lib.podTemplate adds the
 definition of every well-known volume a container mounts, so no operand repeats these blocks and the host paths
 come from global.hostPaths in one place.
 */}}

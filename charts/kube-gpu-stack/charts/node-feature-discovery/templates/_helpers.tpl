@@ -17,43 +17,33 @@ contains node-feature-discovery). The prefix is cut to 40 characters so every su
 {{- define "nfd.port" -}}8080{{- end }}
 
 {{/*
-nfd.container: an NFD daemon's container. NFD needs no privileges: it runs as the image's non-root user with a
-read-only root filesystem and no capabilities. dict:
-  ctx        the chart's context
-  name       container name
-  command    the daemon (nfd-master, nfd-worker, nfd-gc)
-  args       its flags (the chart adds -port)
-  env        optional env map
-  mounts     optional volume mounts
-  resources  the component's resources (the common `resources` key, when set, wins)
-  probes     map of probe kind (startupProbe, livenessProbe, readinessProbe) -> extra probe fields
+nfd.daemon: what every NFD daemon's container shares, as YAML fields after its name: the image, the command and
+its flags with -port added, the one HTTP port its probes use, and the resources (the common `resources` key, when
+set, wins: gpu-stack-lib.containerValues). NFD needs no privileges: it runs as the image's non-root user with a
+read-only root filesystem and no capabilities. dict: ctx, command (nfd-master, nfd-worker, nfd-gc), args (optional
+flags), resources (the component's).
 */}}
-{{- define "nfd.container" -}}
-{{- $port := include "nfd.port" .ctx | int -}}
-{{- $spec := dict
-  "ports" (list (dict "name" "http" "containerPort" $port "protocol" "TCP"))
-  "resources" (.resources | default dict)
--}}
-{{- range $kind, $extra := .probes -}}
-{{- $_ := set $spec $kind (merge (dict "httpGet" (dict "path" "/healthz" "port" "http")) $extra) -}}
-{{- end -}}
-{{- include "gpu-stack-lib.container" (dict
-  "ctx" .ctx
-  "name" .name
-  "image" (include "gpu-stack-lib.image" (dict "ctx" .ctx "image" .ctx.Values.image))
-  "main" true
-  "command" (list .command)
-  "args" (concat .args (list (printf "-port=%d" $port)))
-  "env" .env
-  "volumeMounts" .mounts
-  "securityContext" (dict
-    "allowPrivilegeEscalation" false
-    "readOnlyRootFilesystem" true
-    "runAsNonRoot" true
-    "capabilities" (dict "drop" (list "ALL"))
-    "seccompProfile" (dict "type" "RuntimeDefault"))
-  "spec" $spec
-) -}}
+{{- define "nfd.daemon" -}}
+{{- $port := include "nfd.port" .ctx -}}
+image: {{ include "gpu-stack-lib.image" (dict "ctx" .ctx "image" .ctx.Values.image) | quote }}
+command: [{{ .command }}]
+args:
+{{- range .args }}
+- {{ . | quote }}
+{{- end }}
+- "-port={{ $port }}"
+ports:
+- {name: http, containerPort: {{ $port }}, protocol: TCP}
+{{- with .resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  runAsNonRoot: true
+  capabilities: {drop: [ALL]}
+  seccompProfile: {type: RuntimeDefault}
 {{- end }}
 
 {{/* nfd.masterConfig: nfd-master.conf as ConfigMap data */}}

@@ -31,7 +31,7 @@ dict "ctx" . "os" OSINFO
 {{/*
 vgpu-manager.hookPolicy: how the pre-upgrade plan paces one vGPU manager pool, as JSON (gpu-stack-lib.driverPools'
 policy). The vGPU manager has no upgrade policy of its own: its DaemonSets' updateStrategy (the pool's, else
-global.updateStrategy, as gpu-stack-lib.daemonset picks it) paces it, so the plan batches by that maxUnavailable
+global.updateStrategy, as gpu-stack-lib.updateStrategy picks it) paces it, so the plan batches by that maxUnavailable
 (left out when it is not a whole number of at least 1 or a percentage from 1% to 100%: the plan then counts 1) and
 reads OnDelete as autoUpgrade false. canary and maxFailures are 0: its driver manager never evicts, so it could not
 hand a waiting canary its turn. dict "values" POOL_VALUES

@@ -66,56 +66,9 @@ spec:
   {{- toYaml $pod | nindent 2 }}
 {{- end }}
 
-{{/*
-gpu-stack-lib.daemonset: an operand DaemonSet, or nothing when none of its roles exists under
-global.sandboxWorkloads. Takes gpu-stack-lib.podTemplate's dict, plus:
-  updateStrategy  optional; else the operand's updateStrategy, else global.updateStrategy
-*/}}
-{{- define "gpu-stack-lib.daemonset" -}}
-{{- $args := omit . "updateStrategy" -}}
-{{- $roles := list -}}
-{{- if .operand }}{{ $roles = (include "gpu-stack-lib.activeRoles" (dict "ctx" .ctx "roles" .roles) | fromJson).roles }}{{ $_ := set $args "roles" $roles }}{{ end -}}
-{{- if or $roles (not .operand) -}}
-{{- $v := .ctx.Values -}}
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  {{- include "gpu-stack-lib.metadata" (dict "ctx" .ctx "name" .name "component" .operand) | nindent 2 }}
-spec:
-  selector:
-    matchLabels:
-      {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
-  updateStrategy:
-    {{- with .updateStrategy }}{{ toYaml . | nindent 4 }}{{ else }}{{ include "gpu-stack-lib.updateStrategy" $.ctx | nindent 4 }}{{ end }}
-  template:
-    {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
-{{- end }}
-{{- end }}
-
 {{/* gpu-stack-lib.updateStrategy: a DaemonSet's update strategy: the operand's updateStrategy, else global.updateStrategy */}}
 {{- define "gpu-stack-lib.updateStrategy" -}}
 {{- toYaml (.Values.updateStrategy | default .Values.global.updateStrategy) -}}
-{{- end }}
-
-{{/*
-gpu-stack-lib.deployment: a Deployment (cluster-level components such as the NFD master). Takes
-gpu-stack-lib.podTemplate's dict (usually without `operand`), plus:
-  replicas     replica count (default 1)
-  component    optional app.kubernetes.io/component
-*/}}
-{{- define "gpu-stack-lib.deployment" -}}
-{{- $args := omit . "replicas" "component" -}}
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  {{- include "gpu-stack-lib.metadata" (dict "ctx" .ctx "name" .name "component" .component) | nindent 2 }}
-spec:
-  replicas: {{ .replicas | default 1 }}
-  selector:
-    matchLabels:
-      {{- include "gpu-stack-lib.selectorLabels" (dict "ctx" .ctx "name" .name) | nindent 6 }}
-  template:
-    {{- include "gpu-stack-lib.podTemplate" $args | nindent 4 }}
 {{- end }}
 
 {{/*
