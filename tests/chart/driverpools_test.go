@@ -704,6 +704,25 @@ func TestVGPUManagerPoolsOverlap(t *testing.T) {
 	}
 }
 
+// A vGPU manager pool without nodeSelector is exactly a pool selecting nvidia.com/vgpu-manager.pool=<its name>: the
+// same render, byte for byte, hook contract included, and the same overlap check against a selector pool.
+func TestVGPUManagerPoolShorthand(t *testing.T) {
+	shorthand := strings.Replace(vgpuPools, "      nodeSelector:\n        matchLabels: {nvidia.com/vgpu-manager.pool: r570}\n", "", 1)
+	if shorthand == vgpuPools {
+		t.Fatal("the r570 pool's selector was not found to leave out")
+	}
+	if got, want := render(t, newestKube, []string{vmVGPUProfile, writeTemp(t, "vgpu-pools.yaml", shorthand)}),
+		render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)}); got != want {
+		t.Error("a vGPU manager pool without nodeSelector renders differently from its nodeSelector spelled out")
+	}
+	_, err := renderErr(t, newestKube, []string{vmVGPUProfile, writeTemp(t, "vgpu-pools.yaml", shorthand)},
+		"vgpuManager.pools[1].nodeSelector.matchExpressions[0].values={noble,r570}")
+	want := `vgpuManager.pools: pools "r570" and "noble" can select the same node: label nvidia.com/vgpu-manager.pool does not separate them`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("want an error containing %q, got %v", want, err)
+	}
+}
+
 // preUpgradeVGPUPools decodes the pre-upgrade Job's VGPU_MANAGER_POOLS with the hooks' parser; the gate and the test,
 // which do not plan, do not get it.
 func preUpgradeVGPUPools(t *testing.T, stream string) []driverPool {

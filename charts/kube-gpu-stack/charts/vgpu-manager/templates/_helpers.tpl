@@ -49,6 +49,14 @@ hand a waiting canary its turn. dict "values" POOL_VALUES
 {{- end }}
 
 {{/*
+vgpu-manager.variants: the vGPU manager's pools and DaemonSets (gpu-stack-lib.poolVariants), as JSON; a pool with no
+nodeSelector selects the nodes labelled nvidia.com/vgpu-manager.pool=<its name>. dict "Values" VALUES
+*/}}
+{{- define "vgpu-manager.variants" -}}
+{{- include "gpu-stack-lib.poolVariants" (dict "values" .Values "key" "vgpuManager" "prefix" "nvidia-vgpu-manager" "poolLabel" "nvidia.com/vgpu-manager.pool" "check" "vgpu-manager.checks") -}}
+{{- end }}
+
+{{/*
 vgpu-manager.hookPools: the vGPU manager chart's contract with the umbrella's pre-upgrade hook, VGPU_MANAGER_POOLS:
 its pools and DaemonSets in DRIVER_POOLS' shape (gpu-stack-lib.driverPools over the same gpu-stack-lib.poolVariants
 daemonset.yaml renders from, each DaemonSet with the DRIVER_CONFIG_DIGEST its pods carry, paced by
@@ -57,7 +65,7 @@ VGPU_MANAGER_VALUES (the chart's .Values, or the umbrella's .Values.vgpuManager 
 */}}
 {{- define "vgpu-manager.hookPools" -}}
 {{- if include "vgpu-manager.active" . -}}
-{{- $all := include "gpu-stack-lib.poolVariants" (dict "values" .Values "key" "vgpuManager" "prefix" "nvidia-vgpu-manager" "check" "vgpu-manager.checks") | fromJson -}}
+{{- $all := include "vgpu-manager.variants" . | fromJson -}}
 {{- $items := list -}}
 {{- range $d := $all.items -}}
 {{- $_ := set $d "digest" (include "vgpu-manager.configDigest" (dict "ctx" (dict "Values" $d.values) "os" $d.os)) -}}
