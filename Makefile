@@ -9,12 +9,13 @@ GO ?= go
 ## so more of them than cores overlap well (each takes about 1 GiB per control plane; tests/e2e runs 3).
 ## SLOW_PACKAGES start first (longest first), so no long suite starts last and runs alone at the end. The test
 ## binaries are linked without symbol table and DWARF (-s -w): linking some sixty of them is a tenth of the run's
-## CPU otherwise, and stack traces and runtime.Caller read the line tables, which stay
+## CPU otherwise, and stack traces and runtime.Caller read the line tables, which stay. `go test` does not vet
+## again (-vet=off): the vet target ran every analyzer on every package just before
 TEST_PACKAGES ?= 4
 SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/gitops ./tests/rollout ./tests/dra ./tests/node ./tests/takeover
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
-		$(GO) test -p $(TEST_PACKAGES) -ldflags='-s -w' -timeout 30m $(SLOW_PACKAGES) ./...
+		$(GO) test -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w' -timeout 30m $(SLOW_PACKAGES) ./...
 
 ## bench-rollout: the rollout overhead benchmark (tests/rolloutbench): a driver change across 200 simulated GPU nodes
 ## of one pool, maxUnavailable 20, each install taking 30 s, without and with a canary; about 25 minutes on 2 cores.
