@@ -16,19 +16,7 @@ import (
 // The release-level hooks walk every node; at client-go's default 5 requests/s a 1,000-node cleanup outlasts helm's
 // hook timeout, so their client asks for more.
 func TestReleaseHooksClientIsNotPacedAtClientGoDefaults(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: gpu}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &kubeconfig
-	cfg, _, ns, err := clients(flags)
+	cfg, _, ns, err := clients(flagsFor(t, "https://127.0.0.1:6443"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,19 +40,7 @@ func TestHooksClientsetSpeaksProtobuf(t *testing.T) {
 		http.NotFound(w, r)
 	}))
 	defer srv.Close()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "`+srv.URL+`"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u, namespace: gpu}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &kubeconfig
-	cfg, client, _, err := clients(flags)
+	cfg, client, _, err := clients(flagsFor(t, srv.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,4 +53,22 @@ current-context: c
 	if strings.Contains(cfg.ContentType, "protobuf") || strings.Contains(cfg.AcceptContentTypes, "protobuf") {
 		t.Errorf("the shared config asks for protobuf (%q, %q): dynamic clients would send it for custom resources", cfg.ContentType, cfg.AcceptContentTypes)
 	}
+}
+
+// flagsFor are kubeconfig flags naming a kubeconfig for server, with namespace gpu.
+func flagsFor(t *testing.T, server string) *genericclioptions.ConfigFlags {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+server+`"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u, namespace: gpu}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig = &kubeconfig
+	return flags
 }
