@@ -341,11 +341,11 @@ func controllerOf(p *corev1.Pod) types.UID {
 	return ""
 }
 
-// podCell describes the DaemonSet's pod on node.
+// podCell describes the DaemonSet's pod on node, from the DaemonSet's pods there.
 func podCell(ds *appsv1.DaemonSet, node *corev1.Node, pods []*corev1.Pod, revision, failedCreate string) Cell {
 	var pod *corev1.Pod
 	for _, p := range pods {
-		if p.Spec.NodeName != node.Name || p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil {
 			continue
 		}
 		if pod == nil || p.CreationTimestamp.After(pod.CreationTimestamp.Time) {
