@@ -109,6 +109,8 @@ NVIDIA PCI functions with their drivers. No API access; nothing on the node is c
 	}
 	cmd.Flags().StringVar(&h.Root, "host-root", root, "where the host's / is (env HOST_ROOT; / when run on the host itself)")
 	cmd.Flags().StringVar(&h.SysDir, "sys", "", "the host's sysfs (default <host-root>/sys)")
+	cmd.Flags().StringVar(&h.OwnRoot, "own-root", kmod.DefaultOwnRoot,
+		"the root of the mount namespace the driver container's root is mounted in (its mount table and pid file are read there)")
 	return cmd
 }
 

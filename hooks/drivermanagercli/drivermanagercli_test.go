@@ -177,7 +177,7 @@ func TestDetectReportsAndChangesNothing(t *testing.T) {
 	before := snapshot(t, f.Root)
 	var out bytes.Buffer
 	cmd := NewCommand(&out)
-	cmd.SetArgs([]string{"detect", "--host-root", f.Root})
+	cmd.SetArgs([]string{"detect", "--host-root", f.Root, "--own-root", f.Root})
 	if err := cmd.ExecuteContext(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestDetectReportsALeftoverNvidiaSMI(t *testing.T) {
 	f.LeftoverNvidiaSMI("opt/bin")
 	var out bytes.Buffer
 	cmd := NewCommand(&out)
-	cmd.SetArgs([]string{"detect", "--host-root", f.Root})
+	cmd.SetArgs([]string{"detect", "--host-root", f.Root, "--own-root", f.Root})
 	if err := cmd.ExecuteContext(t.Context()); err != nil {
 		t.Fatal(err)
 	}
