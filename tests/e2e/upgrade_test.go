@@ -64,13 +64,9 @@ func TestPreUpgradeOnAnEmptyClusterChangesNothing(t *testing.T) {
 	}
 }
 
-// TestChartOnlyUpgradeTouchesNoDriver: a new chart version with an unrelated values change leaves every driver
-// pod running (same pod, never restarted) and evicts no GPU workload.
-func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
-	e := use(t)
-	e.stand.Reset()
-	e.installProfile(t, mixedProfile())
-	defer e.uninstall(t)
+// chartOnlyUpgradeTouchesNoDriver: on the installed mixed profile, a new chart version with an unrelated values
+// change leaves every driver pod running (same pod, never restarted) and evicts no GPU workload.
+func (e *env) chartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 	const node = "container-ubuntu2204"
 	workload := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "training", Namespace: "default"},
@@ -127,14 +123,11 @@ func TestChartOnlyUpgradeTouchesNoDriver(t *testing.T) {
 	}
 }
 
-// TestDriverVersionUpgradeIsPlannedAndMarked: changing the driver version makes the pre-upgrade hook plan every
-// node running a driver of the changed pool, in batches of the pool's maxUnavailable, and mark them
-// upgrade-required before Helm applies the new DaemonSets; uninstall then clears the marks.
-func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
-	e := use(t)
-	e.stand.Reset()
-	before := e.snapshotNodes(t)
-	e.installProfile(t, mixedProfile())
+// driverVersionUpgradeIsPlannedAndMarked: on the installed mixed profile, changing the driver version makes the
+// pre-upgrade hook plan every node running a driver of the changed pool, in batches of the pool's maxUnavailable,
+// and mark them upgrade-required before Helm applies the new DaemonSets (the lifecycle's uninstall then clears the
+// marks).
+func (e *env) driverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
 	drivers, err := e.kube.Client.CoreV1().Pods(e.target().Namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
 	if err != nil || len(drivers.Items) == 0 {
 		t.Fatalf("no driver pods: %v", err)
@@ -158,9 +151,5 @@ func TestDriverVersionUpgradeIsPlannedAndMarked(t *testing.T) {
 		if got := n.Labels["nvidia.com/gpu-driver-upgrade-state"]; got != "upgrade-required" {
 			t.Errorf("node %s (driver pod %s): state %q, want upgrade-required", n.Name, p.Name, got)
 		}
-	}
-	e.uninstall(t)
-	if changes := cluster.NodeChanges(before, e.snapshotNodes(t)); changes != "" {
-		t.Errorf("uninstall left nodes changed:\n%s", changes)
 	}
 }

@@ -47,14 +47,9 @@ func (e *env) reportState(t *testing.T) (string, string) {
 	return cm.Data[releasecheck.ReportStateKey], cm.Data[releasecheck.ReportTextKey]
 }
 
-// TestGatePassesAndReports installs with every validator passing: the post-install hook passes and prints the node ×
-// operand table, saves it to the report ConfigMap, `status` prints it back, `helm test` passes, and uninstall's
-// pre-delete hook removes the report.
-func TestGatePassesAndReports(t *testing.T) {
-	e := use(t)
-	e.stand.Reset()
-	start := time.Now()
-	e.installProfile(t, mixedProfile())
+// gatePassedAndReported: the install since start, with every validator passing, ran a post-install hook that passed
+// and printed the node × operand table, saved it to the report ConfigMap, and `status` prints it back.
+func (e *env) gatePassedAndReported(t *testing.T, start time.Time) {
 	run := e.lastRun(t, "validation-gate", start)
 	if run.ExitCode != 0 || !strings.Contains(run.Output, ": passed (") || !strings.Contains(run.Output, "container-ubuntu2204") {
 		t.Fatalf("gate exit %d, output:\n%s", run.ExitCode, run.Output)
@@ -70,15 +65,15 @@ func TestGatePassesAndReports(t *testing.T) {
 	if err := cmd.ExecuteContext(t.Context()); err != nil || out.String() != text {
 		t.Errorf("status printed (err %v):\n%s\nwant the saved report:\n%s", err, out.String(), text)
 	}
+}
+
+// helmTestPasses: `helm test` on the installed release runs the validation test hook, which passes.
+func (e *env) helmTestPasses(t *testing.T) {
 	testStart := time.Now()
 	if _, err := e.target().Test(); err != nil {
 		t.Errorf("helm test: %v", err)
 	} else if run := e.lastRun(t, "validation-test", testStart); run.ExitCode != 0 {
 		t.Errorf("helm test run exit %d:\n%s", run.ExitCode, run.Output)
-	}
-	e.uninstall(t)
-	if _, err := e.kube.Client.CoreV1().ConfigMaps(e.target().Namespace).Get(t.Context(), stackcli.DefaultReportConfigMap, metav1.GetOptions{}); err == nil {
-		t.Error("uninstall left the report ConfigMap behind")
 	}
 }
 
