@@ -39,8 +39,8 @@ import (
 func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	const (
 		brokenTag         = "600.30.01"
-		validationTimeout = 8 // seconds
-		canaryMax         = 3 // the pool's maxUnavailable here
+		validationTimeout = 15 // seconds: short, yet about twice what a good driver takes to validate on a loaded 2-core machine
+		canaryMax         = 3  // the pool's maxUnavailable here
 		fault             = "nvidia-smi: Failed to initialize NVML: Driver/library version mismatch"
 		strayPID          = 31337
 	)
