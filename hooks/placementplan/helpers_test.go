@@ -3,7 +3,6 @@ package placementplan
 import (
 	"context"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 
@@ -13,10 +12,8 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
+// repoRoot is the repository root, from the package's folder, where `go test` runs its tests.
+func repoRoot() string { return filepath.Join("..", "..") }
 
 var (
 	renderMu    sync.Mutex

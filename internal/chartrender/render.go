@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -36,10 +37,36 @@ var KubeVersions = []string{"v1.31.0", "v1.37.0"}
 var APIVersions = chartutil.VersionSet{"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
 	"monitoring.coreos.com/v1/PrometheusRule", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}
 
-// RepoRoot is the repository root, found from this file's location.
+// module is this repository's Go module path, as its go.mod names it.
+const module = "github.com/kube-gpu-stack/kube-gpu-stack"
+
+// RepoRoot is the repository root: the nearest folder at or above the working directory (a test's package folder,
+// or the root itself under `go run ./ci/...`) whose go.mod declares this module. It is found from the working
+// directory because -trimpath builds (make test's) do not keep this file's path; a build that keeps it falls back
+// to it when the working directory is elsewhere.
 func RepoRoot() string {
+	if dir, err := os.Getwd(); err == nil {
+		for d := dir; ; d = filepath.Dir(d) {
+			if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && declaresModule(b) {
+				return d
+			}
+			if filepath.Dir(d) == d {
+				break
+			}
+		}
+	}
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// declaresModule says whether a go.mod's module line names this module (ci/ holds other modules' go.mod files).
+func declaresModule(gomod []byte) bool {
+	for line := range strings.Lines(string(gomod)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == module
+		}
+	}
+	return false
 }
 
 // ChartDir is the umbrella chart users install.
