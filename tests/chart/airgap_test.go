@@ -27,6 +27,7 @@ import (
 // launches (image env vars such as CUDA_WORKLOAD_IMAGE) must resolve there, by digest, to the bundled image.
 // Nothing reaches a registry outside the machine.
 func TestAirgapBundleMirrorRender(t *testing.T) {
+	t.Parallel()
 	m := airgaptest.BundleAndMirror(t, chartrender.ChartDir())
 	t.Log(lineWith(m.BundleLog, "wrote "))
 	t.Log(lineWith(m.MirrorLog, " pushed, "))
@@ -105,6 +106,7 @@ func sortedKeys(m map[string]bool) []string {
 // validators, driver managers) must name the pushed index (by digest; the driver manager by its pinned tag), and the
 // registry must serve that index for it. A second push changes nothing.
 func TestImagePushThenInstall(t *testing.T) {
+	t.Parallel()
 	idx, err := random.Index(256, 1, 2)
 	if err != nil {
 		t.Fatal(err)

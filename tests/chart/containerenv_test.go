@@ -16,6 +16,7 @@ const envNamesOverlay = `global:
 // TestEnvNamesThatReadAsBooleansStayNames: the chart builds env lists as YAML text; a name such as Y must not come
 // out as `name: true` (which the API server refuses) or fail the render.
 func TestEnvNamesThatReadAsBooleansStayNames(t *testing.T) {
+	t.Parallel()
 	want := map[string]string{"Y": "1", "N": "2", "on": "3", "off": "4", "yes": "5", "no": "6"}
 	out, err := renderErr(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml"), writeTemp(t, "env.yaml", envNamesOverlay)})
 	if err != nil {

@@ -39,6 +39,7 @@ var contractRenders = map[string][]string{
 
 // TestContractTableCoversEveryImage: every third-party image images.txt lists has a row in the contract table.
 func TestContractTableCoversEveryImage(t *testing.T) {
+	t.Parallel()
 	listed, err := imagelist.ParseFile(filepath.Join(chartrender.ChartDir(), imagelist.FileName))
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +63,7 @@ func isProjectImage(img string) bool { return strings.Contains(img, "kube-gpu-st
 // image's required env is set, the mounts provide the paths it needs; and a device plugin hands out the devices of
 // the GPUDirect features its node's driver enables.
 func TestContracts(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	seen := map[string][]string{} // violation -> renders
 	checked := 0

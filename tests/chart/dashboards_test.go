@@ -49,6 +49,7 @@ func dashboardConfigMaps(t *testing.T, set ...string) ([]corev1.ConfigMap, strin
 // Enabled: one ConfigMap per shipped dashboard file, carrying the sidecar's label and the configured annotations,
 // holding the file byte for byte under its own name.
 func TestDashboardConfigMapsRenderWithTheSidecarLabel(t *testing.T) {
+	t.Parallel()
 	cms, _ := dashboardConfigMaps(t, "monitoring.dashboards.enabled=true", "monitoring.dashboards.label=my_dashboards",
 		"monitoring.dashboards.labelValue=yes", "monitoring.dashboards.annotations.grafana_folder=GPUs")
 	files, _ := filepath.Glob(filepath.Join(chartrender.ChartDir(), "dashboards", "*.json"))
@@ -96,6 +97,7 @@ func TestDashboardConfigMapsRenderWithTheSidecarLabel(t *testing.T) {
 
 // The defaults: the sidecar label of kube-prometheus-stack, no annotations; the same render twice is the same.
 func TestDashboardConfigMapsDefaults(t *testing.T) {
+	t.Parallel()
 	cms, stream := dashboardConfigMaps(t, "monitoring.dashboards.enabled=true")
 	if len(cms) == 0 {
 		t.Fatal("no dashboard ConfigMaps")
@@ -112,6 +114,7 @@ func TestDashboardConfigMapsDefaults(t *testing.T) {
 
 // Disabled (the default): no dashboard ConfigMaps.
 func TestNoDashboardConfigMapsWhenDisabled(t *testing.T) {
+	t.Parallel()
 	if cms, _ := dashboardConfigMaps(t); len(cms) != 0 {
 		t.Fatalf("%d dashboard ConfigMaps with monitoring.dashboards.enabled=false", len(cms))
 	}

@@ -20,6 +20,7 @@ import (
 // render with what runs, so every render must be the same bytes. The chart keeps its own version here (no
 // pinning), as the CLI sees it.
 func TestRenderIsDeterministicAcrossEngines(t *testing.T) {
+	t.Parallel()
 	helm := helmCLI(t)
 	pkg := action.NewPackage()
 	pkg.Destination = t.TempDir()
@@ -113,6 +114,7 @@ func helmCLI(t *testing.T) string {
 
 // TestRenderIsDeterministic renders each profile twice: Argo CD compares renders, so they must be byte-equal.
 func TestRenderIsDeterministic(t *testing.T) {
+	t.Parallel()
 	for _, p := range profiles(t) {
 		a := render(t, newestKube, []string{p.file})
 		b, err := renderFresh(t, newestKube, []string{p.file})
@@ -128,6 +130,7 @@ func TestRenderIsDeterministic(t *testing.T) {
 // TestTemplatesAvoidNondeterminism: no template calls lookup or a random/time function (Argo CD re-renders and
 // compares; `helm template` has no cluster for lookup).
 func TestTemplatesAvoidNondeterminism(t *testing.T) {
+	t.Parallel()
 	banned := regexp.MustCompile(`\b(lookup|now|date|dateInZone|dateModify|unixEpoch|randAlphaNum|randAlpha|randNumeric|randAscii|randInt|randBytes|uuidv4|genCA|genCAWithKey|genPrivateKey|genSelfSignedCert|genSelfSignedCertWithKey|genSignedCert|genSignedCertWithKey|derivePassword|htpasswd)\b`)
 	action := regexp.MustCompile(`{{[^}]*}}`)
 	root := chartrender.RepoRoot()

@@ -46,6 +46,7 @@ func init() {
 // one pool only (the legacy fixtures; in VM-default profiles those are VM nodes), no fixture node is selected by both the device plugin (or its MPS daemon) and the DRA kubelet
 // plugin.
 func TestGPUAllocationNeverBoth(t *testing.T) {
+	t.Parallel()
 	var nodes []*corev1.Node
 	for _, n := range nodefixtures.RoleMatrix() {
 		nodes = append(nodes, n.Object())
@@ -95,6 +96,7 @@ func TestGPUAllocationNeverBoth(t *testing.T) {
 // TestGPUAllocationOnePoolMoves: a pool moved to DRA takes its nodes, and only its nodes, from the device plugin
 // (and its MPS daemon).
 func TestGPUAllocationOnePoolMoves(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, nil, "draDriver.enabled=true",
 		"driver.pools[0].name=moved", "driver.pools[0].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool="+nodefixtures.DRALegacyPool,
 		"driver.pools[0].gpuAllocation=dra")
@@ -137,6 +139,7 @@ func TestGPUAllocationOnePoolMoves(t *testing.T) {
 // an admin mistyped), no node is selected by both the device plugin (or its MPS daemon) and the DRA kubelet plugin,
 // with either default.
 func TestGPUAllocationNeverBothWhateverTheLabel(t *testing.T) {
+	t.Parallel()
 	for _, def := range []string{nodestate.AllocationDevicePlugin, nodestate.AllocationDRA} {
 		other := nodestate.AllocationDRA
 		if def == other {
@@ -191,6 +194,7 @@ func TestGPUAllocationNeverBothWhateverTheLabel(t *testing.T) {
 // rolls outside the pool. (The last pool leaving the device plugin takes its DaemonSets away; the DRA kubelet
 // plugin stays while draDriver.enabled.)
 func TestGPUAllocationPoolSwitchChangesOnlyItsDriverDaemonSets(t *testing.T) {
+	t.Parallel()
 	daemonSets := func(mode string) map[string]string {
 		stream := render(t, newestKube, nil, "draDriver.enabled=true", "driver.gpuAllocation=dra",
 			"driver.pools[0].name=moving", "driver.pools[0].nodeSelector.matchLabels.pool=moving", "driver.pools[0].gpuAllocation="+mode,
@@ -225,6 +229,7 @@ func TestGPUAllocationPoolSwitchChangesOnlyItsDriverDaemonSets(t *testing.T) {
 // TestGPUAllocationNeedsADriverManagerToMoveAPool: a pool whose nodes no driver manager labels (host or no driver
 // source, or the driver off) cannot differ from the default mode: the render fails naming the pool.
 func TestGPUAllocationNeedsADriverManagerToMoveAPool(t *testing.T) {
+	t.Parallel()
 	pool := []string{"draDriver.enabled=true", "driver.pools[0].name=gpus", "driver.pools[0].nodeSelector.matchLabels.a=b",
 		"driver.pools[0].gpuAllocation=dra"}
 	for name, set := range map[string][]string{
@@ -246,6 +251,7 @@ func TestGPUAllocationNeedsADriverManagerToMoveAPool(t *testing.T) {
 // --resource-slices` and may read ResourceSlices (to hold DRA nodes until theirs are published); without it they
 // neither pass the flag nor get the right, so a cluster without resource.k8s.io/v1 is never asked for it.
 func TestGateReadsResourceSlicesOnlyWithDRA(t *testing.T) {
+	t.Parallel()
 	slicesRead := rbacv1.PolicyRule{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch"}}
 	for _, tc := range []struct {
 		profile string

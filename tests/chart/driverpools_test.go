@@ -104,6 +104,7 @@ func sameTemplates(t *testing.T, want, got map[string]string) {
 // A chart release that changes nothing about the driver renders byte-identical driver pod templates, so no
 // driver pod restarts (and no workload is drained) on a chart-only upgrade.
 func TestDriverPodTemplatesIgnoreChartVersion(t *testing.T) {
+	t.Parallel()
 	base := driverTemplates(t, render(t, newestKube, []string{driverPoolsProfile}))
 	chrt := umbrella(t)
 	chrt.Metadata.Version, chrt.Metadata.AppVersion = "9.8.7", "9.8.7"
@@ -132,6 +133,7 @@ func TestDriverPodTemplatesIgnoreChartVersion(t *testing.T) {
 
 // Values of other operands are not part of the driver pod template.
 func TestDriverPodTemplatesIgnoreOtherOperands(t *testing.T) {
+	t.Parallel()
 	base := driverTemplates(t, render(t, newestKube, []string{driverPoolsProfile}))
 	got := driverTemplates(t, render(t, newestKube, []string{driverPoolsProfile},
 		"devicePlugin.args={--fail-on-init-error=false}", "toolkit.image.tag=v9.9.9", "dcgmExporter.enabled=false"))
@@ -140,6 +142,7 @@ func TestDriverPodTemplatesIgnoreOtherOperands(t *testing.T) {
 
 // Changing one pool's driver version moves exactly that pool's DRIVER_CONFIG_DIGEST.
 func TestDriverConfigDigestPerPool(t *testing.T) {
+	t.Parallel()
 	base := driverTemplates(t, render(t, newestKube, []string{driverPoolsProfile}))
 	for _, tc := range []struct{ set, prefix string }{
 		{"driver.pools[0].image.tag=570.200.01", "nvidia-driver-r570-"},
@@ -177,6 +180,7 @@ func TestDriverConfigDigestPerPool(t *testing.T) {
 // The profile renders one DaemonSet per pool x OS (x kernel), with names within 63 characters, and precompiled
 // images tagged <branch>-<kernel>-<os tag>.
 func TestDriverPoolsFanOut(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{driverPoolsProfile})
 	got := slices.Sorted(maps.Keys(driverTemplates(t, stream)))
 	want := []string{
@@ -247,6 +251,7 @@ func gatePools(t *testing.T, stream string) []driverPool {
 // DaemonSet. Covered: the default pool alone, pools on one label, and pools whose selectors need several terms
 // to exclude (the default pool's OR'ed alternatives). Without the driver chart the list is empty.
 func TestDriverPoolsEnvMatchesDriverDaemonSets(t *testing.T) {
+	t.Parallel()
 	multiTerm := writeTemp(t, "pools.yaml", `driver:
   pools:
     - name: r570
@@ -429,6 +434,7 @@ func neutral(node *corev1.Node) *corev1.Node {
 // tainted nodes too, and on the nodes as they are a placed DaemonSet is always one its terms select. So the plan's
 // DaemonSetFor names, for a node, the DaemonSet whose pod runs there.
 func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
+	t.Parallel()
 	var base []*corev1.Node
 	for _, n := range nodefixtures.RoleMatrix() {
 		base = append(base, n.Object())
@@ -555,6 +561,7 @@ func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
 // driver-upgrade-gate sidecar of every driver DaemonSet, and a pool's own upgradePolicy overrides it for that pool's
 // DaemonSets only.
 func TestValidationTimeoutReachesEachPoolsGate(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(chartrender.RepoRoot(), "values", "driver-pools.yaml")
 	stream := render(t, newestKube, []string{file}, "driver.upgradePolicy.validationTimeoutSeconds=300",
 		"driver.pools[0].upgradePolicy.validationTimeoutSeconds=45")
@@ -633,6 +640,7 @@ func vgpuPoolsFile(t *testing.T) string {
 // Each container pool renders one vGPU manager DaemonSet per OS tag, and every vm-vgpu node gets exactly the
 // DaemonSet of its pool and OS (none on host pools, none on other roles).
 func TestVGPUManagerPools(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)})
 	vgpu := operandPlacements(t, stream, "vgpu-manager")
 	var names []string
@@ -696,6 +704,7 @@ func TestVGPUManagerPools(t *testing.T) {
 
 // Two pools that can select one node fail at render, naming both pools and the label.
 func TestVGPUManagerPoolsOverlap(t *testing.T) {
+	t.Parallel()
 	_, err := renderErr(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)},
 		"vgpuManager.pools[1].nodeSelector.matchExpressions[0].values={noble,r570}")
 	want := `vgpuManager.pools: pools "r570" and "noble" can select the same node: label nvidia.com/vgpu-manager.pool does not separate them`
@@ -707,6 +716,7 @@ func TestVGPUManagerPoolsOverlap(t *testing.T) {
 // A vGPU manager pool without nodeSelector is exactly a pool selecting nvidia.com/vgpu-manager.pool=<its name>: the
 // same render, byte for byte, hook contract included, and the same overlap check against a selector pool.
 func TestVGPUManagerPoolShorthand(t *testing.T) {
+	t.Parallel()
 	shorthand := strings.Replace(vgpuPools, "      nodeSelector:\n        matchLabels: {nvidia.com/vgpu-manager.pool: r570}\n", "", 1)
 	if shorthand == vgpuPools {
 		t.Fatal("the r570 pool's selector was not found to leave out")
@@ -756,6 +766,7 @@ func preUpgradeVGPUPools(t *testing.T, stream string) []driverPool {
 // node exactly where that DaemonSet runs. The pace is the DaemonSets' updateStrategy (global's maxUnavailable 1
 // here), without canary or failure threshold; a pool's own updateStrategy paces that pool.
 func TestVGPUManagerPoolsEnv(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{vmVGPUProfile, vgpuPoolsFile(t)}, "vgpuManager.pools[1].updateStrategy.type=OnDelete",
 		"vgpuManager.pools[0].updateStrategy.rollingUpdate.maxUnavailable=25%")
 	pools := preUpgradeVGPUPools(t, stream)
@@ -866,6 +877,7 @@ func TestVGPUManagerPoolsEnv(t *testing.T) {
 // node is refused, whichever comes first, naming both pools; one kept apart on that label is accepted. An empty
 // nodeSelector is refused, pointing at the shorthand.
 func TestDriverPoolShorthand(t *testing.T) {
+	t.Parallel()
 	explicit := render(t, newestKube, []string{driverPoolsProfile}, "driver.pools[0].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=r570",
 		"driver.pools[1].nodeSelector.matchLabels.nvidia\\.com/driver\\.pool=precompiled")
 	if got := render(t, newestKube, []string{driverPoolsProfile}); got != explicit {

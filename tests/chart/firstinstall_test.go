@@ -31,6 +31,7 @@ func gateTimeout(t *testing.T, stream string) time.Duration {
 // at least that long there, and the README's install commands give Helm a --timeout above the gate's Job deadline
 // (gate + 30 s), or a normal first install is marked failed. Upgrades keep the shorter timeoutSeconds.
 func TestFirstInstallOutlastsTheDriverBuild(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{profileFile("container-only")})
 	p := containerNamed(t, daemonSet(t, stream, "nvidia-driver-daemonset-ubuntu2204"), "nvidia-driver-ctr").StartupProbe
 	if p == nil {
@@ -89,6 +90,7 @@ func TestFirstInstallOutlastsTheDriverBuild(t *testing.T) {
 // and created again on each run. Only a first install that brings the CRD itself renders it as a hook, carrying the
 // release's ownership marks so that the next upgrade adopts it in place.
 func TestNodeFeatureRuleIsNeverRecreated(t *testing.T) {
+	t.Parallel()
 	const api = "nfd.k8s-sigs.io/v1alpha1/NodeFeatureRule"
 	rule := func(t *testing.T, a chartrender.Action) map[string]any {
 		t.Helper()

@@ -322,6 +322,7 @@ func checkNamespace(t *testing.T, ns *corev1.Namespace, want string) {
 }
 
 func TestFluxHelmReleaseFromOCIExample(t *testing.T) {
+	t.Parallel()
 	docs := readExample(t, fluxOCIExample)
 	hr, repo, ns := only[*helmv2.HelmRelease](t, docs), only[*sourcev1.OCIRepository](t, docs), only[*corev1.Namespace](t, docs)
 	checkNamespace(t, ns, hr.Namespace)
@@ -350,6 +351,7 @@ func TestFluxHelmReleaseFromOCIExample(t *testing.T) {
 }
 
 func TestFluxHelmReleaseFromGitExample(t *testing.T) {
+	t.Parallel()
 	docs := readExample(t, fluxGitExample)
 	hr, repo, ns := only[*helmv2.HelmRelease](t, docs), only[*sourcev1.GitRepository](t, docs), only[*corev1.Namespace](t, docs)
 	checkNamespace(t, ns, hr.Namespace)
@@ -385,6 +387,7 @@ func TestFluxHelmReleaseFromGitExample(t *testing.T) {
 }
 
 func TestArgoCDApplicationExample(t *testing.T) {
+	t.Parallel()
 	app := only[*argoApplication](t, readExample(t, argoApplicationExample))
 	spec := app.Spec
 	if len(spec.IgnoreDifferences) > 0 {
@@ -421,6 +424,7 @@ func TestArgoCDApplicationExample(t *testing.T) {
 // TestExampleDecodingIsStrict is the check's control: a misspelt field, a field of the wrong type and an unknown
 // kind must each be refused, naming what is wrong.
 func TestExampleDecodingIsStrict(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct{ doc, want string }{
 		"misspelt HelmRelease field": {`apiVersion: helm.toolkit.fluxcd.io/v2
 kind: HelmRelease
@@ -454,6 +458,7 @@ metadata: {name: x}`, "not a kind these examples use"},
 // put back (5m timeouts, Helm's wait, no test, no drift detection) and with a raised gate timeout, rollback and
 // uninstall remediation, cleanup on failure and an ignore rule must be named, each of them.
 func TestHelmReleaseChecksNameUnsafeSettings(t *testing.T) {
+	t.Parallel()
 	base := only[*helmv2.HelmRelease](t, readExample(t, fluxOCIExample))
 
 	defaults := base.DeepCopy()

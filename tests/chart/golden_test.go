@@ -16,6 +16,7 @@ import (
 // with tests/chart/testdata/golden/<profile>.<kube minor>.golden.yaml. A change to the chart's output shows up as a golden diff
 // to review; UPDATE_GOLDEN=1 rewrites the files.
 func TestGolden(t *testing.T) {
+	t.Parallel()
 	for _, p := range profiles(t) {
 		for _, kv := range p.kubeVersions() {
 			t.Run(p.name+"/"+kv, func(t *testing.T) {
@@ -75,6 +76,7 @@ func lineDiff(a, b string) string {
 // TestPackagedChartCarriesEveryOperand packages the chart as `helm package` does and checks that the archive holds
 // every operand and renders byte-identically to the directory.
 func TestPackagedChartCarriesEveryOperand(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pkg := action.NewPackage()
 	pkg.Destination = dir

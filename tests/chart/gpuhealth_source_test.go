@@ -14,6 +14,7 @@ var healthOn = []string{"global.health.nodeCondition.enabled=true", "dcgmExporte
 // read the exporter it gets the URL of the node-local Service, which the exporter's chart renders with
 // internalTrafficPolicy Local in front of the exporter's pods.
 func TestHealthAgentSources(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		source     string
 		url, nvml  bool
@@ -78,6 +79,7 @@ func TestHealthAgentSources(t *testing.T) {
 // TestHealthExporterSourceNeedsTheExporter: the dcgm-exporter source fails the render, naming the key, without the
 // exporter or without the health profile's Xid count.
 func TestHealthExporterSourceNeedsTheExporter(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		set  []string
 		want string

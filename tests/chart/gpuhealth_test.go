@@ -56,6 +56,7 @@ func devicePluginHealthEnv(t *testing.T, set ...string) (disable, enable string,
 // fatal Xid and on none of the application tier, for the default policy and for a changed one; and
 // devicePlugin.healthChecks=false turns the check off.
 func TestHealthPolicyReachesTheDevicePlugin(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name               string
 		set                []string
@@ -121,6 +122,7 @@ func admissionAccounts(t *testing.T, stream string) (string, []string) {
 // driver roots read-only, may patch only nodes/status (and update nodes only when it taints), is held to its own
 // node by the admission policy, and tolerates its own taint. The taint is off unless asked for.
 func TestHealthAgentRendersThePolicy(t *testing.T) {
+	t.Parallel()
 	off := render(t, newestKube, []string{profileFile("container-only")})
 	for _, o := range objects(t, off) {
 		if strings.HasPrefix(o.name(), "nvidia-gpu-health") {
@@ -197,6 +199,7 @@ func rulesEqual(a, b rbacv1.PolicyRule) bool {
 // TestHealthXidTiersOverlapFailsFromSet: an Xid given fatal by --set (an integer) and application in values.yaml (a
 // float) is still caught.
 func TestHealthXidTiersOverlapFailsFromSet(t *testing.T) {
+	t.Parallel()
 	_, err := renderErr(t, newestKube, []string{profileFile("container-only")}, "global.health.xids.fatal={79,13}")
 	if err == nil || !strings.Contains(err.Error(), "Xid 13 is in both the fatal and the application tier") {
 		t.Fatalf("render: %v", err)

@@ -226,6 +226,7 @@ func restrictedViolations(spec corev1.PodSpec) []string {
 // default 5m timeout (activeDeadlineSeconds = the binary's --timeout + 30), runs under the restricted Pod
 // Security profile with a token for its own ServiceAccount, and carries the hook annotations each needs.
 func TestHookJobsAreSafeAndBounded(t *testing.T) {
+	t.Parallel()
 	type want struct{ kind, events, deletePolicy, outputLog, subcommand string }
 	wants := map[string]want{
 		gateName:    {"Job", "post-install,post-upgrade", "before-hook-creation", "hook-succeeded,hook-failed", "check"},
@@ -323,6 +324,7 @@ func TestHookJobsAreSafeAndBounded(t *testing.T) {
 // and patch nodes (upgrade-required), list pods, PodDisruptionBudgets and resource claims cluster-wide (GPU pods,
 // DRA ones included, a budget never lets go), list the driver pods in the namespace; nothing else.
 func TestHookRBAC(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")})
 	hooks := map[string]hookObject{}
 	for _, h := range hookObjects(t, stream) {
@@ -424,6 +426,7 @@ func equalJSON(a, b any) bool { return mustJSON(a) == mustJSON(b) }
 // NodeFeatureRule), plus the gate's report ConfigMap; its roles allow deleting exactly those names, stopping the
 // release's DaemonSets first, removing the driver managers' Leases, and patching nodes. With nfd.mode=none there is no NodeFeatureRule to name (nor its API).
 func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
+	t.Parallel()
 	profile := filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")
 	for _, tc := range []struct {
 		name string
@@ -526,6 +529,7 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 // scheduling merges with the globals as it does for operands. The pre-upgrade plan's --evict/--force follow
 // driver.manager.gpuPodDeletion.
 func TestHookValues(t *testing.T) {
+	t.Parallel()
 	profile := []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")}
 	kinds := func(stream string) []string {
 		var out []string
@@ -674,6 +678,7 @@ hooks:
 // are told which workload image to run, from validator.cuda.workloadImage, through global.imageRegistry like every
 // other image.
 func TestValidatorCUDAWorkloadImage(t *testing.T) {
+	t.Parallel()
 	image := func(stream, container string) string {
 		t.Helper()
 		for _, o := range objects(t, stream) {

@@ -23,6 +23,7 @@ import (
 // charts/kube-gpu-stack/images.txt lists exactly the images they run, and that Chart.yaml's artifacthub.io/images
 // annotation names the same ones. Licensed images only their owner can pull (imagelist.UserSupplied) are left out.
 func TestImages(t *testing.T) {
+	t.Parallel()
 	set, err := imagelist.Collect(t.Context(), chartrender.RepoRoot())
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +141,7 @@ func summarize(renders []string) string {
 // TestArtifactHubAnnotations checks the annotations Artifact Hub shows besides the images: the license and the
 // source and docs links.
 func TestArtifactHubAnnotations(t *testing.T) {
+	t.Parallel()
 	chartYAML, err := os.ReadFile(filepath.Join(chartrender.ChartDir(), "Chart.yaml"))
 	if err != nil {
 		t.Fatal(err)

@@ -60,6 +60,7 @@ func containersOf(ps map[string]any) []map[string]any {
 // version never reach a selector or a pod template (selectors are immutable, and a version in a pod template
 // would roll every pod on a chart-only bump).
 func TestEveryObjectIsLabelledAndSelectorsAreStable(t *testing.T) {
+	t.Parallel()
 	required := []string{"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
 		"app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"}
 	volatile := []string{"helm.sh/chart", "app.kubernetes.io/version"}
@@ -95,6 +96,7 @@ func TestEveryObjectIsLabelledAndSelectorsAreStable(t *testing.T) {
 // TestEveryPodGetsGlobalPullSecretsAndTolerations: global.imagePullSecrets and global.tolerations reach every pod
 // the chart creates, whatever the profile.
 func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
+	t.Parallel()
 	extra := writeTemp(t, "overlay.yaml", overlay)
 	for _, p := range profiles(t) {
 		pods := 0

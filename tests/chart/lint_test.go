@@ -13,6 +13,7 @@ import (
 // chart as the umbrella renders it; an operand does not lint alone (`--with-subcharts`, which only the CLI honours),
 // since it calls the library through the umbrella's dependency and reads global values only the umbrella sets.
 func TestHelmLintStrict(t *testing.T) {
+	t.Parallel()
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
 			vals, err := chartrender.Values([]string{p.file}, nil)

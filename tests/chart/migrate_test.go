@@ -81,6 +81,7 @@ func mounted(spec *corev1.PodSpec) []string {
 // TestMigrateRendersWithTheChart converts the GPU Operator's own default values and realistic files, renders the
 // chart with each output and checks that the rendered objects carry the converted settings.
 func TestMigrateRendersWithTheChart(t *testing.T) {
+	t.Parallel()
 	hasImage := func(t *testing.T, stream, ds, want string) *corev1.PodSpec {
 		t.Helper()
 		spec := migratedPod(t, stream, ds)
@@ -270,6 +271,7 @@ func operatorKeyHints(t *testing.T) (all, umbrella map[string]string) {
 // TestOperatorKeysFailNamingTheReplacement renders a values file with each GPU Operator key that this chart spells
 // differently: the render must still fail, and the error must name the key, its replacement and `migrate`.
 func TestOperatorKeysFailNamingTheReplacement(t *testing.T) {
+	t.Parallel()
 	hints, umbrellaHints := operatorKeyHints(t)
 	for key, want := range map[string]string{
 		"driver.version":                           "use driver.image.tag",
@@ -315,6 +317,7 @@ func TestOperatorKeysFailNamingTheReplacement(t *testing.T) {
 // TestMigrateTargetsExist resolves every chart key the migrate table writes against the values schemas (the
 // umbrella's, and the operand chart's below its key): a mapping to a key the chart does not have fails here.
 func TestMigrateTargetsExist(t *testing.T) {
+	t.Parallel()
 	load := func(dir string) map[string]any {
 		var s map[string]any
 		data, err := os.ReadFile(filepath.Join(dir, "values.schema.json"))

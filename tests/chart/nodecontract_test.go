@@ -70,6 +70,7 @@ func decodeNamed[T any](t *testing.T, stream, kind, name string) *T {
 // (main.py, default gpu-operator) and lists pods there while it evicts the sandbox operands
 // (gpu_operator_eviction.py list_namespaced_pod), which needs a namespaced pods Role.
 func TestCCManagerRunsTheImageEntrypoint(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{profileFile("confidential")})
 	ds := daemonSet(t, stream, "nvidia-cc-manager")
 	c := containerNamed(t, ds, "nvidia-cc-manager")
@@ -93,6 +94,7 @@ func TestCCManagerRunsTheImageEntrypoint(t *testing.T) {
 // pod from starting on kernels without memory hotplug (the file is absent); the directory /sys/devices/system
 // always exists, and the driver image writes below it.
 func TestDriverMountsExistOnEveryKernel(t *testing.T) {
+	t.Parallel()
 	for _, p := range []string{"container-only", "driver-pools"} {
 		stream := render(t, newestKube, []string{profileFile(p)})
 		for _, o := range objects(t, stream) {
@@ -130,6 +132,7 @@ func TestDriverMountsExistOnEveryKernel(t *testing.T) {
 // /run/mellanox/drivers/usr/src in the driver container: the network operator's driver container provides them
 // there, a host MOFED in the host's /usr/src (the GPU Operator repoints the same volume).
 func TestDriverMofedSources(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		set  []string
 		want string
@@ -154,6 +157,7 @@ func TestDriverMofedSources(t *testing.T) {
 // TestDriverCertConfigKeepsTheImageBundle: each listed key of the certConfig ConfigMap is mounted as one file in
 // the OS's CA directory (subPath), so the image's own CA bundle in that directory stays visible.
 func TestDriverCertConfigKeepsTheImageBundle(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{profileFile("container-only")},
 		"driver.certConfig.name=proxy-ca", "driver.certConfig.keys={proxy.crt,mirror.crt}")
 	for ds, dir := range map[string]string{
@@ -186,6 +190,7 @@ func TestDriverCertConfigKeepsTheImageBundle(t *testing.T) {
 // pod's .driver-ctr-ready), and be off where the driver turned nothing on (the GPU Operator 26.3.3 regression
 // turned them on everywhere).
 func TestDevicePluginGPUDirectFollowsTheDriver(t *testing.T) {
+	t.Parallel()
 	sh, err := exec.LookPath("sh")
 	if err != nil {
 		t.Fatalf("no sh to run the script with: %v", err)
@@ -257,6 +262,7 @@ func TestDevicePluginGPUDirectFollowsTheDriver(t *testing.T) {
 // MIG profile is discovered. It stores the generated config in ConfigMap <node>-mig-config owned by its pod, read
 // through POD_NAME / POD_NAMESPACE, and acts only on the nvidia.com/mig.config label.
 func TestMIGManagerGeneratesItsConfig(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{profileFile("container-only")})
 	ds := daemonSet(t, stream, "nvidia-mig-manager")
 	c := containerNamed(t, ds, "nvidia-mig-manager")
@@ -313,6 +319,7 @@ func TestMIGManagerGeneratesItsConfig(t *testing.T) {
 // TestMIGProfilesHaveDeviceFilters: every entry of every shipped MIG profile names the GPUs (PCI device IDs) it is
 // written for, so mig-parted leaves a GPU it does not fit alone instead of failing the node's change.
 func TestMIGProfilesHaveDeviceFilters(t *testing.T) {
+	t.Parallel()
 	cm := decodeNamed[corev1.ConfigMap](t, render(t, newestKube, []string{profileFile("container-only")}), "ConfigMap", "default-mig-parted-config")
 	var cfg struct {
 		MigConfigs map[string][]map[string]any `json:"mig-configs"`
@@ -358,6 +365,7 @@ func gfdConfig(t *testing.T, set ...string) (name, def string) {
 // product's -SHARED suffix), so GFD reads the same config the plugin reads on each node unless gfd.config names its
 // own; with the device plugin off there is no config to follow.
 func TestGFDFollowsDevicePluginConfig(t *testing.T) {
+	t.Parallel()
 	plugin := []string{"devicePlugin.config.name=plugin-configs", "devicePlugin.config.default=time-sliced"}
 	for _, tc := range []struct {
 		name          string
@@ -415,6 +423,7 @@ func hostPathOf(ps, c map[string]any, mountPath string) string {
 // driver) or /host (host driver), and the same for DEV_ROOT_CTR_PATH. Every container that sources it must mount
 // the driver install dir (the host path the validator checks) at /driver-root and the host's / at /host.
 func TestDriverReadyConsumersMountWhatItNames(t *testing.T) {
+	t.Parallel()
 	consumers := 0
 	for _, p := range profiles(t) {
 		objs := objects(t, render(t, newestKube, []string{p.file}, append(everythingOn, "devicePlugin.mps.controlDaemon=true")...))

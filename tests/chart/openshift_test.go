@@ -160,6 +160,7 @@ func listHas(l any, s string) bool {
 // pin a non-root UID, nothing for pods restricted-v2 admits. Every profile is rendered with
 // global.platform=openshift and the optional operands on, so every operand and hook pod is checked.
 func TestOpenShiftSCCGrants(t *testing.T) {
+	t.Parallel()
 	checked := map[string]bool{}
 	for _, p := range profiles(t) {
 		objs := objects(t, render(t, newestKube, []string{p.file}, append(slices.Clone(everythingOn), "global.platform=openshift")...))
@@ -213,6 +214,7 @@ func TestOpenShiftSCCGrants(t *testing.T) {
 
 // TestSCCRulesOnlyOnOpenShift: off OpenShift the API group does not exist; no Role names it.
 func TestSCCRulesOnlyOnOpenShift(t *testing.T) {
+	t.Parallel()
 	for _, p := range profiles(t) {
 		if strings.HasPrefix(p.name, "openshift") {
 			continue
@@ -313,6 +315,7 @@ func requiresLabel(ps map[string]any, key, value string) bool {
 // emptyDir with the DTK side container of that build's image; the proxy and the cluster trust bundle reach the
 // driver container; other OS tags are untouched; every container keeps its image's contract.
 func TestOpenShiftDriverToolkit(t *testing.T) {
+	t.Parallel()
 	values := writeTemp(t, "dtk.yaml", openshiftDTK)
 	stream := render(t, newestKube, []string{values})
 	objs := objects(t, stream)
@@ -430,6 +433,7 @@ func driverDigests(t *testing.T, files []string, set ...string) map[string]strin
 // TestOpenShiftDigests: the DTK image is part of the driver config digest of the DTK DaemonSets only (a new DTK
 // image is a new kernel build), and the proxy is part of none (a proxy change keeps the loaded driver).
 func TestOpenShiftDigests(t *testing.T) {
+	t.Parallel()
 	values := writeTemp(t, "dtk.yaml", openshiftDTK)
 	base := driverDigests(t, []string{values})
 	other := driverDigests(t, []string{values}, "driver.driverToolkit.images.418\\.94\\.202502251302-0=quay.io/x/dtk@sha256:2222222222222222222222222222222222222222222222222222222222222222",
@@ -449,6 +453,7 @@ func TestOpenShiftDigests(t *testing.T) {
 // TestOpenShiftValuesRefused: Driver Toolkit settings that would leave nodes without a driver, and a trust bundle
 // nothing injects, fail at render naming the key.
 func TestOpenShiftValuesRefused(t *testing.T) {
+	t.Parallel()
 	values := writeTemp(t, "dtk.yaml", openshiftDTK)
 	for _, c := range []struct {
 		set  []string

@@ -73,6 +73,7 @@ func toolkitContainer(t *testing.T, ds *appsv1.DaemonSet) corev1.Container {
 // TestRuntimePresets renders each platform preset (its values/ profile, or --set overrides) and checks the
 // toolkit's runtime env, the host directories behind its runtime mounts and the device plugin's kubelet socket dir.
 func TestRuntimePresets(t *testing.T) {
+	t.Parallel()
 	profile := func(name string) []string {
 		return []string{filepath.Join(chartrender.RepoRoot(), "values", name+".yaml")}
 	}
@@ -227,6 +228,7 @@ func ptrString(s *string) string {
 // RuntimeClass is rendered, and every pod that would run under the nvidia runtime class instead carries one
 // nvidia.cdi.k8s.io/container.<name> annotation per container and no runtimeClassName.
 func TestNRIPlugin(t *testing.T) {
+	t.Parallel()
 	for _, rt := range []string{"containerd", "crio"} {
 		t.Run(rt, func(t *testing.T) {
 			out := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "containerd-nri.yaml")}, "toolkit.runtime="+rt)

@@ -38,6 +38,7 @@ func needsPrivileges(c map[string]any) bool {
 // container (CapEff 0), so every container of the project's image (USER 65532) that is privileged or adds
 // capabilities must run as root; every other one runs as the image's non-root user.
 func TestProjectImagePrivilegesRunAsRoot(t *testing.T) {
+	t.Parallel()
 	seen := map[string]int{}
 	for _, p := range profiles(t) {
 		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
@@ -82,6 +83,7 @@ func orImage(u any) any {
 // token, CA and namespace at the standard path from one projected volume, and no other container mounts it. The
 // driver manager also names itself (POD_NAME) in the node's Lease.
 func TestDriverManagerTokenOnlyInOurContainers(t *testing.T) {
+	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
 		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {

@@ -226,6 +226,7 @@ func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
 // TestProfileKubeFloor: a profile that needs a newer Kubernetes than the oldest supported one fails to render on
 // the older ones, saying which version it needs.
 func TestProfileKubeFloor(t *testing.T) {
+	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
 		for _, kv := range chartrender.KubeVersions {

@@ -23,7 +23,8 @@ const symlinkNotice = "found symbolic link"
 // "found symbolic link in path" notice per link it follows, so the chart holds none: the operand charts and the
 // library live inside it, and operands/<name> and charts/gpu-stack-lib are the links, pointing in. The chart is
 // installed from the clone through the helm SDK (as `helm install` and Flux's helm-controller do) and rendered,
-// linted and packaged through the helm CLI (`helm template` is what Argo CD runs), and none may print a notice.
+// linted and packaged through the helm CLI (`helm template` is what Argo CD runs), and none may print a notice. Not
+// parallel: it reads the process-wide log, which the package's parallel tests would write to.
 func TestInstallFromACloneIsQuiet(t *testing.T) {
 	dir := chartrender.ChartDir()
 	values := filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml")

@@ -32,6 +32,7 @@ import (
 // nothing and needs no rule. The API refuses a patch a rule does not allow only on a running node, where it is a
 // logged, lost explanation: this catches it at render.
 func TestValidatorChecksMayRecordOnTheirNode(t *testing.T) {
+	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
 		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
@@ -182,6 +183,7 @@ var driverManagerAccounts = []string{"nvidia-driver", "nvidia-vgpu-manager", "nv
 // chart grants everything the code calls. And it grants nothing the code never calls: no nodes update (it patches),
 // no pods delete (it evicts), no pods get; Leases only in the release namespace.
 func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
+	t.Parallel()
 	// mixed: the driver, the vGPU manager and the VFIO manager all render
 	objs := objects(t, render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml")}))
 	for _, sa := range driverManagerAccounts {
@@ -333,6 +335,7 @@ func orCluster(ns string) string {
 // TestValidatorRBACIsWhatItCalls: the validator creates, lists, watches and deletes its workload pods in the
 // release namespace and nothing else there; its workload pods' account is granted nothing.
 func TestValidatorRBACIsWhatItCalls(t *testing.T) {
+	t.Parallel()
 	objs := objects(t, render(t, newestKube, nil))
 	var ns []string
 	for r := range rulesOf(objs, "nvidia-operator-validator") {
@@ -361,6 +364,7 @@ func TestValidatorRBACIsWhatItCalls(t *testing.T) {
 // TestValidatorDRARightsAreWhatTheDRACheckCalls: with a pool on DRA the validator also lists ResourceSlices
 // cluster-wide and creates and deletes ResourceClaims in the release namespace (the dra check), and nothing more.
 func TestValidatorDRARightsAreWhatTheDRACheckCalls(t *testing.T) {
+	t.Parallel()
 	objs := objects(t, render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "dra-mixed.yaml")}))
 	var dra []string
 	for r := range rulesOf(objs, "nvidia-operator-validator") {
@@ -399,7 +403,8 @@ func nodeLocalAccounts(objs []object) map[string]string {
 // TestNodeLocalAccountsAreHeldToTheirNode: the rendered admission policy matches every ServiceAccount whose pods
 // run the driver manager or a recording validator check (each may patch Nodes, and only its own is meant), and
 // keeps the validator's pods on the account its workload env names. It is rendered only where the API is served
-// and admissionPolicy.enabled is true.
+// and admissionPolicy.enabled is true. Not parallel: it narrows chartrender.APIVersions for a render, so it runs
+// before the package's parallel tests start.
 func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
 	policyOf := func(objs []object) (policy map[string]any, bound bool) {
 		for _, o := range objs {
@@ -466,6 +471,7 @@ func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
 // in every namespace (the plugin check sums the GPU requests of its node's pods) and patches its Node; the sandbox
 // validator records its checks' outcomes on its Node.
 func TestValidatorRBAC(t *testing.T) {
+	t.Parallel()
 	stream := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "mixed.yaml")})
 	for _, tc := range []struct {
 		sa   string

@@ -130,6 +130,7 @@ var roleMatrix = map[string]matrix{
 // evaluator and compares the operands each node gets with the table above. Placement fails when a node gets two
 // DaemonSets of one operand (e.g. two driver OS variants); every DaemonSet must select some fixture node.
 func TestRoleMatrix(t *testing.T) {
+	t.Parallel()
 	var base []*corev1.Node
 	for _, n := range nodefixtures.RoleMatrix() {
 		base = append(base, n.Object())

@@ -14,6 +14,7 @@ import (
 // TestValuesSchemaUpToDate regenerates every chart's values.schema.json from its values.yaml (as make generate
 // does) and fails when the committed schema differs, or when a values key has no comment saying what it does.
 func TestValuesSchemaUpToDate(t *testing.T) {
+	t.Parallel()
 	files, err := valuesschema.All(chartrender.RepoRoot())
 	if err != nil {
 		t.Fatalf("%v (document the key in values.yaml, then run make generate)", err)
@@ -35,6 +36,7 @@ func TestValuesSchemaUpToDate(t *testing.T) {
 // TestBadValuesFailNamingTheKey renders each file in testdata/bad-values; each must fail, and the error must
 // contain the text on the file's first line (`# want: ...`), which names the offending key.
 func TestBadValuesFailNamingTheKey(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob(filepath.Join("testdata", "bad-values", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no bad values files: %v", err)

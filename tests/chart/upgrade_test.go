@@ -18,6 +18,7 @@ import (
 // readiness probe reads; it runs unprivileged with a read-only root, and its ServiceAccount may do what it does
 // (nodes get/patch, pods list/watch).
 func TestDriverUpgradeGateSidecar(t *testing.T) {
+	t.Parallel()
 	const dir = "/run/kube-gpu-stack"
 	seen := map[string]int{}
 	for _, p := range profiles(t) {

@@ -42,6 +42,7 @@ func actionlint(t *testing.T) string {
 // job and step references, known actions' inputs); a workflow with known mistakes fails it, so the check cannot
 // pass vacuously. Shell scripts in run: steps are not checked (no shellcheck here).
 func TestWorkflowsPassActionlint(t *testing.T) {
+	t.Parallel()
 	bin := actionlint(t)
 	workflows, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), ".github", "workflows", "*.yml"))
 	if err != nil || len(workflows) == 0 {
