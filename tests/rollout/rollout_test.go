@@ -484,9 +484,12 @@ type recorder struct {
 	seq                      map[string][]nodestate.UpgradeState
 	inFlight, cordoned       map[string]bool
 	maxInFlight, maxCordoned int
-	worst                    string
-	cancel                   context.CancelFunc
-	done                     chan struct{}
+	// worst is the moment with the most nodes out, and the changes that led to it
+	worst string
+	// history is the last historyLen changes of a node's state or of its cordon, oldest first
+	history []string
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 func recordNodes(t *testing.T) *recorder {
@@ -516,12 +519,22 @@ func recordNodes(t *testing.T) *recorder {
 	return r
 }
 
+// historyLen is how many node changes the recorder keeps to explain its worst moment.
+const historyLen = 40
+
 func (r *recorder) observe(n *corev1.Node) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+	changed := r.cordoned[n.Name] != nodestate.CordonedByUs(n)
 	if s := r.seq[n.Name]; st != "" && (len(s) == 0 || s[len(s)-1] != st) {
 		r.seq[n.Name] = append(s, st)
+		changed = true
+	}
+	if changed {
+		r.history = append(r.history, fmt.Sprintf("%s %s %s, cordoned by the upgrade: %v",
+			time.Now().Format("15:04:05.000"), n.Name, st, nodestate.CordonedByUs(n)))
+		r.history = r.history[max(0, len(r.history)-historyLen):]
 	}
 	switch st {
 	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
@@ -537,7 +550,8 @@ func (r *recorder) observe(n *corev1.Node) {
 	}
 	if len(r.inFlight) > r.maxInFlight || len(r.cordoned) > r.maxCordoned {
 		r.maxInFlight, r.maxCordoned = max(r.maxInFlight, len(r.inFlight)), max(r.maxCordoned, len(r.cordoned))
-		r.worst = fmt.Sprintf("in flight %v, cordoned %v", keys(r.inFlight), keys(r.cordoned))
+		r.worst = fmt.Sprintf("in flight %v, cordoned %v, after these node changes:\n%s", keys(r.inFlight), keys(r.cordoned),
+			strings.Join(r.history, "\n"))
 	}
 }
 
