@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"helm.sh/helm/v3/pkg/release"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
@@ -21,6 +26,27 @@ func (e *env) snapshotNodes(t *testing.T) map[string]cluster.NodeState {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// setUnschedulable cordons or uncordons a node as an admin would and waits until the node lifecycle controller has
+// added or removed its unschedulable taint, which it does asynchronously.
+func (e *env) setUnschedulable(t *testing.T, node string, on bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+	if _, err := e.kube.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := e.kube.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		tainted := slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeUnschedulable })
+		return tainted == on, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s: unschedulable %t, but its %s taint never followed", node, on, corev1.TaintNodeUnschedulable)
+	}
 }
 
 // profileSets are what a profile needs on the fixture nodes, which run Ubuntu and RHEL: the openshift profile's

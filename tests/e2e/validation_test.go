@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
@@ -204,19 +201,10 @@ func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
 	e := use(t)
 	e.stand.Reset()
 	const mid, admin = "container-ubuntu2204", "container-rhel9"
-	if _, err := e.kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_, _ = e.kube.Client.CoreV1().Nodes().Patch(t.Context(), admin, types.MergePatchType, []byte(`{"spec":{"unschedulable":false}}`), metav1.PatchOptions{})
-	}()
-	// the node lifecycle controller taints a cordoned node; take the snapshot once it has
-	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := e.kube.Client.CoreV1().Nodes().Get(ctx, admin, metav1.GetOptions{})
-		return err == nil && len(n.Spec.Taints) > 0, nil
-	}); err != nil {
-		t.Fatal("the cordoned node was never tainted unschedulable")
-	}
+	// the node lifecycle controller taints a cordoned node and untaints it after; both wait for it, so the
+	// snapshot holds the taint and no later test sees it vanish
+	e.setUnschedulable(t, admin, true)
+	defer e.setUnschedulable(t, admin, false)
 	before := e.snapshotNodes(t)
 	e.installProfile(t, mixedProfile())
 	// what an interrupted driver upgrade leaves: the same patches the driver manager writes
