@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -80,6 +81,8 @@ type Kubelet struct {
 	stops    map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
 	// validating serializes the runs of one validator pod's checks
 	validating map[types.UID]*sync.Mutex
+	// statuses counts each pod's status writes asked for: a write still retrying gives way to a newer one
+	statuses map[types.UID]uint64
 }
 
 // Start watches pods of the handled components and acts on each once it is bound to a node.
@@ -87,7 +90,7 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
 		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{},
-		validating: map[types.UID]*sync.Mutex{}}
+		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))
@@ -405,9 +408,25 @@ type initStuck struct {
 	reason, message string
 }
 
+// setStatus writes pod's status as a kubelet's status manager does: it retries until the write lands, the pod is
+// gone, a newer status for the pod is asked for, or ctx ends. A write given up on early would leave the pod in its
+// last status for good (no kubelet syncs it again): a driver pod un-Ready after an API server outage, say.
 func (k *Kubelet) setStatus(ctx context.Context, pod *corev1.Pod, st corev1.PodStatus) {
-	_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	k.mu.Lock()
+	k.statuses[pod.UID]++
+	mine := k.statuses[pod.UID]
+	k.mu.Unlock()
+	_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		k.mu.Lock()
+		superseded := k.statuses[pod.UID] != mine
+		k.mu.Unlock()
+		if superseded {
+			return true, nil
+		}
 		cur, err := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
 		if err != nil {
 			return false, nil
 		}
