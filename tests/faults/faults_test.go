@@ -113,6 +113,22 @@ func (sc *scene) upgrade(t *testing.T, extra ...string) *upgrade {
 // the release's result and every node's end state.
 func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) {
 	t.Helper()
+	// until helm applies the new driver DaemonSet (after the pre-upgrade plan, which may crawl through API faults),
+	// every driver pod is of the current template and the pool looks settled: wait for the new template first
+	waitFor(t, 2*time.Minute, "the driver DaemonSet on tag "+sc.tag+", or the helm upgrade ended", func() (bool, string) {
+		select {
+		case <-u.done:
+			return true, ""
+		default:
+		}
+		ds, err := kube.Client.AppsV1().DaemonSets(namespace).Get(t.Context(), driverDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		image := ds.Spec.Template.Spec.Containers[0].Image
+		// driverDaemonSet's OS follows the tag
+		return strings.HasSuffix(image, ":"+sc.tag+"-ubuntu22.04"), "driver image " + image
+	})
 	settled := settle(t, 150*time.Second)
 	// the gate passes at once after a finished rollout; after one stopped on a failed node it fails at the latest
 	// when its timeout (hooks.validation.timeoutSeconds) passes, ending the release before the next scenario
