@@ -72,11 +72,13 @@ type Cluster struct {
 	restarted []*exec.Cmd
 }
 
-// ManyNodes are the controller-manager flags of a cluster of hundreds of simulated nodes (the benchmarks): kwok
-// renews every node's lease from one process sharing the machine's cores with the system under test, and a renewal
-// late under that load would turn the node NotReady and its pods unready (the node lifecycle controller marks them,
-// and no kubelet marks them back) for a reason of the simulator, not of the stack.
-var ManyNodes = []string{"--node-monitor-grace-period=10m"}
+// TolerateLateHeartbeats are the controller-manager flags of a cluster whose nodes kwok simulates while the
+// tests play the kubelet for some pods: kwok renews every node's lease from one process that shares the machine's
+// cores with the system under test (and cannot renew while a fault test has the API server down), and a renewal
+// late by the default grace period would turn the node NotReady and its pods unready. The node lifecycle
+// controller marks them; no kubelet marks them back, and the DaemonSet controller replaces an unready old pod
+// outside its maxUnavailable budget. That is the simulator's fault, not the stack's, so the grace is 10 minutes.
+var TolerateLateHeartbeats = []string{"--node-monitor-grace-period=10m"}
 
 // Options tune Start.
 type Options struct {

@@ -483,6 +483,7 @@ type recorder struct {
 	mu                       sync.Mutex
 	seq                      map[string][]nodestate.UpgradeState
 	inFlight, cordoned       map[string]bool
+	notReady                 map[string]bool
 	maxInFlight, maxCordoned int
 	// worst is the moment with the most nodes out, and the changes that led to it
 	worst string
@@ -499,7 +500,7 @@ func recordNodes(t *testing.T) *recorder {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
-	r := &recorder{seq: map[string][]nodestate.UpgradeState{}, inFlight: map[string]bool{}, cordoned: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	r := &recorder{seq: map[string][]nodestate.UpgradeState{}, inFlight: map[string]bool{}, cordoned: map[string]bool{}, notReady: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	for i := range list.Items {
 		r.observe(&list.Items[i])
 	}
@@ -527,6 +528,13 @@ func (r *recorder) observe(n *corev1.Node) {
 	defer r.mu.Unlock()
 	st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
 	changed := r.cordoned[n.Name] != nodestate.CordonedByUs(n)
+	// a node the node lifecycle controller marks NotReady has its pods marked unready, and the DaemonSet controller
+	// replaces an unready old pod outside maxUnavailable: the history shows it if it happens
+	notReady := !nodeReady(n)
+	if notReady != r.notReady[n.Name] {
+		r.notReady[n.Name] = notReady
+		r.history = append(r.history, fmt.Sprintf("%s %s NotReady: %v", time.Now().Format("15:04:05.000"), n.Name, notReady))
+	}
 	if s := r.seq[n.Name]; st != "" && (len(s) == 0 || s[len(s)-1] != st) {
 		r.seq[n.Name] = append(s, st)
 		changed = true
@@ -534,8 +542,8 @@ func (r *recorder) observe(n *corev1.Node) {
 	if changed {
 		r.history = append(r.history, fmt.Sprintf("%s %s %s, cordoned by the upgrade: %v",
 			time.Now().Format("15:04:05.000"), n.Name, st, nodestate.CordonedByUs(n)))
-		r.history = r.history[max(0, len(r.history)-historyLen):]
 	}
+	r.history = r.history[max(0, len(r.history)-historyLen):]
 	switch st {
 	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
 		nodestate.ValidationRequired, nodestate.UncordonRequired:
@@ -553,6 +561,15 @@ func (r *recorder) observe(n *corev1.Node) {
 		r.worst = fmt.Sprintf("in flight %v, cordoned %v, after these node changes:\n%s", keys(r.inFlight), keys(r.cordoned),
 			strings.Join(r.history, "\n"))
 	}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func keys(m map[string]bool) []string {

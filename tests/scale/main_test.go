@@ -110,7 +110,7 @@ func open() (*env, error) {
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if e.c, err = cluster.Start(startCtx, cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), APIServerArgs: args,
-		ControllerManagerArgs: cluster.ManyNodes}); err != nil {
+		ControllerManagerArgs: cluster.TolerateLateHeartbeats}); err != nil {
 		return nil, err
 	}
 	e.c.StopOnSignal()
