@@ -2,6 +2,7 @@ package drivermanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -29,7 +30,11 @@ import (
 // DaemonSet's maxUnavailable as before; a node that already started its change (past upgrade-required, or cordoned
 // by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
 // An unreadable mark refuses before anything changed: the node keeps its driver and its GPU pods.
-func (m *manager) waitTurn(ctx context.Context) error {
+//
+// Under the node's Lease (block false) it only looks once: a node whose turn has not come shows why, hands the
+// canary its turn, and returns errTurnHeld, so that Run waits (block true) without the Lease, whose renewals would
+// be the one steady request stream of a waiting node, and starts over under the Lease when the turn comes.
+func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
 		return nil // its change started (a later plan set it back to upgrade-required mid-change): it is out already
 	}
@@ -97,6 +102,9 @@ func (m *manager) waitTurn(ctx context.Context) error {
 					}
 				}
 			}
+			if !block {
+				return false, errTurnHeld
+			}
 			return false, nil
 		})
 		cancel()
@@ -104,12 +112,28 @@ func (m *manager) waitTurn(ctx context.Context) error {
 			break
 		}
 	}
+	if errors.Is(err, errTurnHeld) {
+		return &untouchedError{&heldError{m: m}}
+	}
 	if err != nil {
 		return &untouchedError{fmt.Errorf("node %s: stopped while its driver change was held (%w); nothing changed on the node, the loaded driver stays", m.o.NodeName, err)}
+	}
+	if block {
+		m.log.Info("the node's turn came: starting over under the node's lease", "pool", mark.Pool, "canary", mark.Canary)
+		return nil
 	}
 	m.log.Info("the pool's canary validated: the driver change goes ahead", "pool", mark.Pool, "canary", mark.Canary)
 	return nil
 }
+
+// errTurnHeld ends waitTurn's look under the Lease at a node whose turn has not come.
+var errTurnHeld = errors.New("driver change held until its turn")
+
+// heldError is Run's signal from a run under the Lease that its node must wait for its turn: Run waits with m
+// outside the Lease, then starts a fresh run.
+type heldError struct{ m *manager }
+
+func (e *heldError) Error() string { return errTurnHeld.Error() }
 
 // watchTurn watches just the nodes Decide reads, each selected by the API server, so that a wait costs the same in
 // a pool of ten nodes or a thousand: the nodes in upgrade-failed (of every pool: Decide counts its own pool's),

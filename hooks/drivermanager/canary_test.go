@@ -498,3 +498,43 @@ func TestWaitingNodeFollowsItsMarkToANewCanary(t *testing.T) {
 		t.Fatalf("after the new canary: state %q", state(e.node()))
 	}
 }
+
+// A node waiting for its canary holds no Lease and writes none: the wait is watches alone (a held Lease would be
+// renewed every RetryPeriod, the one steady request stream of a thousand waiting nodes). Once the canary
+// validated, the run takes the Lease again, changes the driver and gives the Lease back.
+func TestWaitingNodeHoldsNoLease(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary of pool default to validate its new driver: "+canaryNode)
+	leaseWrites := func() int {
+		n := 0
+		for _, a := range e.client.Actions() {
+			if a.GetResource().Resource == "leases" && a.GetVerb() != "get" && a.GetVerb() != "list" && a.GetVerb() != "watch" {
+				n++
+			}
+		}
+		return n
+	}
+	before := leaseWrites()
+	time.Sleep(2*DefaultLeaseRetryPeriod + 500*time.Millisecond) // two renewals, were the Lease held
+	if after := leaseWrites(); after != before {
+		t.Errorf("%d Lease writes while the node waited for its canary, want none", after-before)
+	}
+	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the Lease of the run that found the node held: %v", err)
+	}
+	if h := ptr.Deref(lease.Spec.HolderIdentity, ""); h != "" {
+		t.Errorf("Lease held by %q while the node waits, want it given back", h)
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired || len(e.host.LoadedModules()) != 0 {
+		t.Fatalf("after the canary: state %q, modules %v", state(n), e.host.LoadedModules())
+	}
+	if leaseWrites() <= before {
+		t.Error("the driver change after the wait took no Lease")
+	}
+}

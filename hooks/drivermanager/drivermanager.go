@@ -19,7 +19,8 @@
 //	              node labelled nvidia.com/gpu-driver-upgrade.skip=true   -> keep the driver, wait for the label to go
 //	              node upgrade-failed                                     -> refuse until `upgrade retry`
 //	              planned node, not its pool's canary (canary.go)          -> wait before the cordon, untouched,
-//	              until the canary validated; a pool at its failure threshold holds
+//	              until the canary validated; a pool at its failure threshold holds. The wait holds no Lease
+//	              (watches only); a fresh run under the Lease starts over once the turn comes
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
@@ -238,14 +239,30 @@ func (o *Options) Validate() error {
 
 // Run does the node's work and writes one summary line to out. On failure it restores the node (see the package
 // comment) and returns an error that says what is in the way. ctx is the pod's stop context: once it ends, any
-// error is the stop's (context.Cause says why), and the node is left for the next driver pod. The whole run,
-// from its first read of the node, holds the node's Lease; losing it stops the run like SIGTERM does.
+// error is the stop's (context.Cause says why), and the node is left for the next driver pod. A run, from its first
+// read of the node, holds the node's Lease; losing it stops the run like SIGTERM does. A node held for its pool's
+// canary waits between two runs, without the Lease.
 func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	log := o.Log
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(out, nil))
 	}
-	return o.withLease(ctx, log, func(ctx context.Context) error { return o.run(ctx, log, out) })
+	for {
+		err := o.withLease(ctx, log, func(ctx context.Context) error { return o.run(ctx, log, out) })
+		var held *heldError
+		if !errors.As(err, &held) {
+			return err
+		}
+		// the node waits for its turn on watches alone, holding no Lease (canary.go); once the turn comes, a fresh
+		// run under the Lease reads the node and the host again
+		if err := held.m.waitTurn(ctx, true); err != nil {
+			var untouched *untouchedError
+			if errors.As(err, &untouched) {
+				return untouched.err
+			}
+			return err
+		}
+	}
 }
 
 func (o *Options) run(ctx context.Context, log *slog.Logger, out io.Writer) error {
@@ -359,7 +376,7 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err := m.heldBack(ctx, recorded); err != nil {
 		return "", &untouchedError{err}
 	}
-	if err := m.waitTurn(ctx); err != nil { // canary.go: the pool's canary first, and its failure threshold
+	if err := m.waitTurn(ctx, false); err != nil { // canary.go: the pool's canary first, and its failure threshold
 		return "", err
 	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),
