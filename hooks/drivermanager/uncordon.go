@@ -45,7 +45,7 @@ type UncordonOptions struct {
 	// Hold keeps Run from returning after success until ctx ends, so a sidecar container does not restart.
 	Hold bool
 	// ReadyFile, when set, is written once the node needs nothing more from this driver change; the sidecar's
-	// readiness probe waits for it, so the driver pod (and with it the DaemonSet's rolling update) only counts as
+	// startup probe waits for it, so the driver pod (and with it the DaemonSet's rolling update) only counts as
 	// available once the node validated with the new driver. That keeps the nodes in flight within maxUnavailable.
 	ReadyFile string
 	// Log receives progress; nil logs to Run's writer.

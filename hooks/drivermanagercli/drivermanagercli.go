@@ -148,7 +148,7 @@ func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
 	fs.StringVar(&o.Component, "validator-component", drivermanager.DefaultValidatorComponent, "app.kubernetes.io/component of the node's validator pods")
 	fs.DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
 	fs.BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
-	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's readiness probe waits for it)")
+	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's startup probe waits for it)")
 	return fs
 }
 

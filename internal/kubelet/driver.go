@@ -39,7 +39,7 @@ const (
 //   - the driver container: loads a driver into Fixture when none is loaded (taking Install to do it), recording
 //     the pod's DRIVER_CONFIG_DIGEST, as the containerized driver does;
 //   - the driver-upgrade-gate sidecar: the real `uncordon-when-valid`, from the container's arguments; the pod
-//     turns Ready when it has written its ready file (the sidecar's readiness probe); a failed run restarts
+//     turns Ready when it has written its ready file (the sidecar's startup probe); a failed run restarts
 //     after a short back-off, as the kubelet restarts the container.
 type DriverHost struct {
 	Fixture *kmodtest.Fixture

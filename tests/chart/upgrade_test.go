@@ -14,8 +14,8 @@ import (
 // TestDriverUpgradeGateSidecar: every driver and vGPU manager pod has the driver-upgrade-gate sidecar: it runs the
 // image of the pod's driver-manager init container (pinned, never the chart's appVersion, so a chart-only release
 // changes no driver pod template), lifts the upgrade's cordon once the node's validator (the sandbox validator on
-// vGPU manager nodes) is Ready with the new driver, and is Ready only once its ready file exists, on an emptyDir the
-// readiness probe reads; it runs unprivileged with a read-only root, and its ServiceAccount may do what it does
+// vGPU manager nodes) is Ready with the new driver, and is Ready only once its ready file exists, on an emptyDir its
+// startup probe reads; it runs unprivileged with a read-only root, and its ServiceAccount may do what it does
 // (nodes get/patch, pods list/watch).
 func TestDriverUpgradeGateSidecar(t *testing.T) {
 	t.Parallel()
@@ -77,10 +77,16 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 						t.Errorf("%s: the sidecar's volume %s is not an emptyDir of the pod", where, vol)
 					}
 				}
-				probe := gate.ReadinessProbe
-				wantProbe := []string{"validator", "wait", "--dir", dir, "--interval", "200ms", "--timeout", "2s", "driver-validated"}
-				if probe == nil || probe.Exec == nil || !slices.Equal(probe.Exec.Command, wantProbe) || probe.PeriodSeconds != 10 || probe.TimeoutSeconds != 5 {
-					t.Errorf("%s: the sidecar's readiness probe %+v, want exec %v every 10s, timeout 5s", where, probe, wantProbe)
+				// a startup probe every second: the rolling update moves on within a second of the validation, and a
+				// node in service runs no probe; it outlasts the gate's own timeout (600 s here) by far
+				probe := gate.StartupProbe
+				wantProbe := []string{"validator", "wait", "--dir", dir, "--interval", "100ms", "--timeout", "500ms", "driver-validated"}
+				if probe == nil || probe.Exec == nil || !slices.Equal(probe.Exec.Command, wantProbe) || probe.PeriodSeconds != 1 ||
+					probe.TimeoutSeconds != 3 || probe.FailureThreshold != 3600 {
+					t.Errorf("%s: the sidecar's startup probe %+v, want exec %v every 1s, timeout 3s, 3600 failures", where, probe, wantProbe)
+				}
+				if gate.ReadinessProbe != nil || gate.LivenessProbe != nil {
+					t.Errorf("%s: the sidecar has a readiness or liveness probe, which would exec on every node for good", where)
 				}
 				if gate.Resources.Requests.Memory().IsZero() || gate.Resources.Limits.Memory().IsZero() || gate.Resources.Requests.Cpu().IsZero() {
 					t.Errorf("%s: the sidecar's resources %v", where, gate.Resources)
@@ -102,5 +108,27 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 	}
 	if seen["driver"] == 0 || seen["vgpu-manager"] == 0 {
 		t.Fatalf("checked %v DaemonSets; want both driver and vgpu-manager ones", seen)
+	}
+}
+
+// TestUpgradeGateProbeOutlastsALongValidationTimeout: a validation timeout over the probe's hour of failures raises
+// the failure threshold past it (by 5 minutes), so the kubelet never restarts a gate that still waits in time.
+func TestUpgradeGateProbeOutlastsALongValidationTimeout(t *testing.T) {
+	t.Parallel()
+	stream := render(t, newestKube, []string{profileFile("container-only")}, "driver.upgradePolicy.validationTimeoutSeconds=7200")
+	checked := 0
+	for name, ds := range operandDaemonSets(t, stream, "driver") {
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			if c.Name != "driver-upgrade-gate" {
+				continue
+			}
+			checked++
+			if c.StartupProbe == nil || c.StartupProbe.FailureThreshold != 7500 || c.StartupProbe.PeriodSeconds != 1 {
+				t.Errorf("%s: startup probe %+v, want 7500 failures of 1 s for a 7200 s validation timeout", name, c.StartupProbe)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no driver-upgrade-gate sidecar rendered")
 	}
 }

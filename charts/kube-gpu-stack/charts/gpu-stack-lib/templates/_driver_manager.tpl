@@ -74,8 +74,12 @@ gpu-stack-lib.uncordonSidecar: the `driver-upgrade-gate` sidecar of a driver-cla
 uncordon-when-valid --hold`: after a driver change (the node is validation-required) it waits for the node's
 validator pod to turn Ready with the new driver, then lifts the driver manager's cordon and marks the node
 upgrade-done; on an upgrade-failed node it waits, never Ready, until the node is retried; in any other state it has
-nothing to wait for. Then it writes its ready file, which its readiness probe waits on: the pod, and with it the DaemonSet's rolling update, counts a node as available only once
-it validated with the new driver, so no more than maxUnavailable nodes are ever in flight. It runs the driver
+nothing to wait for. Then it writes its ready file, which its startup probe waits on: the pod, and with it the
+DaemonSet's rolling update, counts a node as available only once it validated with the new driver, so no more than
+maxUnavailable nodes are ever in flight. A startup probe, not a readiness probe: it checks every second, so the
+rolling update moves on within a second of the validation, and it stops once it passed (the file is never taken
+back), so a node in service runs no probe at all. Its failure threshold outlasts the gate's own timeout: only a
+gate that holds an upgrade-failed node un-Ready for over an hour is restarted, and holds again. It runs the driver
 manager's image (gpu-stack-lib.driverManagerImage: pinned, so a chart-only release changes no pod template), with
 the driver manager's RBAC (gpu-stack-lib.driverManagerRules: nodes get/patch, pods list/watch) and mounts the pod's
 API token itself (gpu-stack-lib.apiAccessMount). dict:
@@ -89,6 +93,8 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
 {{- define "gpu-stack-lib.uncordonSidecar" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
 {{- $dir := "/run/kube-gpu-stack" -}}
+{{- /* 600: the binary's default timeout (drivermanager.DefaultValidationTimeout) */ -}}
+{{- $probeSeconds := max 3600 (add (.timeoutSeconds | default 600 | int) 300) -}}
 {{- $args := list "--hold" "--ready-file" (printf "%s/driver-validated" $dir) -}}
 {{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
 {{- with .timeoutSeconds }}{{ $args = concat $args (list "--timeout" (printf "%ds" (int .))) }}{{ end -}}
@@ -105,10 +111,11 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
   "volumeMounts" (list (dict "name" "driver-upgrade-gate" "mountPath" $dir) (include "gpu-stack-lib.apiAccessMount" . | fromJson))
   "securityContext" (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")))
   "spec" (dict
-    "readinessProbe" (dict
-      "exec" (dict "command" (list "validator" "wait" "--dir" $dir "--interval" "200ms" "--timeout" "2s" "driver-validated"))
-      "periodSeconds" 10
-      "timeoutSeconds" 5)
+    "startupProbe" (dict
+      "exec" (dict "command" (list "validator" "wait" "--dir" $dir "--interval" "100ms" "--timeout" "500ms" "driver-validated"))
+      "periodSeconds" 1
+      "timeoutSeconds" 3
+      "failureThreshold" $probeSeconds)
     "resources" (dict "requests" (dict "cpu" "5m" "memory" "32Mi") "limits" (dict "memory" "128Mi")))
 ) | fromYaml -}}
 {{- toJson (dict "container" $container "volume" (dict "name" "driver-upgrade-gate" "emptyDir" (dict "sizeLimit" "1Mi"))) -}}
