@@ -137,7 +137,7 @@ const envHelp = `Environment (as the chart sets it):
   DRIVER_INSTALL_DIR               the driver container's root in this container (default /run/nvidia/driver)
   DRIVER_INSTALL_DIR_HOST_PATH     the same on the host, for driver-ready (default DRIVER_INSTALL_DIR)
   WITH_WAIT                        retry until the check passes (default false: one attempt, exit 1 on failure)
-  SLEEP_INTERVAL_SECONDS           time between attempts (default 5)
+  SLEEP_INTERVAL_SECONDS           time between attempts (default 1)
   WORKLOAD_TIMEOUT_SECONDS         bound of each API wait: node GPU capacity, a workload pod (default 300)
   DRIVER_VALIDATION_SKIP_GPU_INIT  driver: only nvidia-smi --version, no NVML (default false)
   DEV_CHAR_DIR                     driver: the host's /dev/char in this container (default /host-dev-char)
