@@ -132,7 +132,7 @@ func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) 
 	settled := settle(t, 150*time.Second)
 	// the gate passes at once after a finished rollout; after one stopped on a failed node it fails at the latest
 	// when its timeout (hooks.validation.timeoutSeconds) passes, ending the release before the next scenario
-	helmErr := u.wait(2 * time.Minute)
+	helmErr := u.wait(3 * time.Minute)
 	rec.stop()
 	if rec.maxOut == 0 && helmErr != nil {
 		t.Fatalf("the release failed before any node's driver changed: %v%s", helmErr, failedHooks(sc.started))
@@ -363,7 +363,8 @@ func relax(t *testing.T, pdb string) {
 // waitEvicting waits until node is pod-deletion-required and stays there a moment: its manager waits on the PDB.
 func waitEvicting(t *testing.T, node string) {
 	t.Helper()
-	waitFor(t, 90*time.Second, node+" evicting", func() (bool, string) {
+	// the node's turn comes after the canary and the batches the DaemonSet picks before it
+	waitFor(t, 3*time.Minute, node+" evicting", func() (bool, string) {
 		st := nodeOf(t, node).Labels[nodestate.UpgradeStateLabel]
 		return st == string(nodestate.PodDeletionRequired), st
 	})

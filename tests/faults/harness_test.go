@@ -48,8 +48,9 @@ func settings(tag string, extra ...string) []string {
 	return append([]string{
 		fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", maxUnavailable),
 		fmt.Sprintf("driver.manager.gpuPodDeletion.timeoutSeconds=%d", evictionTimeout),
-		// a rollout here takes well under a minute; a stopped one fails the gate (and ends the release) sooner
-		"hooks.validation.timeoutSeconds=90",
+		// a rollout here takes well under a minute on an idle machine, and up to about two while the other test
+		// packages share its two cores; a stopped one fails the gate (and ends the release) after this long
+		"hooks.validation.timeoutSeconds=180",
 		"driver.image.tag=" + tag,
 	}, extra...)
 }
