@@ -480,10 +480,12 @@ func subsequence[T comparable](want, got []T) bool {
 // recorder watches every node and keeps, per node, the sequence of upgrade states it went through, and the most
 // nodes in flight (between cordon-required and uncordon-required) and cordoned by the upgrade at one moment.
 type recorder struct {
-	mu                       sync.Mutex
-	seq                      map[string][]nodestate.UpgradeState
-	inFlight, cordoned       map[string]bool
-	notReady                 map[string]bool
+	mu                 sync.Mutex
+	seq                map[string][]nodestate.UpgradeState
+	inFlight, cordoned map[string]bool
+	notReady           map[string]bool
+	// pods is each driver pod's last readiness and deletion, as observePod wrote it in the history
+	pods                     map[string]string
 	maxInFlight, maxCordoned int
 	// worst is the moment with the most nodes out, and the changes that led to it
 	worst string
@@ -508,6 +510,28 @@ func recordNodes(t *testing.T) *recorder {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the driver pods too: the DaemonSet controller's view of the bound is their readiness and deletion
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{LabelSelector: driverPods})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range pods.Items {
+		r.observePod(&pods.Items[i], false)
+	}
+	pw, err := kube.Client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: driverPods, ResourceVersion: pods.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podsDone := make(chan struct{})
+	go func() {
+		defer close(podsDone)
+		defer pw.Stop()
+		for ev := range pw.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				r.observePod(p, ev.Type == watch.Deleted)
+			}
+		}
+	}()
 	go func() {
 		defer close(r.done)
 		defer w.Stop()
@@ -516,12 +540,40 @@ func recordNodes(t *testing.T) *recorder {
 				r.observe(n)
 			}
 		}
+		<-podsDone
 	}()
 	return r
 }
 
-// historyLen is how many node changes the recorder keeps to explain its worst moment.
-const historyLen = 40
+// driverPods selects the driver DaemonSets' pods.
+const driverPods = "app.kubernetes.io/component=driver"
+
+// historyLen is how many node and driver pod changes the recorder keeps to explain its worst moment.
+const historyLen = 80
+
+// observePod adds a driver pod's change of readiness or deletion to the history: what the DaemonSet controller
+// counts against maxUnavailable.
+func (r *recorder) observePod(p *corev1.Pod, gone bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ready := false
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	now := fmt.Sprintf("ready %v, deleting %v, gone %v, template generation %s", ready, p.DeletionTimestamp != nil, gone,
+		p.Labels["pod-template-generation"])
+	if r.pods == nil {
+		r.pods = map[string]string{}
+	}
+	if r.pods[p.Name] == now {
+		return
+	}
+	r.pods[p.Name] = now
+	r.history = append(r.history, fmt.Sprintf("%s   pod %s on %s: %s", time.Now().Format("15:04:05.000"), p.Name, p.Spec.NodeName, now))
+	r.history = r.history[max(0, len(r.history)-historyLen):]
+}
 
 func (r *recorder) observe(n *corev1.Node) {
 	r.mu.Lock()
