@@ -45,7 +45,8 @@ func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
 		}
 		c.restarted = append([]*exec.Cmd{cmd}, c.restarted...) // stopped in reverse: the API server before etcd
 	}
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	// a fresh API server's post-start hooks took over a minute on two cores shared with three other test packages
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok", nil
 	})
