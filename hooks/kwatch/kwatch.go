@@ -172,10 +172,31 @@ func Until[T runtime.Object](ctx context.Context, s *Store[T], cond func([]T) (b
 // store's watch fails for good, or ctx ends. Several narrow watches (each selected server-side) cost the API
 // server less than one broad one that a client filters.
 func UntilAll[T runtime.Object](ctx context.Context, stores []*Store[T], cond func([]T) (bool, error)) error {
+	return UntilAllOr(ctx, stores, nil, cond)
+}
+
+// UntilAllOr is UntilAll that also checks cond after each value from one of also: the changes of stores of other
+// types, whose objects cond reads itself.
+func UntilAllOr[T runtime.Object](ctx context.Context, stores []*Store[T], also []<-chan struct{}, cond func([]T) (bool, error)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changed := make(chan struct{}, 1)
 	failed := make(chan error, len(stores))
+	for _, ch := range also {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-ch:
+					select {
+					case changed <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
 	for _, s := range stores {
 		go func() {
 			for {
@@ -303,6 +324,13 @@ func Nodes(client kubernetes.Interface, labelSelector string) *Source {
 	return source(client, "nodes", "", true, "", labelSelector, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 		return nodes.List(ctx, o)
 	}, nodes.Watch)
+}
+
+// Lease lists and watches the one Lease named name in namespace.
+func Lease(client kubernetes.Interface, namespace, name string) *Source {
+	leases := client.CoordinationV1().Leases(namespace)
+	return source(client, "leases.coordination.k8s.io", namespace, false, fields.OneTermEqualSelector("metadata.name", name).String(), "",
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return leases.List(ctx, o) }, leases.Watch)
 }
 
 // PDBs lists and watches the PodDisruptionBudgets of every namespace.

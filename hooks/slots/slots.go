@@ -1,0 +1,244 @@
+// Package slots bounds how many nodes of a driver pool are out of service at once, whatever replaces their driver
+// pods. The DaemonSet's rolling update counts un-Ready new pods against maxUnavailable, but it replaces an old pod
+// that is not Ready at once, outside the bound, and an admin or a tool may delete driver pods too: each such pod's
+// driver manager would start one more node's change. So a driver manager takes one of its pool's slots before it
+// cordons, and the upgrade gate gives it back once the node is upgrade-done.
+//
+// The slots of a pool are one coordination.k8s.io Lease in the release namespace (Name), labelled as the driver
+// managers' node Leases are, so that the pre-delete cleanup removes it. HoldersAnnotation holds the holders as a
+// JSON object, node name to the time it took the slot. Every write carries the Lease's resourceVersion, so claims
+// are taken one after another: two managers racing for the last slot cannot both get it. A holder counts until it
+// gives its slot back; when the pool is full, each holder is checked on its node (Out) and one that is no longer
+// out of service (finished, deleted, its claim never followed by a cordon) is dropped, so a lost give-back never
+// holds a pool for good.
+package slots
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+const (
+	// Prefix starts the name of every pool's slots Lease.
+	Prefix = "kube-gpu-stack-slots-"
+	// HoldersAnnotation holds the pool's slot holders on its Lease.
+	HoldersAnnotation = nodestate.AnnotationPrefix + "slot-holders"
+	// ClaimGrace is how long a holder whose node shows no change yet (upgrade-required, not cordoned) still counts:
+	// its manager took the slot and writes cordon-required next. Past it the claim is stale (the pod stopped in
+	// between) and is dropped when the pool is full; the node's next driver pod claims again.
+	ClaimGrace = 2 * time.Minute
+)
+
+// Name is the slots Lease of pool.
+func Name(pool string) string {
+	name := Prefix + strings.ToLower(pool)
+	if len(name) <= 63 && validName(name) {
+		return name
+	}
+	sum := sha256.Sum256([]byte(pool))
+	return Prefix + hex.EncodeToString(sum[:8])
+}
+
+// validName: a DNS label of lower-case letters, digits and '-', as a Lease name must be (a pool name may be any
+// string values allow).
+func validName(s string) bool {
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return false
+		}
+	}
+	return !strings.HasSuffix(s, "-")
+}
+
+// Pool names the slots a claim or give-back is about.
+type Pool struct {
+	Client    kubernetes.Interface
+	Namespace string
+	// Name is the pool's name (the plan's mark names it); Max its maxUnavailable as a number of nodes.
+	Name string
+	Max  int
+}
+
+// Claim is the outcome of Take.
+type Claim struct {
+	// Taken: the node holds a slot (it may have held it already: a restarted manager takes its own slot back).
+	Taken bool
+	// Holders are the pool's holders when the pool was full, sorted (Taken false).
+	Holders []string
+}
+
+// Take gives node one of the pool's slots if one is free. A full pool's holders are first checked on their nodes
+// (Out) and those no longer out dropped. now stamps the claim. An unreadable holders annotation is an error that
+// names the Lease: nothing is taken.
+func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, error) {
+	if p.Max < 1 {
+		return Claim{}, fmt.Errorf("pool %s: maxUnavailable %d: want at least 1 node", p.Name, p.Max)
+	}
+	leases := p.Client.CoordinationV1().Leases(p.Namespace)
+	var claim Claim
+	err := retryConflicts(ctx, func(ctx context.Context) error {
+		claim = Claim{}
+		lease, err := leases.Get(ctx, Name(p.Name), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name(p.Name), Namespace: p.Namespace,
+				Labels: map[string]string{nodestate.DriverManagerLeaseLabel: "true"}}}
+			if err := write(lease, map[string]string{node: stamp(now)}); err != nil {
+				return err
+			}
+			_, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return apierrors.NewConflict(coordinationv1.Resource("leases"), lease.Name, err) // another took the first slot: read again
+			}
+			claim.Taken = err == nil
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		holders, err := Holders(lease)
+		if err != nil {
+			return err
+		}
+		if _, ok := holders[node]; ok {
+			claim.Taken = true
+			return nil
+		}
+		if len(holders) >= p.Max {
+			if err := p.dropIdle(ctx, holders, now); err != nil {
+				return err
+			}
+		}
+		if len(holders) >= p.Max {
+			claim.Holders = slices.Sorted(maps.Keys(holders))
+			return nil
+		}
+		holders[node] = stamp(now)
+		if err := write(lease, holders); err != nil {
+			return err
+		}
+		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{}) // carries the read's resourceVersion
+		claim.Taken = err == nil
+		return err
+	})
+	if err != nil {
+		return Claim{}, fmt.Errorf("pool %s: take a slot for node %s (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
+	}
+	return claim, nil
+}
+
+// Give gives node's slot back (nothing when it holds none, or the pool has no slots Lease).
+func (p Pool) Give(ctx context.Context, node string) error {
+	leases := p.Client.CoordinationV1().Leases(p.Namespace)
+	err := retryConflicts(ctx, func(ctx context.Context) error {
+		lease, err := leases.Get(ctx, Name(p.Name), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		holders, err := Holders(lease)
+		if err != nil {
+			return err
+		}
+		if _, ok := holders[node]; !ok {
+			return nil
+		}
+		delete(holders, node)
+		if err := write(lease, holders); err != nil {
+			return err
+		}
+		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
+	}
+	return nil
+}
+
+// dropIdle removes from holders each one whose node is no longer out of service (Out), reading each node.
+func (p Pool) dropIdle(ctx context.Context, holders map[string]string, now time.Time) error {
+	for _, name := range slices.Sorted(maps.Keys(holders)) {
+		n, err := p.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			delete(holders, name)
+		case err != nil:
+			return err
+		case !Out(n, holders[name], now):
+			delete(holders, name)
+		}
+	}
+	return nil
+}
+
+// Out says whether a holder's node is out of service for its driver change: in one of the change's states
+// (cordon-required to uncordon-required), upgrade-failed, or cordoned by the upgrade; or it took its slot (at
+// claimed) less than ClaimGrace ago and its manager is about to write cordon-required. An unreadable claim time
+// counts as a fresh claim: damage never frees a slot early.
+func Out(n *corev1.Node, claimed string, now time.Time) bool {
+	if nodestate.CordonedByUs(n) {
+		return true
+	}
+	switch nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) {
+	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
+		nodestate.ValidationRequired, nodestate.UncordonRequired, nodestate.UpgradeFailed:
+		return true
+	case nodestate.UpgradeRequired:
+		t, err := time.Parse(time.RFC3339, claimed)
+		return err != nil || now.Sub(t) < ClaimGrace
+	}
+	return false
+}
+
+// Holders reads a slots Lease's holders (node name to claim time).
+func Holders(lease *coordinationv1.Lease) (map[string]string, error) {
+	holders := map[string]string{}
+	raw, ok := lease.Annotations[HoldersAnnotation]
+	if !ok || raw == "" {
+		return holders, nil
+	}
+	if err := json.Unmarshal([]byte(raw), &holders); err != nil {
+		return nil, fmt.Errorf("lease %s/%s: annotation %s=%q is not a JSON object of node names to times: %w; "+
+			"delete the Lease to reset the pool's slots (the DaemonSet's maxUnavailable still bounds its rollout)",
+			lease.Namespace, lease.Name, HoldersAnnotation, raw, err)
+	}
+	return holders, nil
+}
+
+func write(lease *coordinationv1.Lease, holders map[string]string) error {
+	b, err := json.Marshal(holders) // sorted keys: the same holders write the same bytes
+	if err != nil {
+		return err
+	}
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[HoldersAnnotation] = string(b)
+	return nil
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// retryConflicts runs f until it succeeds, fails for good, or ctx ends: a conflict (another manager wrote the Lease
+// since f read it) reads and decides again, as errors that may pass are retried (apiretry's backoff).
+func retryConflicts(ctx context.Context, f func(context.Context) error) error {
+	return apiretry.OnError(ctx, func(err error) bool { return apiretry.Transient(err) || apierrors.IsConflict(err) }, f)
+}

@@ -1,0 +1,276 @@
+package slots
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+const namespace = "gpu-operator"
+
+var now = time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+
+// node is a GPU node in an upgrade state, cordoned by the upgrade when cordoned.
+func node(name string, state nodestate.UpgradeState, cordoned bool) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}, Annotations: map[string]string{}}}
+	if state != "" {
+		n.Labels[nodestate.UpgradeStateLabel] = string(state)
+	}
+	if cordoned {
+		n.Spec.Unschedulable = true
+		n.Annotations[nodestate.CordonedAnnotation] = "driver-upgrade"
+	}
+	return n
+}
+
+// newClient is a fake API server that keeps each Lease's resourceVersion and refuses an update that does not carry
+// the stored one (409), as the real one does: what makes claims one after another.
+func newClient(objs ...runtime.Object) *fake.Clientset {
+	c := fake.NewClientset(objs...)
+	rv := 100
+	c.PrependReactor("*", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() != "create" && a.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease) // an update action has the same methods
+		if a.GetVerb() == "update" {
+			cur, err := c.Tracker().Get(leases, l.Namespace, l.Name)
+			if err != nil {
+				return true, nil, err
+			}
+			if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+				return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), l.Name, errors.New("the object has been modified"))
+			}
+		}
+		rv++
+		l.ResourceVersion = strconv.Itoa(rv)
+		return false, nil, nil
+	})
+	return c
+}
+
+var leases = coordinationv1.SchemeGroupVersion.WithResource("leases")
+
+func holders(t *testing.T, c *fake.Clientset, pool string) map[string]string {
+	t.Helper()
+	l, err := c.CoordinationV1().Leases(namespace).Get(context.Background(), Name(pool), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := Holders(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func take(t *testing.T, p Pool, n string) Claim {
+	t.Helper()
+	c, err := p.Take(context.Background(), n, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A pool of two slots: two nodes take one each, the third is held and told who holds them; a restarted manager
+// takes its own slot back; a give-back frees one for the held node.
+func TestTakeUpToMaxThenHoldUntilAGiveBack(t *testing.T) {
+	c := newClient(node("a", nodestate.CordonRequired, false), node("b", nodestate.PodRestartRequired, true), node("c", nodestate.UpgradeRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	if !take(t, p, "a").Taken || !take(t, p, "b").Taken {
+		t.Fatal("the first two nodes got no slot")
+	}
+	if got := take(t, p, "c"); got.Taken || strings.Join(got.Holders, ",") != "a,b" {
+		t.Fatalf("third node: %+v, want held by a and b", got)
+	}
+	if !take(t, p, "a").Taken {
+		t.Fatal("a holder that claims again (its manager restarted) was refused its own slot")
+	}
+	if err := p.Give(context.Background(), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if !take(t, p, "c").Taken {
+		t.Fatal("no slot after a give-back")
+	}
+	if h := holders(t, c, "a100"); len(h) != 2 || h["b"] == "" || h["c"] != "2026-09-01T12:00:00Z" {
+		t.Fatalf("holders %v, want b and c", h)
+	}
+	if err := p.Give(context.Background(), "a"); err != nil {
+		t.Fatalf("giving back a slot not held: %v", err)
+	}
+	if err := (Pool{Client: c, Namespace: namespace, Name: "other", Max: 1}).Give(context.Background(), "a"); err != nil {
+		t.Fatalf("giving back in a pool without a Lease: %v", err)
+	}
+}
+
+// Two managers race for the last slot: the one whose write lands second sees a conflict, reads again, finds the
+// pool full and is held. Never both.
+func TestRaceForTheLastSlotHasOneWinner(t *testing.T) {
+	c := newClient(node("a", nodestate.CordonRequired, false), node("d", nodestate.UpgradeRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	take(t, p, "a")
+	raced := false
+	c.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		if raced || !strings.Contains(l.Annotations[HoldersAnnotation], `"c"`) {
+			return false, nil, nil
+		}
+		raced = true // d's claim lands between c's read and c's write (straight into the store: a reactor may not call the client)
+		cur, err := c.Tracker().Get(leases, namespace, Name("a100"))
+		if err != nil {
+			return true, nil, err
+		}
+		d := cur.(*coordinationv1.Lease).DeepCopy()
+		h, _ := Holders(d)
+		h["d"] = now.Format(time.RFC3339)
+		if err := write(d, h); err != nil {
+			return true, nil, err
+		}
+		d.ResourceVersion += "-d"
+		if err := c.Tracker().Update(leases, d, namespace); err != nil {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	got := take(t, p, "c")
+	if !raced || got.Taken || strings.Join(got.Holders, ",") != "a,d" {
+		for _, a := range c.Actions() {
+			t.Logf("%s %s", a.GetVerb(), a.GetResource().Resource)
+		}
+		t.Fatalf("c: %+v (raced %v), want held by a and d; holders %v", got, raced, holders(t, c, "a100"))
+	}
+	if h := holders(t, c, "a100"); len(h) != 2 {
+		t.Fatalf("holders %v: more than maxUnavailable", h)
+	}
+}
+
+// Two managers create the pool's Lease at once: the second's create fails with AlreadyExists, and it reads the
+// first's and finds the one slot taken.
+func TestRaceToCreateTheLease(t *testing.T) {
+	c := newClient(node("other", nodestate.CordonRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 1}
+	raced := false
+	c.PrependReactor("create", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if raced {
+			return false, nil, nil
+		}
+		raced = true
+		first := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace}}
+		if err := write(first, map[string]string{"other": now.Format(time.RFC3339)}); err != nil {
+			return true, nil, err
+		}
+		if err := c.Tracker().Create(leases, first, namespace); err != nil {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	if got := take(t, p, "a"); got.Taken || strings.Join(got.Holders, ",") != "other" {
+		t.Fatalf("a: %+v, want held by the node that created the Lease first", got)
+	}
+}
+
+// A full pool drops the holders that are no longer out of service, reading their nodes: one upgrade-done (its
+// give-back was lost), one deleted, one whose claim is older than ClaimGrace with no change started. Holders still
+// out stay: failed, retried (upgrade-required but cordoned by the upgrade), mid-change, and a fresh claim.
+func TestFullPoolDropsHoldersNoLongerOut(t *testing.T) {
+	old := now.Add(-ClaimGrace - time.Second).Format(time.RFC3339)
+	fresh := now.Add(-time.Minute).Format(time.RFC3339)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace, ResourceVersion: "5"}}
+	kept := map[string]string{"failed": old, "retried": old, "midchange": old, "fresh": fresh}
+	all := map[string]string{"done": old, "gone": old, "stale": old}
+	for k, v := range kept {
+		all[k] = v
+	}
+	if err := write(lease, all); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(lease, node("done", nodestate.UpgradeDone, false), node("stale", nodestate.UpgradeRequired, false),
+		node("failed", nodestate.UpgradeFailed, false), node("retried", nodestate.UpgradeRequired, true),
+		node("midchange", nodestate.ValidationRequired, true), node("fresh", nodestate.UpgradeRequired, false),
+		node("new", nodestate.UpgradeRequired, false), node("another", nodestate.UpgradeRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 5}
+	if got := take(t, p, "new"); !got.Taken {
+		t.Fatalf("new: %+v, want a slot once the idle holders are dropped", got)
+	}
+	h := holders(t, c, "a100")
+	for _, n := range []string{"failed", "retried", "midchange", "fresh", "new"} {
+		if h[n] == "" {
+			t.Errorf("holder %s dropped", n)
+		}
+	}
+	if len(h) != 5 {
+		t.Errorf("holders %v, want done, gone and stale dropped", h)
+	}
+	if got := take(t, p, "another"); got.Taken {
+		t.Fatalf("another: %+v, want held: every holder is out", got)
+	}
+}
+
+// A holders annotation nobody can read refuses with an error that names the Lease and how to reset it, and
+// writes nothing; so does a pool without a slot.
+func TestUnreadableHoldersRefuse(t *testing.T) {
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace,
+		Annotations: map[string]string{HoldersAnnotation: "a,b"}}}
+	c := newClient(lease)
+	_, err := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}.Take(context.Background(), "n", now)
+	if err == nil || !strings.Contains(err.Error(), namespace+"/"+Name("a100")) || !strings.Contains(err.Error(), "delete the Lease") {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := (Pool{Client: c, Namespace: namespace, Name: "a100", Max: 0}).Take(context.Background(), "n", now); err == nil {
+		t.Fatal("a pool of 0 slots took a claim")
+	}
+	for _, a := range c.Actions() {
+		if a.GetVerb() != "get" {
+			t.Errorf("a refused claim wrote: %s %s", a.GetVerb(), a.GetResource().Resource)
+		}
+	}
+}
+
+// An API error that may pass (the API server restarting) is retried; the claim lands once.
+func TestTransientErrorsAreRetried(t *testing.T) {
+	c := newClient()
+	fails := 2
+	c.PrependReactor("*", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if fails > 0 {
+			fails--
+			return true, nil, apierrors.NewServiceUnavailable("etcdserver: request timed out")
+		}
+		return false, nil, nil
+	})
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := p.Take(ctx, "a", now)
+	if err != nil || !got.Taken {
+		t.Fatalf("%+v, %v", got, err)
+	}
+	if h := holders(t, c, "a100"); len(h) != 1 {
+		t.Fatalf("holders %v", h)
+	}
+}
+
+// Pool names that are no Lease name are hashed; the same pool always names the same Lease.
+func TestName(t *testing.T) {
+	if got := Name("a100"); got != "kube-gpu-stack-slots-a100" {
+		t.Errorf("Name(a100) = %q", got)
+	}
+	for _, pool := range []string{"A100_sxm", strings.Repeat("x", 60), "ends-"} {
+		if got := Name(pool); got != Name(pool) || len(got) > 63 || !validName(got) {
+			t.Errorf("Name(%q) = %q", pool, got)
+		}
+	}
+}
