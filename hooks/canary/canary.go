@@ -40,6 +40,10 @@ type Mark struct {
 	// MaxFailures is the pool's failure threshold: with that many of its nodes upgrade-failed, no other node of
 	// the pool starts. 0: no threshold.
 	MaxFailures int `json:"maxFailures"`
+	// MaxUnavailable is the pool's maxUnavailable as a number of its planned pool's nodes: the driver managers take
+	// one of that many slots (package slots) before they cordon, so that no more of the pool's nodes are out at once,
+	// whatever replaces their driver pods. 0 (a mark from before it): the DaemonSet's bound alone.
+	MaxUnavailable int `json:"maxUnavailable,omitempty"`
 }
 
 // Format renders the mark for MarkAnnotation.
@@ -59,8 +63,8 @@ func Read(node *corev1.Node) (*Mark, error) {
 	if err := json.Unmarshal([]byte(raw), &m); err != nil {
 		return nil, fmt.Errorf("node %s: annotation %s=%q is not the plan's mark: %w", node.Name, MarkAnnotation, raw, err)
 	}
-	if m.Pool == "" || m.Plan == "" || m.MaxFailures < 0 {
-		return nil, fmt.Errorf("node %s: annotation %s=%q is not the plan's mark: want a pool, a plan and maxFailures of 0 or more",
+	if m.Pool == "" || m.Plan == "" || m.MaxFailures < 0 || m.MaxUnavailable < 0 {
+		return nil, fmt.Errorf("node %s: annotation %s=%q is not the plan's mark: want a pool, a plan, and maxFailures and maxUnavailable of 0 or more",
 			node.Name, MarkAnnotation, raw)
 	}
 	return &m, nil

@@ -7,7 +7,11 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	extensionsv1beta1 "k8s.io/api/extensions/v1beta1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -19,6 +23,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
@@ -31,9 +36,16 @@ import (
 // by an earlier run) goes on: it is out of service already, and waiting would only keep it so.
 // An unreadable mark refuses before anything changed: the node keeps its driver and its GPU pods.
 //
+// A node whose turn came takes one of its pool's slots (package slots; the mark's maxUnavailable) before it goes:
+// a full pool holds it as the canary does, until a node of the pool gives its slot back. So the pool's nodes out of
+// service never exceed its maxUnavailable, even when the DaemonSet replaces an un-Ready old driver pod outside its
+// own bound.
+//
 // Under the node's Lease (block false) it only looks once: a node whose turn has not come shows why, hands the
 // canary its turn, and returns errTurnHeld, so that Run waits (block true) without the Lease, whose renewals would
-// be the one steady request stream of a waiting node, and starts over under the Lease when the turn comes.
+// be the one steady request stream of a waiting node, and starts over under the Lease when the turn comes. A node
+// held by a full pool also watches the pool's slots Lease while it waits, and looks again after slots.ClaimGrace
+// however full the Lease shows the pool, so that a holder whose give-back was lost is dropped (slots.Pool.Take).
 func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
 		return nil // its change started (a later plan set it back to upgrade-required mid-change): it is out already
@@ -59,8 +71,21 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 			cancel()
 			return &untouchedError{fmt.Errorf("node %s: watch the nodes of pool %s for its canary and failures: %w", m.o.NodeName, mark.Pool, err)}
 		}
+		var also []<-chan struct{}
+		var slotsStore *kwatch.Store[*coordinationv1.Lease]
+		var graceOver atomic.Bool // slots.ClaimGrace passed since the wait began
+		if block && m.slotsFull && mark.MaxUnavailable > 0 {
+			if slotsStore, err = kwatch.Start(rctx, kwatch.Lease(m.o.Client, m.o.Namespace, slots.Name(mark.Pool)), &coordinationv1.Lease{}); err != nil {
+				cancel()
+				return &untouchedError{fmt.Errorf("node %s: watch the slots of pool %s: %w", m.o.NodeName, mark.Pool, err)}
+			}
+			timer := make(chan struct{}, 1)
+			recheck := time.AfterFunc(slots.ClaimGrace, func() { graceOver.Store(true); timer <- struct{}{} })
+			context.AfterFunc(rctx, func() { recheck.Stop() })
+			also = []<-chan struct{}{slotsStore.Changed(), timer}
+		}
 		rewatch := false
-		err = kwatch.UntilAll(rctx, stores, func(nodes []*corev1.Node) (bool, error) {
+		err = kwatch.UntilAllOr(rctx, stores, also, func(nodes []*corev1.Node) (bool, error) {
 			// the node's own mark from the watch: a new plan meanwhile names a new canary
 			if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == m.o.NodeName }); i >= 0 {
 				self := nodes[i]
@@ -79,6 +104,12 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 				}
 			}
 			turn := canary.Decide(m.o.NodeName, mark, nodes)
+			if turn.Go && mark.MaxUnavailable > 0 {
+				var err error
+				if turn, err = m.slotTurn(ctx, mark, block, slotsStore, graceOver.Load()); err != nil {
+					return false, err
+				}
+			}
 			if turn.Go {
 				return true, nil
 			}
@@ -124,6 +155,41 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	}
 	m.log.Info("the pool's canary validated: the driver change goes ahead", "pool", mark.Pool, "canary", mark.Canary)
 	return nil
+}
+
+// slotTurn is the turn of a node its canary and threshold let go: under the Lease (block false) it takes one of the
+// pool's slots, or says who holds them all; while it waits (block true) it goes once the slots Lease shows a free
+// slot, or slots.ClaimGrace after the wait began, to take it in a fresh run.
+func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, store *kwatch.Store[*coordinationv1.Lease], graceOver bool) (canary.Turn, error) {
+	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	full := func(holders []string) canary.Turn {
+		return canary.Turn{Waiting: fmt.Sprintf("waiting for a slot of pool %s: %d of its nodes are out of service (%s), its maxUnavailable is %d",
+			mark.Pool, len(holders), strings.Join(holders, ", "), mark.MaxUnavailable)}
+	}
+	if !block {
+		claim, err := pool.Take(ctx, m.o.NodeName, m.o.Now())
+		if err != nil {
+			return canary.Turn{}, &untouchedError{fmt.Errorf("%w; nothing changed, the loaded driver stays", err)}
+		}
+		m.slotsFull = !claim.Taken
+		if !claim.Taken {
+			return full(claim.Holders), nil
+		}
+		m.log.Info("took a slot of the pool", "pool", mark.Pool, "maxUnavailable", mark.MaxUnavailable)
+		return canary.Turn{Go: true}, nil
+	}
+	if store == nil || graceOver {
+		return canary.Turn{Go: true}, nil
+	}
+	lease, ok := store.Get(m.o.Namespace, slots.Name(mark.Pool))
+	if !ok {
+		return canary.Turn{Go: true}, nil // the pool's slots were reset
+	}
+	holders, err := slots.Holders(lease)
+	if err != nil || len(holders) < mark.MaxUnavailable {
+		return canary.Turn{Go: true}, nil // a fresh run's Take says what is wrong, or takes the free slot
+	}
+	return full(slices.Sorted(maps.Keys(holders))), nil
 }
 
 // errTurnHeld ends waitTurn's look under the Lease at a node whose turn has not come.

@@ -21,6 +21,9 @@
 //	              planned node, not its pool's canary (canary.go)          -> wait before the cordon, untouched,
 //	              until the canary validated; a pool at its failure threshold holds. The wait holds no Lease
 //	              (watches only); a fresh run under the Lease starts over once the turn comes
+//	claim         a planned node takes one of its pool's slots (package slots: the mark's maxUnavailable); a full
+//	              pool holds it, untouched, as the canary does, until a node gives its slot back (the gate, at
+//	              upgrade-done); a failed node keeps its slot
 //	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
 //	              drain-required -> drain the node
@@ -174,7 +177,7 @@ const (
 )
 
 // Steps are the points a run can be stopped at through Options.AfterStep, in order.
-var Steps = []string{"detect", "cordon", "evict", "pause", "operands", "unload", "unmount"}
+var Steps = []string{"detect", "claim", "cordon", "evict", "pause", "operands", "unload", "unmount"}
 
 // Complete fills defaults.
 func (o *Options) Complete() {
@@ -297,6 +300,8 @@ type manager struct {
 	node     *corev1.Node
 	// missing are the modules an unload removed and could not load back.
 	missing []string
+	// slotsFull: the last look found the pool's slots all held (canary.go), so the wait watches them.
+	slotsFull bool
 }
 
 // untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
@@ -376,7 +381,10 @@ func (m *manager) run(ctx context.Context) (string, error) {
 	if err := m.heldBack(ctx, recorded); err != nil {
 		return "", &untouchedError{err}
 	}
-	if err := m.waitTurn(ctx, false); err != nil { // canary.go: the pool's canary first, and its failure threshold
+	if err := m.waitTurn(ctx, false); err != nil { // canary.go: the pool's canary first, its failure threshold, a slot
+		return "", err
+	}
+	if err := m.step(ctx, "claim"); err != nil {
 		return "", err
 	}
 	m.log.Info("driver change: moving workloads off and unloading", "loaded", moduleNames(mods),

@@ -12,8 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
 )
 
@@ -172,6 +174,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	if state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); state != nodestate.UpgradeDone {
 		return o.notOurs(ctx, log, node, state)
 	}
+	o.giveSlotBack(ctx, log, node)
 	if ours {
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
@@ -266,4 +269,18 @@ func (o *UncordonOptions) waitValidator(ctx context.Context, since time.Time) (s
 		return false, nil
 	})
 	return found, err
+}
+
+// giveSlotBack gives the node's slot of its pool back (package slots) once the node is upgrade-done, before the pod
+// turns Ready and lets the DaemonSet go on. A failed give-back is logged, not fatal: the node is back in service,
+// and a full pool's next claim drops the holder when it finds it so (slots.Out).
+func (o *UncordonOptions) giveSlotBack(ctx context.Context, log *slog.Logger, node *corev1.Node) {
+	mark, err := canary.Read(node)
+	if err != nil || mark == nil || mark.MaxUnavailable == 0 {
+		return
+	}
+	pool := slots.Pool{Client: o.Client, Namespace: o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	if err := pool.Give(ctx, o.NodeName); err != nil {
+		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
+	}
 }

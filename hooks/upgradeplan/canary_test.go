@@ -62,8 +62,9 @@ func TestPlanPutsTheCanaryFirstAndMarksThePool(t *testing.T) {
 	}
 }
 
-// A canary of N takes the first N planned nodes; canary 0 and maxFailures 0 write no mark and remove an earlier
-// plan's; an OnDelete pool (autoUpgrade=false) has no canary: there the admin picks each node.
+// A canary of N takes the first N planned nodes; canary 0 and maxFailures 0 write a mark with the pool's slots
+// alone, replacing an earlier plan's; an OnDelete pool (autoUpgrade=false) has no mark: there the admin picks each
+// node.
 func TestCanarySizeNoCanaryAndOnDelete(t *testing.T) {
 	two, zero, off := 2, 0, false
 	pools := pool("new", intstr.FromInt32(1))
@@ -77,18 +78,27 @@ func TestCanarySizeNoCanaryAndOnDelete(t *testing.T) {
 
 	stale := readyNode("a", nil)
 	stale.Annotations = map[string]string{canary.MarkAnnotation: canary.Mark{Pool: "default", Plan: "old", Canary: map[string]string{"b": "x"}}.Format()}
-	for name, set := range map[string]func(){
-		"none":     func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = &zero, &zero, nil },
-		"OnDelete": func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = nil, nil, &off },
+	for name, tc := range map[string]struct {
+		set  func()
+		mark bool
+	}{
+		"none":     {func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = &zero, &zero, nil }, true},
+		"OnDelete": {func() { pools[0].Canary, pools[0].MaxFailures, pools[0].AutoUpgrade = nil, nil, &off }, false},
 	} {
-		set()
+		tc.set()
 		plan, out, err, client := run(t, pools, stale.DeepCopy(), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
-		if err != nil || len(plan.Canary) != 0 || len(plan.Marks) != 0 || strings.Contains(out, "canary") || !strings.Contains(out, "batch 1: a\n") {
+		if err != nil || len(plan.Canary) != 0 || strings.Contains(out, "canary") || !strings.Contains(out, "batch 1: a\n") {
 			t.Fatalf("%s: err %v, plan %+v\n%s", name, err, plan, out)
 		}
 		n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
-		if _, ok := n.Annotations[canary.MarkAnnotation]; ok {
-			t.Errorf("%s: the earlier plan's mark stayed", name)
+		got, err := canary.Read(n)
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", name, err)
+		case !tc.mark && (got != nil || len(plan.Marks) != 0):
+			t.Errorf("%s: mark %+v on the node, plan marks %+v: want none", name, got, plan.Marks)
+		case tc.mark && (got == nil || got.Plan == "old" || len(got.Canary) != 0 || got.MaxFailures != 0 || got.MaxUnavailable != 1):
+			t.Errorf("%s: mark %+v on the node: want this plan's, with the pool's one slot alone", name, got)
 		}
 	}
 }

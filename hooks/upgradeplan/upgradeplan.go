@@ -208,7 +208,19 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	if o.Now != nil {
 		now = o.Now
 	}
-	inCanary := planCanary(plan, pools, now())
+	// each driver pool's slots (package slots): what its DaemonSets' rolling updates allow together
+	poolMax := map[string]int{}
+	for dsName, members := range dsNodes {
+		if dsKind[dsName] != KindDriver {
+			continue
+		}
+		n, err := dsPool[dsName].MaxUnavailableNodes(len(members))
+		if err != nil {
+			return nil, err
+		}
+		poolMax[dsPool[dsName].Name] += n
+	}
+	inCanary := planCanary(plan, pools, poolMax, now())
 	for _, n := range nodes {
 		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is in upgrade-failed (%s): fix it, then run "+
@@ -266,10 +278,10 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 }
 
 // planCanary picks each driver pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
-// nodes get, named after the plan's time; it returns the canary nodes. vGPU manager pools get neither: their
+// nodes get, named after the plan's time, with the pool's slots (poolMax); it returns the canary nodes. vGPU manager pools get neither: their
 // driver manager may not evict, so it could not hand a waiting canary its turn (drivermanager's handCanaryItsTurn),
 // and their DaemonSets' updateStrategy alone paces them.
-func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) map[string]bool {
+func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time) map[string]bool {
 	in := map[string]bool{}
 	id := now.UTC().Format(time.RFC3339Nano)
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
@@ -277,7 +289,7 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) ma
 		if pool.AutoUpgrade != nil && !*pool.AutoUpgrade {
 			continue
 		}
-		mark := canary.Mark{Pool: name, Plan: id, Canary: map[string]string{}, MaxFailures: pool.FailureThreshold()}
+		mark := canary.Mark{Pool: name, Plan: id, Canary: map[string]string{}, MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name]}
 		for _, np := range plan.Nodes {
 			if np.Pool != name || np.Kind == KindVGPUManager || len(plan.Canary[name]) >= pool.CanaryNodes() {
 				continue
@@ -286,7 +298,7 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, now time.Time) ma
 			mark.Canary[np.Node] = np.To
 			in[np.Node] = true
 		}
-		if len(mark.Canary) > 0 || mark.MaxFailures > 0 {
+		if len(mark.Canary) > 0 || mark.MaxFailures > 0 || mark.MaxUnavailable > 0 {
 			plan.Marks[name] = mark
 		}
 	}

@@ -439,6 +439,17 @@ func (k *Kubelet) setStatus(ctx context.Context, pod *corev1.Pod, st corev1.PodS
 	})
 }
 
+// MarkUnready writes a live pod's status as running but not Ready, as the kubelet does when a container's readiness
+// fails (a driver container that crashed, say); a later status of the pod's own supersedes it.
+func (k *Kubelet) MarkUnready(ctx context.Context, namespace, name string) error {
+	pod, err := k.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	k.setStatus(ctx, pod, running(pod, false, nil))
+	return ctx.Err()
+}
+
 func condition(t corev1.PodConditionType, ok bool) corev1.PodCondition {
 	s := corev1.ConditionFalse
 	if ok {

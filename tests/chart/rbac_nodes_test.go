@@ -22,8 +22,10 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
@@ -207,8 +209,12 @@ func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "u", Controller: ptr.To(true)}}},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c"}}}}
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "agent", Namespace: "kube-system"}}
+	// planned, so that the run takes a slot of its pool (package slots); a full pool's wait, which also lists and
+	// watches the slots Lease, is a path this run does not take
+	mark := canary.Mark{Pool: "default", Plan: "2026-09-01T11:59:00Z", Canary: map[string]string{}, MaxUnavailable: 1}.Format()
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node,
-		Labels: map[string]string{"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}}},
+		Labels:      map[string]string{"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true", nodestate.UpgradeStateLabel: "upgrade-required"},
+		Annotations: map[string]string{canary.MarkAnnotation: mark}}},
 		gpuPod, claimPod, dsPod, ds)
 	client.Resources = []*metav1.APIResourceList{
 		{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods"}, {Name: "pods/eviction", Kind: "Eviction", Group: "policy", Version: "v1"}}},
@@ -311,8 +317,8 @@ func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
 			case r.resource == "nodes" && r.verb == "update", r.resource == "pods" && r.verb != "list" && r.verb != "watch":
 				t.Errorf("%s is granted %s %s: the driver manager never calls it", sa, r.verb, r.resource)
 			case r.resource == "leases":
-				if r.namespace == "" || !slices.Contains([]string{"get", "create", "update"}, r.verb) {
-					t.Errorf("%s is granted leases %s %s: want get, create and update in the release namespace only", sa, r.verb, orCluster(r.namespace))
+				if r.namespace == "" || !slices.Contains([]string{"get", "list", "watch", "create", "update"}, r.verb) {
+					t.Errorf("%s is granted leases %s %s: want get, list, watch, create and update in the release namespace only", sa, r.verb, orCluster(r.namespace))
 				}
 			case r.group == "policy" && r.resource == "poddisruptionbudgets",
 				r.resource == "nodes" && (r.verb == "list" || r.verb == "watch"):

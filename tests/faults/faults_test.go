@@ -32,7 +32,7 @@ type scene struct {
 	started time.Time
 }
 
-// TestFaults installs the chart once on eight simulated GPU nodes (fixture hosts, a GPU and a CPU workload on each)
+// TestFaults installs the chart once on nine simulated GPU nodes (fixture hosts, a GPU and a CPU workload on each)
 // and then runs each scenario as a driver upgrade to a tag of its own, starting from every node upgrade-done and
 // schedulable. During each a recorder checks the rollout's invariants on every node event; at the end every node
 // must be upgrade-done, not cordoned by us (the admin's cordon kept), with nothing paused and no pause record, the
@@ -212,8 +212,8 @@ func stopOnce(step string) func(string) bool {
 	return func(s string) bool { return s == step && !done.Swap(true) }
 }
 
-// sigtermEveryStep: on seven nodes the driver pod is stopped (deleted: its manager's context ends, as on SIGTERM)
-// right after one of the manager's steps each, and on the eighth while its upgrade gate waits for the validator;
+// sigtermEveryStep: on eight nodes the driver pod is stopped (deleted: its manager's context ends, as on SIGTERM)
+// right after one of the manager's steps each, and on the ninth while its upgrade gate waits for the validator;
 // the DaemonSet's next pod resumes from what the stopped one left.
 func sigtermEveryStep(t *testing.T, sc *scene) {
 	plan := map[string]string{}
@@ -223,7 +223,7 @@ func sigtermEveryStep(t *testing.T, sc *scene) {
 	for n, step := range plan {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: sc.hosts[n], Stop: stopOnce(step)})
 	}
-	// on the eighth node the pod stops while its upgrade gate waits for the validator: the validator's driver check
+	// on the ninth node the pod stops while its upgrade gate waits for the validator: the validator's driver check
 	// waits from the moment the manager is done until the test lets it pass
 	const gated = "gpu-01"
 	var hold atomic.Bool

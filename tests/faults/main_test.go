@@ -13,7 +13,7 @@ import (
 
 // gpuNodes is the size of the driver pool: enough for a stop after each of the driver manager's steps in one
 // rollout.
-const gpuNodes = 8
+const gpuNodes = 9
 
 var (
 	kube  *cluster.Cluster

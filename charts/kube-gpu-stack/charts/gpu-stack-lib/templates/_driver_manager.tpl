@@ -155,12 +155,13 @@ dict "evict" BOOL; renders a YAML list.
 
 {{/*
 gpu-stack-lib.driverManagerLeaseRules: the Role rules (release namespace) of a pod running the driver manager: the
-per-node Lease it holds while it runs (client-go's LeaseLock: get, create, update), nothing more.
+per-node Lease it holds while it runs (client-go's LeaseLock: get, create, update) and its pool's slots Lease, which
+it takes a slot of before it cordons and watches while the pool is full (list, watch); nothing more.
 */}}
 {{- define "gpu-stack-lib.driverManagerLeaseRules" -}}
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, create, update]
+  verbs: [get, list, watch, create, update]
 {{- end }}
 
 {{/*

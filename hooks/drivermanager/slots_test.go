@@ -1,0 +1,178 @@
+package drivermanager
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
+)
+
+// slotMark is the plan's mark of pool default without a canary or threshold: one slot.
+var slotMark = canary.Mark{Pool: "default", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
+
+// slotEnv is nodeName planned under slotMark, with peers.
+func slotEnv(t *testing.T, peers ...string) *env {
+	t.Helper()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, slotMark))
+	for _, name := range peers {
+		if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned(name, nodestate.UpgradeRequired, slotMark), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+var pool = func(e *env) slots.Pool {
+	return slots.Pool{Client: e.client, Namespace: namespace, Name: "default", Max: 1}
+}
+
+// holders are the pool's slot holders, sorted.
+func (e *env) holders() []string {
+	e.t.Helper()
+	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name("default"), metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	h, err := slots.Holders(l)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return slices.Sorted(maps.Keys(h))
+}
+
+// A node whose pool's one slot another node holds (the DaemonSet replaced an un-Ready old driver pod outside its
+// bound) waits, untouched and holding no node Lease, until that node gives the slot back; then it takes it and
+// goes. The gate gives it back at upgrade-done.
+func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes are out of service (gpu-7), its maxUnavailable is 1")
+	time.Sleep(300 * time.Millisecond)
+	assertHeld(t, e, "waiting for a slot")
+	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "" {
+		t.Fatalf("node Lease while waiting for a slot: %+v %v; want given back", lease.Spec, err)
+	}
+	if got := e.holders(); !slices.Equal(got, []string{"gpu-7"}) {
+		t.Fatalf("holders %v while the node waits", got)
+	}
+
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired || len(e.host.LoadedModules()) != 0 {
+		t.Fatalf("after the give-back: state %q, modules %v", state(n), e.host.LoadedModules())
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v, want the node alone", got)
+	}
+	finish(t, e)
+	if got := e.holders(); len(got) != 0 {
+		t.Fatalf("holders %v after the gate finished the node, want its slot given back", got)
+	}
+}
+
+// Killed or stopped right after it took its slot, the node keeps that one slot: the next run takes its own slot
+// back (not a second one, and not refused by a full pool) and goes on; the gate gives it back.
+func TestStoppedAfterTheClaimKeepsOneSlot(t *testing.T) {
+	for _, how := range []string{"SIGKILL", "SIGTERM"} {
+		t.Run(how, func(t *testing.T) {
+			e := slotEnv(t, "gpu-8")
+			o := e.options(newDigest)
+			ctx := context.Background()
+			var err error
+			if how == "SIGKILL" {
+				o.AfterStep = killAfter("claim")
+				_, err = e.run(o)
+			} else {
+				ctx, o.AfterStep = stopAfter("claim")
+				err = o.Run(ctx, &strings.Builder{})
+			}
+			if !errors.Is(err, errCrashed) && !errors.Is(err, errSIGTERM) {
+				t.Fatalf("first run: %v, want the %s", err, how)
+			}
+			if n := e.node(); state(n) != nodestate.UpgradeRequired || n.Spec.Unschedulable || len(e.host.LoadedModules()) != 4 {
+				t.Fatalf("after a %s at the claim: state %q unschedulable %v", how, state(n), n.Spec.Unschedulable)
+			}
+			if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+				t.Fatalf("holders %v, want the node's claim kept", got)
+			}
+			// the pool is full (its one slot is the node's): another node is held meanwhile
+			if c, err := pool(e).Take(context.Background(), "gpu-8", e.clock()); err != nil || c.Taken {
+				t.Fatalf("gpu-8 took a slot of a full pool: %+v %v", c, err)
+			}
+			if _, err := e.run(e.options(newDigest)); err != nil {
+				t.Fatalf("next run: %v", err)
+			}
+			if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+				t.Fatalf("holders %v after the next run, want the node alone", got)
+			}
+			finish(t, e)
+			if got := e.holders(); len(got) != 0 {
+				t.Fatalf("holders %v after the gate, want none", got)
+			}
+		})
+	}
+}
+
+// A node whose change fails keeps its slot (it is out of service until retried): the pool's next node waits.
+func TestFailedNodeKeepsItsSlot(t *testing.T) {
+	e := slotEnv(t, "gpu-8")
+	e.host.Kernel.Fail = func(call string) error {
+		if call == "delete_module nvidia" {
+			return unix.EBUSY
+		}
+		return nil
+	}
+	if _, err := e.run(e.options(newDigest)); err == nil {
+		t.Fatal("want the run to fail: the driver is busy")
+	}
+	if st := state(e.node()); st != nodestate.UpgradeFailed {
+		t.Fatalf("state %q, want upgrade-failed", st)
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v, want the failed node's slot kept", got)
+	}
+	if c, err := pool(e).Take(context.Background(), "gpu-8", e.clock()); err != nil || c.Taken || !slices.Equal(c.Holders, []string{nodeName}) {
+		t.Fatalf("gpu-8: %+v %v, want held by the failed node", c, err)
+	}
+}
+
+// Slots nobody can read refuse before anything changes, naming the Lease.
+func TestUnreadableSlotsRefuseUntouched(t *testing.T) {
+	e := slotEnv(t)
+	bad := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: slots.Name("default"), Namespace: namespace,
+		Annotations: map[string]string{slots.HoldersAnnotation: "[gpu-7"}}}
+	if _, err := e.client.CoordinationV1().Leases(namespace).Create(context.Background(), bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), namespace+"/"+slots.Name("default")) || !strings.Contains(err.Error(), "nothing changed") {
+		t.Fatalf("err = %v, want a refusal naming the slots Lease", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("a refused run wrote: %v", acts)
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeRequired || n.Spec.Unschedulable || len(e.host.LoadedModules()) != 4 {
+		t.Fatalf("refused run changed the node: state %q unschedulable %v modules %v", state(n), n.Spec.Unschedulable, e.host.LoadedModules())
+	}
+}
