@@ -299,7 +299,7 @@ func (k *Kubelet) afterStep(ctx context.Context, pod *corev1.Pod, h *DriverHost)
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(30 * time.Second):
+		case <-time.After(2 * time.Minute): // the stand-in sees the deletion late on a loaded machine
 			return fmt.Errorf("driver pod %s deleted after %s, but its stop never came", pod.Name, step)
 		}
 		return nil

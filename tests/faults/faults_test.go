@@ -276,6 +276,11 @@ func sigtermEveryStep(t *testing.T, sc *scene) {
 		}
 		if stopped == "" || !later {
 			t.Errorf("node %s: driver pod stopped after %s: %q; a later pod's manager succeeded: %v", node, step, stopped, later)
+			for _, r := range stand.Runs() {
+				if r.Component == kubelet.DriverManagerRun && !r.Started.Before(start) && r.Node == node {
+					t.Logf("driver manager of %s (exit %d):\n%s", r.Pod, r.ExitCode, r.Output)
+				}
+			}
 		}
 	}
 }
