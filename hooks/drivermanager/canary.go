@@ -44,7 +44,7 @@ import (
 // Under the node's Lease (block false) it only looks once: a node whose turn has not come shows why, hands the
 // canary its turn, and returns errTurnHeld, so that Run waits (block true) without the Lease, whose renewals would
 // be the one steady request stream of a waiting node, and starts over under the Lease when the turn comes. A node
-// held by a full pool also watches the pool's slots Lease while it waits, and looks again after slots.ClaimGrace
+// held by a full pool also watches the pool's slots Lease while it waits, and looks again after Options.SlotRecheck
 // however full the Lease shows the pool, so that a holder whose give-back was lost is dropped (slots.Pool.Take).
 func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
@@ -73,14 +73,14 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		}
 		var also []<-chan struct{}
 		var slotsStore *kwatch.Store[*coordinationv1.Lease]
-		var graceOver atomic.Bool // slots.ClaimGrace passed since the wait began
+		var graceOver atomic.Bool // Options.SlotRecheck passed since the wait began
 		if block && m.slotsFull && mark.MaxUnavailable > 0 {
 			if slotsStore, err = kwatch.Start(rctx, kwatch.Lease(m.o.Client, m.o.Namespace, slots.Name(mark.Pool)), &coordinationv1.Lease{}); err != nil {
 				cancel()
 				return &untouchedError{fmt.Errorf("node %s: watch the slots of pool %s: %w", m.o.NodeName, mark.Pool, err)}
 			}
 			timer := make(chan struct{}, 1)
-			recheck := time.AfterFunc(slots.ClaimGrace, func() { graceOver.Store(true); timer <- struct{}{} })
+			recheck := time.AfterFunc(m.o.SlotRecheck, func() { graceOver.Store(true); timer <- struct{}{} })
 			context.AfterFunc(rctx, func() { recheck.Stop() })
 			also = []<-chan struct{}{slotsStore.Changed(), timer}
 		}
@@ -159,7 +159,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 
 // slotTurn is the turn of a node its canary and threshold let go: under the Lease (block false) it takes one of the
 // pool's slots, or says who holds them all; while it waits (block true) it goes once the slots Lease shows a free
-// slot, or slots.ClaimGrace after the wait began, to take it in a fresh run.
+// slot, or Options.SlotRecheck after the wait began, to take it in a fresh run.
 func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, store *kwatch.Store[*coordinationv1.Lease], graceOver bool) (canary.Turn, error) {
 	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
 	full := func(holders []string) canary.Turn {

@@ -77,6 +77,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 )
 
 // Defaults.
@@ -165,6 +166,10 @@ type Options struct {
 	// the driver container of this pod installs. With both, a driver loaded by another installer is adopted when
 	// it is that version and flavour (adopt.go); without them it never is.
 	DriverVersion, KernelModuleType string
+	// SlotRecheck is how long a node held by a full pool waits on the pool's slots Lease alone before it tries to
+	// take a slot again however full the Lease shows the pool, so that a holder whose give-back was lost (or whose
+	// manager stopped between its claim and its cordon) is dropped (default slots.ClaimGrace).
+	SlotRecheck time.Duration
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
@@ -193,6 +198,9 @@ func (o *Options) Complete() {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.SlotRecheck <= 0 {
+		o.SlotRecheck = slots.ClaimGrace
 	}
 	if o.MOFEDTimeout <= 0 {
 		o.MOFEDTimeout = DefaultMOFEDTimeout

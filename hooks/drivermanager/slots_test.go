@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,5 +175,42 @@ func TestUnreadableSlotsRefuseUntouched(t *testing.T) {
 	}
 	if n := e.node(); state(n) != nodestate.UpgradeRequired || n.Spec.Unschedulable || len(e.host.LoadedModules()) != 4 {
 		t.Fatalf("refused run changed the node: state %q unschedulable %v modules %v", state(n), n.Spec.Unschedulable, e.host.LoadedModules())
+	}
+}
+
+// A holder whose manager stopped between its claim and its cordon never gives its slot back, and nothing changes
+// the slots Lease again. The node it holds waits on the Lease's watch, which stays quiet; after SlotRecheck it tries
+// again, and the claim, now older than slots.ClaimGrace, is dropped: the node takes the slot and goes.
+func TestHeldNodeLooksAgainAndDropsAStaleClaim(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	start := time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", start); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	var now atomic.Pointer[time.Time]
+	now.Store(&start)
+	o := e.options(newDigest)
+	o.Now = func() time.Time { return *now.Load() }
+	o.SlotRecheck = 300 * time.Millisecond
+	done := make(chan error, 1)
+	go func() { done <- o.Run(context.Background(), &strings.Builder{}) }()
+	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes are out of service (gpu-7)")
+
+	// gpu-7 never cordoned: once its claim is past the grace, the next look drops it
+	later := start.Add(slots.ClaimGrace + time.Second)
+	now.Store(&later)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held node never looked again: gpu-7's stale claim still holds the pool's one slot")
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired {
+		t.Fatalf("state %q after the stale claim was dropped, want validation-required", state(n))
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v, want the node alone", got)
 	}
 }
