@@ -126,8 +126,12 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 				shown = turn.Waiting
 			}
 			for _, name := range turn.Pending {
-				// the digest the canary's own mark names: a later plan may have re-marked it for another driver
-				if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 {
+				// the digest the canary's own mark names: a later plan may have re-marked it for another driver.
+				// A canary whose change is under way (or failed) runs its new driver pod already: looking for an
+				// old one at each of its state changes would cost every waiting node a pod list and a DaemonSet
+				// read per change (a thousand waiters, a thousand of each).
+				if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 &&
+					nodestate.UpgradeState(nodes[i].Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeRequired {
 					if digest := canary.CanaryTarget(nodes[i]); digest != "" {
 						m.handCanaryItsTurn(ctx, name, digest, handed)
 					}

@@ -64,6 +64,19 @@ func (e *env) setState(name string, s nodestate.UpgradeState) {
 	}
 }
 
+// touch changes node name without changing its upgrade state: its watchers look again.
+func (e *env) touch(name string) {
+	e.t.Helper()
+	n, err := e.client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n.Annotations["test/touched"] = time.Now().Format(time.RFC3339Nano)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // start runs the manager in the background; the result arrives on the channel.
 func (e *env) start(ctx context.Context) <-chan error {
 	done := make(chan error, 1)
@@ -328,10 +341,43 @@ func TestWaitingNodeHandsTheCanaryItsTurn(t *testing.T) {
 	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), fresh, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.setState(canaryNode, nodestate.ValidationRequired) // touch the node: the waiter looks again
+	e.touch(canaryNode) // the new pod's manager has not moved the canary yet: the waiter looks again
 	time.Sleep(200 * time.Millisecond)
 	if _, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), fresh.Name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the canary's new driver pod was evicted: %v", err)
+	}
+	e.setState(canaryNode, nodestate.UpgradeDone)
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Once the canary's change is under way, the waiting nodes no longer look for its old driver pod: its state
+// changes cost them no pod list and no DaemonSet read (at a thousand waiting nodes, a thousand of each per change).
+func TestWaitingNodeLeavesACanaryUnderWayAlone(t *testing.T) {
+	e := canaryEnv(t, nodestate.UpgradeRequired, 1)
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for the canary")
+	lookups := func() int {
+		n := 0
+		for _, a := range e.client.Actions() {
+			if (a.GetResource().Resource == "pods" && a.GetVerb() == "list") || a.GetResource().Resource == "daemonsets" {
+				n++
+			}
+		}
+		return n
+	}
+	if lookups() == 0 {
+		t.Fatal("the waiter never looked for the canary's old driver pod while the canary had not started")
+	}
+	for _, s := range []nodestate.UpgradeState{nodestate.CordonRequired, nodestate.DrainRequired, nodestate.PodRestartRequired, nodestate.ValidationRequired} {
+		before := lookups()
+		e.setState(canaryNode, s)
+		time.Sleep(100 * time.Millisecond)
+		if got := lookups(); got != before {
+			t.Fatalf("canary at %s: the waiter looked for its driver pod again (%d pod lists and DaemonSet reads, %d before)", s, got, before)
+		}
+		assertHeld(t, e, "waiting for the canary")
 	}
 	e.setState(canaryNode, nodestate.UpgradeDone)
 	if err := wait(t, done); err != nil {
@@ -420,7 +466,7 @@ func TestWaitingNodeHandsTheCanaryItsTurnOnATemplateChange(t *testing.T) {
 		t.Fatal("the canary's driver pod of the older template is still there: the canary would never get its turn")
 	}
 	current := fromGeneration("nvidia-driver-legacy-new", "2")
-	e.setState(canaryNode, nodestate.ValidationRequired) // touch the node: the waiter looks again
+	e.touch(canaryNode) // the new pod's manager has not moved the canary yet: the waiter looks again
 	time.Sleep(200 * time.Millisecond)
 	if _, err := e.client.CoreV1().Pods(namespace).Get(ctx, current.Name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("the canary's driver pod of the current template was evicted (evictions %v): %v", evicted, err)
