@@ -561,16 +561,26 @@ func TestWaitingNodeHoldsNoLease(t *testing.T) {
 		}
 		return n
 	}
+	holder := func() string {
+		lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the Lease of the run that found the node held: %v", err)
+		}
+		return ptr.Deref(lease.Spec.HolderIdentity, "")
+	}
+	// the run under the Lease writes the node's reason, then gives the Lease back: the wait starts after that
+	for deadline := time.Now().Add(5 * time.Second); holder() != "" && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h := holder(); h != "" {
+		t.Errorf("Lease held by %q while the node waits, want it given back", h)
+	}
 	before := leaseWrites()
 	time.Sleep(2*DefaultLeaseRetryPeriod + 500*time.Millisecond) // two renewals, were the Lease held
 	if after := leaseWrites(); after != before {
 		t.Errorf("%d Lease writes while the node waited for its canary, want none", after-before)
 	}
-	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the Lease of the run that found the node held: %v", err)
-	}
-	if h := ptr.Deref(lease.Spec.HolderIdentity, ""); h != "" {
+	if h := holder(); h != "" {
 		t.Errorf("Lease held by %q while the node waits, want it given back", h)
 	}
 	e.setState(canaryNode, nodestate.UpgradeDone)
