@@ -34,7 +34,8 @@ func slotEnv(t *testing.T, peers ...string) *env {
 	return e
 }
 
-var pool = func(e *env) slots.Pool {
+// pool is the slots of pool default, one slot, as slotMark sizes them.
+func pool(e *env) slots.Pool {
 	return slots.Pool{Client: e.client, Namespace: namespace, Name: "default", Max: 1}
 }
 

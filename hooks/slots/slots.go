@@ -94,8 +94,11 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 	var claim Claim
 	err := retryConflicts(ctx, func(ctx context.Context) error {
 		claim = Claim{}
-		lease, err := leases.Get(ctx, Name(p.Name), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
+		lease, holders, err := p.read(ctx)
+		if err != nil {
+			return err
+		}
+		if lease == nil {
 			lease = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name(p.Name), Namespace: p.Namespace,
 				Labels: map[string]string{nodestate.DriverManagerLeaseLabel: "true"}}}
 			if err := write(lease, map[string]string{node: stamp(now)}); err != nil {
@@ -106,13 +109,6 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 				return apierrors.NewConflict(coordinationv1.Resource("leases"), lease.Name, err) // another took the first slot: read again
 			}
 			claim.Taken = err == nil
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		holders, err := Holders(lease)
-		if err != nil {
 			return err
 		}
 		if _, ok := holders[node]; ok {
@@ -146,15 +142,8 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 func (p Pool) Give(ctx context.Context, node string) error {
 	leases := p.Client.CoordinationV1().Leases(p.Namespace)
 	err := retryConflicts(ctx, func(ctx context.Context) error {
-		lease, err := leases.Get(ctx, Name(p.Name), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		holders, err := Holders(lease)
-		if err != nil {
+		lease, holders, err := p.read(ctx)
+		if err != nil || lease == nil {
 			return err
 		}
 		if _, ok := holders[node]; !ok {
@@ -171,6 +160,19 @@ func (p Pool) Give(ctx context.Context, node string) error {
 		return fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
 	}
 	return nil
+}
+
+// read is the pool's slots Lease and its holders; no Lease (nil, and no error) when the pool has none yet.
+func (p Pool) read(ctx context.Context) (*coordinationv1.Lease, map[string]string, error) {
+	lease, err := p.Client.CoordinationV1().Leases(p.Namespace).Get(ctx, Name(p.Name), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, err
+	}
+	holders, err := Holders(lease)
+	return lease, holders, err
 }
 
 // dropIdle removes from holders each one whose node is no longer out of service (Out), reading each node.
