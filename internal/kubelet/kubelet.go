@@ -142,11 +142,14 @@ func isValidator(pod *corev1.Pod) bool {
 // poke re-runs node's validators.
 func (k *Kubelet) poke(node string) { k.pokes <- node }
 
-// stop ends the goroutines playing a pod's containers.
+// stop ends the goroutines playing a pod's containers and forgets the pod (called once it is deleting, when no
+// later event of it acts again): a status write for it still retrying gives way.
 func (k *Kubelet) stop(uid types.UID) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	delete(k.validating, uid)
+	delete(k.handled, uid)
+	delete(k.statuses, uid)
 	if cancel := k.stops[uid]; cancel != nil {
 		cancel()
 		delete(k.stops, uid)
