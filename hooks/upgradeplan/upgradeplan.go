@@ -278,9 +278,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 }
 
 // planCanary picks each driver pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
-// nodes get, named after the plan's time, with the pool's slots (poolMax); it returns the canary nodes. vGPU manager pools get neither: their
-// driver manager may not evict, so it could not hand a waiting canary its turn (drivermanager's handCanaryItsTurn),
-// and their DaemonSets' updateStrategy alone paces them.
+// nodes get, named after the plan's time, with the pool's slots (poolMax); it returns the canary nodes. vGPU
+// manager pools get neither: their driver manager may not evict, so it could not hand a waiting canary its turn
+// (drivermanager's handCanaryItsTurn), and their DaemonSets' updateStrategy alone paces them.
 func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time) map[string]bool {
 	in := map[string]bool{}
 	id := now.UTC().Format(time.RFC3339Nano)
