@@ -13,7 +13,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	resourcelisters "k8s.io/client-go/listers/resource/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
 
@@ -66,46 +71,85 @@ func gpuSlice(node *corev1.Node) *resourcev1.ResourceSlice {
 
 // Play plays the gpus kubelet plugin and the kubelet's cleanup of it until ctx ends: a node with a Running
 // kubelet-plugin pod gets its slice; a node without one loses it (the kubelet deletes a driver's slices once its
-// plugin has unregistered). It reports each reconcile error on errs, without blocking.
+// plugin has unregistered). It watches the plugin's pods and the slices and reconciles on each change, as the
+// kubelet reacts to its own pods, instead of listing both on a timer: a package plays it on every control plane for
+// its whole run, and polling was a sixth of the requests of tests/e2e. A reconcile that fails is retried after
+// retryAfter; each error is reported on errs, without blocking.
 func Play(ctx context.Context, client kubernetes.Interface, namespace string, errs chan<- error) {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if err := reconcileSlices(ctx, client, namespace); err != nil && ctx.Err() == nil {
+	pluginPods := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = PluginSelector }))
+	resourceSlices := informers.NewSharedInformerFactory(client, 0)
+	pods, published := pluginPods.Core().V1().Pods(), resourceSlices.Resource().V1().ResourceSlices()
+	changed := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	onChange := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { kick() },
+		UpdateFunc: func(any, any) { kick() },
+		DeleteFunc: func(any) { kick() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{pods.Informer(), published.Informer()} {
+		if _, err := inf.AddEventHandler(onChange); err != nil {
 			select {
 			case errs <- err:
 			default:
 			}
+			return
 		}
+	}
+	pluginPods.Start(ctx.Done())
+	resourceSlices.Start(ctx.Done())
+	defer pluginPods.Shutdown()
+	defer resourceSlices.Shutdown()
+	pluginPods.WaitForCacheSync(ctx.Done())
+	resourceSlices.WaitForCacheSync(ctx.Done())
+	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-changed:
+		}
+		if err := reconcileSlices(ctx, client, pods.Lister().Pods(namespace), published.Lister()); err != nil && ctx.Err() == nil {
+			select {
+			case errs <- err:
+			default:
+			}
+			time.AfterFunc(retryAfter, kick)
 		}
 	}
 }
 
-func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace string) error {
-	pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: PluginSelector})
+// retryAfter is how soon a failed reconcile is tried again.
+const retryAfter = 200 * time.Millisecond
+
+// reconcileSlices makes the slices match the plugin pods as the informers hold them. A read that lags a write of
+// ours is harmless: creating a slice that exists and deleting one that is gone are both accepted, and the write's
+// own watch event reconciles again.
+func reconcileSlices(ctx context.Context, client kubernetes.Interface, pods corelisters.PodNamespaceLister, sliceLister resourcelisters.ResourceSliceLister) error {
+	plugins, err := pods.List(labels.Everything())
 	if err != nil {
 		return err
 	}
-	var serving []string
-	for _, p := range pods.Items {
+	serving := map[string]bool{}
+	for _, p := range plugins {
 		if p.Spec.NodeName != "" && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
-			serving = append(serving, p.Spec.NodeName)
+			serving[p.Spec.NodeName] = true
 		}
 	}
-	have, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	have, err := sliceLister.List(labels.Everything())
 	if err != nil {
 		return err
 	}
 	published := map[string]bool{}
-	for _, s := range have.Items {
+	for _, s := range have {
 		if s.Spec.Driver != GPUDriver || s.Spec.NodeName == nil {
 			continue
 		}
-		if !slices.Contains(serving, *s.Spec.NodeName) {
+		if !serving[*s.Spec.NodeName] {
 			if err := client.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				return err
 			}
@@ -113,7 +157,7 @@ func reconcileSlices(ctx context.Context, client kubernetes.Interface, namespace
 		}
 		published[*s.Spec.NodeName] = true
 	}
-	for _, n := range serving {
+	for n := range serving {
 		if published[n] {
 			continue
 		}
