@@ -192,10 +192,22 @@ func rolledOut(t *testing.T) (done bool, why, states string, failed bool) {
 			}
 		}
 	}
+	// one list, not a get per node: settle asks four times a second for minutes on end
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, err.Error(), "", false
+	}
+	byName := map[string]*corev1.Node{}
+	for i := range list.Items {
+		byName[list.Items[i].Name] = &list.Items[i]
+	}
 	done = true
 	var st []string
 	for _, n := range gpuNodeNames() {
-		node := nodeOf(t, n)
+		node, ok := byName[n]
+		if !ok {
+			return false, "node " + n + " is gone", "", false
+		}
 		s := node.Labels[nodestate.UpgradeStateLabel]
 		st = append(st, n+"="+s+fmt.Sprint(ready[n]))
 		failed = failed || s == string(nodestate.UpgradeFailed)
