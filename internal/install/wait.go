@@ -9,6 +9,7 @@ import (
 	"helm.sh/helm/v3/pkg/kube"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/cli-runtime/pkg/resource"
 	"k8s.io/client-go/rest"
 )
 
@@ -20,6 +21,11 @@ const WaitPoll = 100 * time.Millisecond
 // deleted hook to go, `uninstall --wait`) asking every WaitPoll instead of every 2 s. What they wait for is
 // Helm's own: its ReadyChecker, with the options Helm's Wait and WaitWithJobs use, and NotFound for deletions.
 // Every other call is Helm's.
+//
+// Helm asks for every resource on each poll until the first that is not done. At ten polls a second that was a
+// tenth of the harness's requests, most of them for objects long done, so a poll starts at the first resource not
+// yet seen done (pending) and goes on from there; once each has been seen done, one pass over all of them must find
+// them all done at once, as Helm's single pass does.
 type quickClient struct{ *kube.Client }
 
 // Wait is kube.Client.Wait, polled every WaitPoll.
@@ -38,29 +44,42 @@ func (c quickClient) waitReady(resources kube.ResourceList, timeout time.Duratio
 		return err
 	}
 	checker := kube.NewReadyChecker(cs, c.Log, opts...)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return wait.PollUntilContextCancel(ctx, WaitPoll, true, func(ctx context.Context) (bool, error) {
-		for _, r := range resources {
-			ready, err := checker.IsReady(ctx, r)
-			switch {
-			case err != nil && retryable(err):
-				return false, nil // as Helm does, a passing API error is asked again (until the timeout here)
-			case err != nil || !ready:
-				return false, err
-			}
+	return pollUntilAllDone(resources, timeout, func(ctx context.Context, r *resource.Info) (bool, error) {
+		ready, err := checker.IsReady(ctx, r)
+		if err != nil && retryable(err) {
+			return false, nil // as Helm does, a passing API error is asked again (until the timeout here)
 		}
-		return true, nil
+		return ready, err
 	})
 }
 
 // WaitForDelete is kube.Client.WaitForDelete, polled every WaitPoll.
 func (c quickClient) WaitForDelete(resources kube.ResourceList, timeout time.Duration) error {
+	return pollUntilAllDone(resources, timeout, func(_ context.Context, r *resource.Info) (bool, error) {
+		err := r.Get()
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	})
+}
+
+// pollUntilAllDone asks done about resources every WaitPoll until one pass finds every resource done, starting
+// each poll at the first resource not yet seen done. An error ends the wait.
+func pollUntilAllDone(resources kube.ResourceList, timeout time.Duration, done func(context.Context, *resource.Info) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return wait.PollUntilContextCancel(ctx, WaitPoll, true, func(context.Context) (bool, error) {
-		for _, r := range resources {
-			if err := r.Get(); err == nil || !apierrors.IsNotFound(err) {
+	pending := resources
+	return wait.PollUntilContextCancel(ctx, WaitPoll, true, func(ctx context.Context) (bool, error) {
+		for len(pending) > 0 {
+			if ok, err := done(ctx, pending[0]); !ok || err != nil {
+				return false, err
+			}
+			pending = pending[1:]
+		}
+		for i, r := range resources {
+			if ok, err := done(ctx, r); !ok || err != nil {
+				pending = resources[i:]
 				return false, err
 			}
 		}
