@@ -367,8 +367,11 @@ func TestWaitingNodeLeavesACanaryUnderWayAlone(t *testing.T) {
 		}
 		return n
 	}
-	if lookups() == 0 {
-		t.Fatal("the waiter never looked for the canary's old driver pod while the canary had not started")
+	// the reason is written before the look, so give the look a moment
+	for deadline := time.Now().Add(5 * time.Second); lookups() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never looked for the canary's old driver pod while the canary had not started")
+		}
 	}
 	for _, s := range []nodestate.UpgradeState{nodestate.CordonRequired, nodestate.DrainRequired, nodestate.PodRestartRequired, nodestate.ValidationRequired} {
 		before := lookups()
