@@ -206,7 +206,7 @@ func rolledOut(t *testing.T) (done bool, why, states string, failed bool) {
 	for _, n := range gpuNodeNames() {
 		node, ok := byName[n]
 		if !ok {
-			return false, "node " + n + " is gone", "", false
+			t.Fatalf("node %s is gone", n) // as the get per node it replaces failed
 		}
 		s := node.Labels[nodestate.UpgradeStateLabel]
 		st = append(st, n+"="+s+fmt.Sprint(ready[n]))
