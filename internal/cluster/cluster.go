@@ -23,6 +23,8 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	nodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
@@ -152,15 +154,25 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.APIServerAddress != "" {
 		api.SecureServing.Address, api.SecureServing.Port = opts.APIServerAddress, fmt.Sprint(opts.APIServerPort)
 	}
-	if c.Config, err = c.env.Start(); err != nil {
+	token, err := writeAdminToken(dir)
+	if err != nil {
+		c.Stop()
+		return nil, err
+	}
+	for k, v := range harnessAPIServerArgs(filepath.Join(dir, adminTokenFile)) {
+		api.Configure().Append(k, v...)
+	}
+	started, err := c.env.Start()
+	if err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("start etcd and kube-apiserver: %w", err)
 	}
+	c.Config = adminConfig(started, token)
 	if err := c.writeKubeconfig(); err != nil {
 		c.Stop()
 		return nil, err
 	}
-	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+	if c.Client, err = kubernetes.NewForConfig(protobuf(c.Config)); err != nil {
 		c.Stop()
 		return nil, err
 	}
@@ -185,7 +197,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}{
 		{"kube-controller-manager", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
-			"--use-service-account-credentials=false", "--controllers=*,-serviceaccount-token,-nodeipam",
+			"--use-service-account-credentials=false", controllers,
 		}, slices.Concat(unthrottled, opts.ControllerManagerArgs)...), nil},
 		{"kube-scheduler", append([]string{
 			"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0", "--bind-address=127.0.0.1",
@@ -206,16 +218,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 }
 
 func (c *Cluster) writeKubeconfig() error {
-	user, err := c.env.AddUser(envtest.User{Name: "kube-gpu-stack-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return fmt.Errorf("create admin user: %w", err)
-	}
-	data, err := user.KubeConfig()
-	if err != nil {
-		return err
-	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Config.Host, CertificateAuthorityData: c.Config.CAData}
+	kc.AuthInfos[adminUser] = &clientcmdapi.AuthInfo{Token: c.Config.BearerToken}
+	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: adminUser}
+	kc.CurrentContext = "local"
 	c.Kubeconfig = filepath.Join(c.dir, "kubeconfig")
-	return os.WriteFile(c.Kubeconfig, data, 0o600)
+	return clientcmd.WriteToFile(*kc, c.Kubeconfig)
 }
 
 // writeKwokStages writes kwok's own fast stages: nodes become Ready at once and keep a lease; pods become Ready,

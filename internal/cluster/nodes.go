@@ -10,10 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// AddNodes registers simulated nodes (marked for kwok) and waits until each has settled: kwok reports it Ready,
-// the node lifecycle controller has lifted its not-ready taint and the TTL controller has annotated it, so that
-// later changes to the node are the tests' own. A minute each: on a loaded 2-core machine a node of a control
-// plane that had just started once took over 30 s to settle.
+// AddNodes registers simulated nodes (marked for kwok) and waits until each has Settled, so that later changes to
+// the node are the tests' own. A minute each: on a loaded 2-core machine a node of a control plane that had just
+// started once took over 30 s to settle.
 func (c *Cluster) AddNodes(ctx context.Context, nodes ...*corev1.Node) error {
 	for _, n := range nodes {
 		n = n.DeepCopy()
@@ -31,21 +30,29 @@ func (c *Cluster) AddNodes(ctx context.Context, nodes ...*corev1.Node) error {
 			if err != nil {
 				return false, err
 			}
-			ready := false
-			for _, cond := range got.Status.Conditions {
-				ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
-			}
-			for _, t := range got.Spec.Taints {
-				if t.Key == corev1.TaintNodeNotReady {
-					return false, nil
-				}
-			}
-			_, ttl := got.Annotations["node.alpha.kubernetes.io/ttl"]
-			return ready && ttl, nil
+			return Settled(got), nil
 		})
 		if err != nil {
-			return fmt.Errorf("node %s did not settle (Ready, untainted, annotated): %w", n.Name, err)
+			return fmt.Errorf("node %s did not settle (Ready, untainted): %w", n.Name, err)
 		}
 	}
 	return nil
+}
+
+// Settled says whether a simulated node has come up: kwok reports it Ready and the node lifecycle controller has
+// lifted its not-ready taint. (No controller of the local control plane annotates nodes: the TTL controller is off.)
+func Settled(n *corev1.Node) bool {
+	if _, ok := n.Annotations[SimulatedNodeAnnotation]; !ok {
+		return false
+	}
+	ready := false
+	for _, cond := range n.Status.Conditions {
+		ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeNotReady {
+			return false
+		}
+	}
+	return ready
 }

@@ -81,33 +81,16 @@ func addNodes(ctx context.Context, c *cluster.Cluster, nodes []*corev1.Node) err
 		}
 		pending = len(nodes)
 		for _, n := range list.Items {
-			if settled(&n) {
+			if cluster.Settled(&n) {
 				pending--
 			}
 		}
 		return pending == 0, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%d of %d nodes did not settle (Ready, untainted, annotated): %w", pending, len(nodes), err)
+		return fmt.Errorf("%d of %d nodes did not settle (Ready, untainted): %w", pending, len(nodes), err)
 	}
 	return nil
-}
-
-func settled(n *corev1.Node) bool {
-	if _, ok := n.Annotations[cluster.SimulatedNodeAnnotation]; !ok {
-		return false
-	}
-	ready := false
-	for _, cond := range n.Status.Conditions {
-		ready = ready || (cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue)
-	}
-	for _, t := range n.Spec.Taints {
-		if t.Key == corev1.TaintNodeNotReady {
-			return false
-		}
-	}
-	_, ttl := n.Annotations["node.alpha.kubernetes.io/ttl"]
-	return ready && ttl
 }
 
 // proc is one run of a binary: wall time, peak resident memory, output.
