@@ -9,7 +9,10 @@ GO ?= go
 ## so more of them than cores overlap well (each takes about 1 GiB per control plane; tests/e2e runs 3).
 ## SLOW_PACKAGES start first (longest first), so no long suite starts last and runs alone at the end. The test
 ## binaries are linked without symbol table and DWARF (-s -w): linking some sixty of them is a tenth of the run's
-## CPU otherwise, and stack traces and runtime.Caller read the line tables, which stay. `go test` does not vet
+## CPU otherwise, and stack traces and runtime.Caller read the line tables, which stay. They are linked by Go's own
+## linker (-linkmode=internal): kustomize (through kubectl's drain) imports the plugin package and go-nvml is cgo,
+## either of which makes the default an external link through gcc and ld, a third more CPU per binary; no test
+## calls into C (the NVML tests use go-nvml's mock; ci/gpu-smoke.sh builds its own binary). `go test` does not vet
 ## again (-vet=off): the vet target ran every analyzer on every package just before. Everything is built with
 ## -trimpath (BUILD_FLAGS), so the build cache does not depend on where the clone is: a new clone of a commit
 ## already built on this machine compiles nothing, and go test reuses the results of unchanged tests that read
@@ -22,7 +25,7 @@ BUILD_FLAGS = -trimpath
 SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/gitops ./tests/rollout ./tests/dra ./tests/node ./tests/takeover
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
-		GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} $(GO) test $(BUILD_FLAGS) -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w' -timeout 30m $(SLOW_PACKAGES) ./...
+		GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} $(GO) test $(BUILD_FLAGS) -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w -linkmode=internal' -timeout 30m $(SLOW_PACKAGES) ./...
 
 ## bench-rollout: the rollout overhead benchmark (tests/rolloutbench): a driver change across 200 simulated GPU nodes
 ## of one pool, maxUnavailable 20, each install taking 30 s, without and with a canary; about 25 minutes on 2 cores.
