@@ -21,7 +21,6 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
@@ -47,12 +46,8 @@ type Target struct {
 }
 
 func (t Target) config() (*action.Configuration, error) {
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &t.Kubeconfig
-	flags.Namespace = &t.Namespace
-	flags.WrapConfigFn = unthrottled
 	cfg := new(action.Configuration)
-	if err := cfg.Init(flags, t.Namespace, "secret", func(string, ...any) {}); err != nil {
+	if err := cfg.Init(newClientGetter(t.Kubeconfig, t.Namespace), t.Namespace, "secret", func(string, ...any) {}); err != nil {
 		return nil, err
 	}
 	if c, ok := cfg.KubeClient.(*kube.Client); ok {
