@@ -111,17 +111,23 @@ type Pool struct {
 	started []*Env
 }
 
-// NewPool is a pool of size control planes, first among them; each new one gets nodes and its processes' output
-// to log(n) (nil: discarded). setup, when set, runs on each before its first use, with a context that ends at Stop.
-// Stop stops the control planes the pool started.
+// NewPool is a pool of size control planes, first among them (nil: the pool starts every one on demand); each new
+// one gets nodes and its processes' output to log(n) (nil: discarded). setup, when set, runs on each before its
+// first use, with a context that ends at Stop. Stop stops the control planes the pool started.
 func NewPool(first *Env, size int, nodes []*corev1.Node, log func(n int) io.Writer, setup func(context.Context, *Env)) *Pool {
 	size = max(size, 1)
-	p := &Pool{nodes: nodes, setup: setup, log: log, idle: make(chan *Env, size), slots: make(chan struct{}, size-1)}
-	p.ctx, p.end = context.WithCancel(context.Background())
-	if setup != nil {
-		setup(p.ctx, first)
+	started := size
+	if first != nil {
+		started--
 	}
-	p.idle <- first
+	p := &Pool{nodes: nodes, setup: setup, log: log, idle: make(chan *Env, size), slots: make(chan struct{}, started)}
+	p.ctx, p.end = context.WithCancel(context.Background())
+	if first != nil {
+		if setup != nil {
+			setup(p.ctx, first)
+		}
+		p.idle <- first
+	}
 	return p
 }
 
@@ -173,6 +179,9 @@ func (p *Pool) start(ctx context.Context) (*Env, error) {
 	p.mu.Unlock()
 	return e, nil
 }
+
+// Nodes are the simulated nodes of the pool's control planes.
+func (p *Pool) Nodes() []*corev1.Node { return p.nodes }
 
 // Stop ends the setups' context and stops the control planes the pool started.
 func (p *Pool) Stop() {

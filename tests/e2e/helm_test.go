@@ -52,11 +52,11 @@ func (e *env) expectedPlacement(t *testing.T, rel *release.Release) placement.Pl
 	return p
 }
 
-// waitForPlacement waits until the running operand pods are exactly `want` on every fixture node.
+// waitForPlacement waits until the running operand pods are exactly `want` on every node of e.
 func (e *env) waitForPlacement(t *testing.T, want placement.Placement) {
 	t.Helper()
 	var names []string
-	for _, n := range fixtureNodes {
+	for _, n := range e.nodes {
 		names = append(names, n.Name)
 	}
 	var last string

@@ -13,7 +13,7 @@ import (
 // check to the server, and Helm v3 never asks the server for it). The harness's Helm client skips that validation
 // (internal/install's Build) on the strength of this: were Helm to start validating, this test would fail.
 func TestHelmStrictBuildIsANoOp(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	flags := genericclioptions.NewConfigFlags(false)
 	flags.KubeConfig = &e.kube.Kubeconfig
 	const manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: strict-build\n  namespace: default\nnoSuchField: true\ndata:\n  a: b\n"

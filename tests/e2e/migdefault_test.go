@@ -54,7 +54,7 @@ func (n raceNodes) Get(ctx context.Context, name string, o metav1.GetOptions) (*
 // did, leaves a label an admin set, and never overwrites one an admin sets between its read and its write: the real
 // API server refuses the stale write and the retry sees the admin's value.
 func TestMIGDefaultSeeding(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	ctx := t.Context()
 	node := func(name string, labels map[string]string) *corev1.Node {
 		l := map[string]string{"nvidia.com/mig.capable": "true", "kubernetes.io/hostname": name}

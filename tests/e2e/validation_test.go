@@ -77,7 +77,7 @@ func (e *env) helmTestPasses(t *testing.T) {
 // TestGateFailsOnANodesDriverValidation: one node's driver check fails, so the release fails, naming that node and
 // the check's reason, in the hook output and the saved report.
 func TestGateFailsOnANodesDriverValidation(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	e.stand.Reset()
 	defer e.stand.Reset()
 	const node, reason = "container-rhel9", "nvidia-smi under /run/nvidia/driver failed: exit 9: couldn't communicate with the NVIDIA driver"
@@ -106,7 +106,7 @@ func TestGateFailsOnANodesDriverValidation(t *testing.T) {
 // TestGateNamesQuotaRejection: a ResourceQuota that admits no system-node-critical pods in the namespace blocks the
 // operand DaemonSets; the gate names the admission message instead of timing out silently.
 func TestGateNamesQuotaRejection(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	e.stand.Reset()
 	ns := e.target().Namespace
 	if _, err := e.kube.Client.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
@@ -145,7 +145,7 @@ func TestGateNamesQuotaRejection(t *testing.T) {
 // TestGateNamesClusterProblems: no node labelled as a GPU node (NFD missing), and a GPU node whose OS has no
 // driver image, are each named.
 func TestGateNamesClusterProblems(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	e.stand.Reset()
 	t.Run("uncovered OS", func(t *testing.T) {
 		odd := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-centos7", Labels: map[string]string{
@@ -171,7 +171,7 @@ func TestGateNamesClusterProblems(t *testing.T) {
 	})
 	t.Run("no GPU node labelled", func(t *testing.T) {
 		var labelled []string
-		for _, n := range fixtureNodes {
+		for _, n := range e.nodes {
 			if n.Labels[releasecheck.GPUPresentLabel] == "true" {
 				labelled = append(labelled, n.Name)
 				e.setNodeLabel(t, n.Name, releasecheck.GPUPresentLabel, nil)
@@ -198,7 +198,7 @@ func TestGateNamesClusterProblems(t *testing.T) {
 // state label, validation annotations) and a node an admin cordoned; uninstall's pre-delete hook returns every node
 // to its state before install, keeping the admin's cordon.
 func TestUninstallAfterInterruptedUpgradeRestoresNodes(t *testing.T) {
-	e := use(t)
+	e := useSmall(t)
 	e.stand.Reset()
 	const mid, admin = "container-ubuntu2204", "container-rhel9"
 	// the node lifecycle controller taints a cordoned node and untaints it after; both wait for it, so the
