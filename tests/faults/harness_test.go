@@ -2,10 +2,12 @@ package faults
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -327,7 +329,7 @@ func retryFailed(t *testing.T) []string {
 }
 
 // recorder watches every node (an informer: it survives an API server restart) and checks the invariants of a
-// rollout under faults at every event:
+// rollout under faults:
 //   - never more than maxUnavailable nodes out of service: in flight (cordon-required .. uncordon-required),
 //     upgrade-failed, or cordoned by the upgrade;
 //   - no node uncordoned by the upgrade without a validator Ready since its current driver started to install
@@ -335,23 +337,29 @@ func retryFailed(t *testing.T) []string {
 //
 // It also keeps each node's sequence of states.
 type recorder struct {
-	mu     sync.Mutex
-	seq    map[string][]nodestate.UpgradeState
-	out    map[string]bool
-	maxOut int
-	worst  string
-	// events are the nodes' changes as the recorder saw them, and worstAt the index of the worst moment: a
-	// violation logs what led to it
-	events    []string
-	worstAt   int
+	mu  sync.Mutex
+	seq map[string][]nodestate.UpgradeState
+	// versions are the node versions the recorder saw, in the order it saw them (see outOfService)
+	versions  []nodeVersion
+	badRV     []string
 	violation []string
 	cancel    context.CancelFunc
+}
+
+// nodeVersion is one version of a node as the recorder saw it.
+type nodeVersion struct {
+	rv                    uint64
+	seen                  time.Time
+	name                  string
+	state                 nodestate.UpgradeState
+	cordonedByUs, unsched bool
+	outOfService          bool
 }
 
 func recordNodes(t *testing.T) *recorder {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &recorder{seq: map[string][]nodestate.UpgradeState{}, out: map[string]bool{}, cancel: cancel}
+	r := &recorder{seq: map[string][]nodestate.UpgradeState{}, cancel: cancel}
 	factory := informers.NewSharedInformerFactory(kube.Client, 0)
 	inf := factory.Core().V1().Nodes().Informer()
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -377,24 +385,20 @@ func (r *recorder) observe(old, n *corev1.Node) {
 	if s := r.seq[n.Name]; st != "" && (len(s) == 0 || s[len(s)-1] != st) {
 		r.seq[n.Name] = append(s, st)
 	}
+	v := nodeVersion{seen: now, name: n.Name, state: st, cordonedByUs: nodestate.CordonedByUs(n), unsched: n.Spec.Unschedulable}
 	switch st {
 	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
 		nodestate.ValidationRequired, nodestate.UncordonRequired, nodestate.UpgradeFailed:
-		r.out[n.Name] = true
+		v.outOfService = true
 	default:
-		if nodestate.CordonedByUs(n) {
-			r.out[n.Name] = true
-		} else {
-			delete(r.out, n.Name)
-		}
+		v.outOfService = v.cordonedByUs
 	}
-	r.events = append(r.events, fmt.Sprintf("%s %s %s cordoned-by-us=%v unschedulable=%v: out %v",
-		now.Format("15:04:05.000"), n.Name, st, nodestate.CordonedByUs(n), n.Spec.Unschedulable, keys(r.out)))
-	if len(r.out) > r.maxOut {
-		r.maxOut = len(r.out)
-		r.worst = fmt.Sprintf("%v", keys(r.out))
-		r.worstAt = len(r.events) - 1
+	rv, err := strconv.ParseUint(n.ResourceVersion, 10, 64)
+	if err != nil {
+		r.badRV = append(r.badRV, fmt.Sprintf("node %s resourceVersion %q", n.Name, n.ResourceVersion))
 	}
+	v.rv = rv
+	r.versions = append(r.versions, v)
 	if old != nil && nodestate.CordonedByUs(old) && old.Spec.Unschedulable && !n.Spec.Unschedulable && !nodestate.CordonedByUs(n) {
 		since, err := nodestate.ValidationSince(n)
 		validated := false
@@ -443,17 +447,59 @@ func (r *recorder) firstIn(t *testing.T, timeout time.Duration, states ...nodest
 
 func (r *recorder) stop() { r.cancel() }
 
+// outOfService replays the versions the recorder saw in resourceVersion order and returns the most nodes out of
+// service at one revision, which nodes they were, and the changes that led there. A node's resourceVersion from the
+// local etcd-backed API server is the revision of its last write, which grows with every write, so the state at a
+// revision is each node's last seen version at or below it. Delivery order is not that order: after the API
+// server restarts, the informer's relist hands over the changes it missed in no particular order, and counting
+// as they came mixed one node's state from before the outage with another's from after it (three nodes "out" at
+// once, the third long done).
+func (r *recorder) outOfService() (most int, which []string, led []string) {
+	vs := slices.Clone(r.versions)
+	slices.SortStableFunc(vs, func(a, b nodeVersion) int { return cmp.Compare(a.rv, b.rv) })
+	out := map[string]bool{}
+	var lines []string
+	worstAt := -1
+	for _, v := range vs {
+		if v.outOfService {
+			out[v.name] = true
+		} else {
+			delete(out, v.name)
+		}
+		lines = append(lines, fmt.Sprintf("rv %d (seen %s) %s %s cordoned-by-us=%v unschedulable=%v: out %v",
+			v.rv, v.seen.Format("15:04:05.000"), v.name, v.state, v.cordonedByUs, v.unsched, keys(out)))
+		if len(out) > most {
+			most, which, worstAt = len(out), keys(out), len(lines)-1
+		}
+	}
+	if worstAt >= 0 {
+		led = lines[max(0, worstAt-40) : worstAt+1]
+	}
+	return most, which, led
+}
+
+// sawOutOfService says whether any node was seen out of service.
+func (r *recorder) sawOutOfService() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.versions, func(v nodeVersion) bool { return v.outOfService })
+}
+
 // assertInvariants checks what the recorder saw.
 func (r *recorder) assertInvariants(t *testing.T) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t.Logf("at most %d nodes out of service at once (%s)", r.maxOut, r.worst)
-	if r.maxOut > maxUnavailable {
-		t.Errorf("at one moment %d nodes were out of service (in flight, failed or cordoned by the upgrade), want at most %d: %s; the changes that led there:\n%s",
-			r.maxOut, maxUnavailable, r.worst, strings.Join(r.events[max(0, r.worstAt-40):r.worstAt+1], "\n"))
+	for _, b := range r.badRV {
+		t.Errorf("%s is not a revision: the invariant below is checked in revision order", b)
 	}
-	if r.maxOut == 0 {
+	most, which, led := r.outOfService()
+	t.Logf("at most %d nodes out of service at once (%v)", most, which)
+	if most > maxUnavailable {
+		t.Errorf("at one revision %d nodes were out of service (in flight, failed or cordoned by the upgrade), want at most %d: %v; the changes that led there:\n%s",
+			most, maxUnavailable, which, strings.Join(led, "\n"))
+	}
+	if most == 0 {
 		t.Error("the recorder saw no node out of service: the rollout was not observed")
 	}
 	for _, v := range r.violation {
