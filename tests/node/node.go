@@ -122,14 +122,18 @@ type Node struct {
 	Cluster *cluster.Cluster
 	// Before is the host as Start found it; Stop restores it.
 	Before HostState
+	// Cleared is what Start put back after an earlier run that died without Stop (empty when none did).
+	Cleared []string
 
 	socket string
+	lock   *HostLock
 	procs  []*proc
 	once   sync.Once
 	errs   []error
 }
 
-// Start installs missing packages, builds or reuses the kubelet, snapshots the host, creates the node's interface,
+// Start installs missing packages, builds or reuses the kubelet, takes the machine's node lock (clearing what a run
+// that died without Stop left), snapshots the host and saves the snapshot beside Dir, creates the node's interface,
 // starts the control plane, containerd and the kubelet, imports the pause image and waits for the Node to be
 // Ready. On error everything started is stopped again.
 func Start(ctx context.Context, opts Options) (*Node, error) {
@@ -149,11 +153,24 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		}
 		opts.KubeletDir = dir
 	}
-	before, err := Snapshot()
+	lock, err := LockHost(ctx, opts.Dir, os.Stdout)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Options: opts, Before: before, socket: filepath.Join(opts.Dir, "containerd", "containerd.sock")}
+	cleared, err := ClearStale(opts.Dir)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	before, err := Snapshot()
+	if err == nil {
+		err = SaveBefore(opts.Dir, before)
+	}
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	n := &Node{Options: opts, Before: before, Cleared: cleared, lock: lock, socket: filepath.Join(opts.Dir, "containerd", "containerd.sock")}
 	if err := n.start(ctx); err != nil {
 		n.Stop()
 		return nil, err
@@ -162,9 +179,6 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 }
 
 func (n *Node) start(ctx context.Context) error {
-	if _, err := os.Stat(n.Dir); err == nil {
-		return fmt.Errorf("%s exists: an earlier run did not stop cleanly; remove it (and its mounts) first", n.Dir)
-	}
 	// A bridge without ports serves as the dummy interface: some kernels (this machine's) have no dummy driver.
 	for _, c := range [][]string{
 		{"link", "add", Link, "type", "bridge"},
@@ -514,14 +528,19 @@ func (n *Node) Stop() error {
 		if n.Cluster != nil {
 			n.Cluster.Stop()
 		}
-		own := owned{
-			mountPrefixes: []string{n.Dir, "/run/netns", "/var/run/netns", "/var/lib/kubelet", "/run/nvidia"},
-			links:         []string{Link, Bridge},
-		}
-		if err := restore(n.Before, own); err != nil {
+		if err := restore(n.Before, ownedBy(n.Dir)); err != nil {
 			n.errs = append(n.errs, err)
 		}
 		if err := os.RemoveAll(n.Dir); err != nil {
+			n.errs = append(n.errs, err)
+		}
+		// the saved state stays when the host is not back, so the next run retries from it
+		if len(n.errs) == 0 {
+			if err := os.Remove(beforePath(n.Dir)); err != nil {
+				n.errs = append(n.errs, err)
+			}
+		}
+		if err := n.lock.Release(); err != nil {
 			n.errs = append(n.errs, err)
 		}
 	})

@@ -40,6 +40,9 @@ func RunPackage(m *testing.M, name string, opts Options, use func(*Node) error) 
 		return 1
 	}
 	n.StopOnSignal()
+	if len(n.Cleared) > 0 {
+		fmt.Printf("%s: cleared what an earlier run that died left on the machine:\n  %s\n", name, strings.Join(n.Cleared, "\n  "))
+	}
 	fmt.Printf("%s: node %s Ready in %s\n", name, n.Name, time.Since(start).Round(100*time.Millisecond))
 	code := 1
 	if err := use(n); err != nil {
