@@ -49,14 +49,22 @@ func TestMain(m *testing.M) {
 	}
 }
 
-func requireRoot(t *testing.T) {
-	if os.Geteuid() == 0 {
-		return
+// lockNode takes the machine's node lock as a run does, waiting while tests/node holds it. It needs root.
+func lockNode(t *testing.T) *node.HostLock {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the recovery tests need root (mounts, cgroups, interfaces), as tests/node does")
+		}
+		t.Skip("needs root")
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("the recovery tests need root (mounts, cgroups, interfaces), as tests/node does")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	lock, err := node.LockHost(ctx, dir, os.Stdout)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Skip("needs root")
+	return lock
 }
 
 // A run SIGKILLed with its node up leaves its API server and etcd (envtest starts them without a parent-death
@@ -64,13 +72,7 @@ func requireRoot(t *testing.T) {
 // rshared, ip_forward on and a pod log folder. The next run clears all of it from the state the dead run saved.
 // A run from before saved states left none: then what is the node's by name still goes.
 func TestTheNextRunClearsAKilledRun(t *testing.T) {
-	requireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	lock, err := node.LockHost(ctx, dir, os.Stdout)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := lockNode(t)
 	defer lock.Release()
 	// whatever an earlier killed run left goes first; then there is nothing to clear
 	if _, err := node.ClearStale(dir); err != nil {
@@ -123,13 +125,7 @@ func TestTheNextRunClearsAKilledRun(t *testing.T) {
 
 // While a live run holds the node, a second waits, and gives up at its deadline naming the holder.
 func TestASecondRunWaitsForTheFirst(t *testing.T) {
-	requireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	lock, err := node.LockHost(ctx, dir, os.Stdout)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := lockNode(t)
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), roleEnv+"=second-run")
 	out, err := cmd.CombinedOutput()
