@@ -132,8 +132,8 @@ type Node struct {
 	errs   []error
 }
 
-// Start installs missing packages, builds or reuses the kubelet, takes the machine's node lock (clearing what a run
-// that died without Stop left), snapshots the host and saves the snapshot beside Dir, creates the node's interface,
+// Start takes the machine's node lock, installs missing packages, builds or reuses the kubelet, clears what a run
+// that died without Stop left, snapshots the host and saves the snapshot beside Dir, creates the node's interface,
 // starts the control plane, containerd and the kubelet, imports the pause image and waits for the Node to be
 // Ready. On error everything started is stopped again.
 func Start(ctx context.Context, opts Options) (*Node, error) {
@@ -143,6 +143,20 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	// the lock first: a second run's apt-get, snapshot and clearing must wait for this one's node
+	lock, err := LockHost(ctx, opts.Dir, os.Stdout)
+	if err != nil {
+		return nil, err
+	}
+	n, err := startLocked(ctx, opts, lock)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	return n, nil
+}
+
+func startLocked(ctx context.Context, opts Options, lock *HostLock) (*Node, error) {
 	if err := EnsurePackages(ctx, opts.Log); err != nil {
 		return nil, err
 	}
@@ -153,21 +167,15 @@ func Start(ctx context.Context, opts Options) (*Node, error) {
 		}
 		opts.KubeletDir = dir
 	}
-	lock, err := LockHost(ctx, opts.Dir, os.Stdout)
-	if err != nil {
-		return nil, err
-	}
 	cleared, err := ClearStale(opts.Dir)
 	if err != nil {
-		lock.Release()
 		return nil, err
 	}
 	before, err := Snapshot()
-	if err == nil {
-		err = SaveBefore(opts.Dir, before)
-	}
 	if err != nil {
-		lock.Release()
+		return nil, err
+	}
+	if err := SaveBefore(opts.Dir, before); err != nil {
 		return nil, err
 	}
 	n := &Node{Options: opts, Before: before, Cleared: cleared, lock: lock, socket: filepath.Join(opts.Dir, "containerd", "containerd.sock")}
