@@ -9,7 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -190,9 +190,44 @@ type staleProcess struct {
 }
 
 // staleProcesses finds what a dead node run leaves running: the API server listening on Address and its etcd
-// (envtest starts them without a parent-death signal), and containerd shims serving a socket below dir.
+// (envtest starts them without a parent-death signal), and the containerd shims of the node's containerd.
 func staleProcesses(dir string) []staleProcess {
-	cmdlines := map[int][]string{}
+	cmdlines := commandLines()
+	flag := func(args []string, name string) string {
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	var pids []int
+	etcds := map[string]bool{}
+	for pid, args := range cmdlines {
+		if flag(args, "bind-address") == Address {
+			pids = append(pids, pid)
+			if e := flag(args, "etcd-servers"); e != "" {
+				etcds[e] = true
+			}
+		}
+	}
+	for pid, args := range cmdlines {
+		if etcds[flag(args, "listen-client-urls")] {
+			pids = append(pids, pid)
+		}
+	}
+	pids = append(pids, shimsServing(cmdlines, containerdSocket(dir))...)
+	slices.Sort(pids)
+	out := make([]staleProcess, 0, len(pids))
+	for _, pid := range pids {
+		out = append(out, staleProcess{pid, filepath.Base(cmdlines[pid][0])})
+	}
+	return out
+}
+
+// commandLines are the arguments of every process but this one, by pid.
+func commandLines() map[int][]string {
+	out := map[int][]string{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -203,33 +238,18 @@ func staleProcesses(dir string) []staleProcess {
 		if err != nil || len(data) == 0 {
 			continue
 		}
-		cmdlines[pid] = strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+		out[pid] = strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 	}
-	flag := func(args []string, name string) string {
-		for _, a := range args {
-			if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
-				return v
-			}
-		}
-		return ""
-	}
-	etcds := map[string]bool{}
-	var out []staleProcess
+	return out
+}
+
+// shimsServing are the containerd shims of the containerd at socket: they outlive it by design.
+func shimsServing(cmdlines map[int][]string, socket string) []int {
+	var out []int
 	for pid, args := range cmdlines {
-		if flag(args, "bind-address") == Address {
-			out = append(out, staleProcess{pid, filepath.Base(args[0])})
-			if e := flag(args, "etcd-servers"); e != "" {
-				etcds[e] = true
-			}
+		if strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") && slices.Contains(args, socket) {
+			out = append(out, pid)
 		}
 	}
-	for pid, args := range cmdlines {
-		name := filepath.Base(args[0])
-		shim := strings.HasPrefix(name, "containerd-shim") && strings.Contains(strings.Join(args, " "), dir+"/")
-		if etcds[flag(args, "listen-client-urls")] || shim {
-			out = append(out, staleProcess{pid, name})
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].pid < out[j].pid })
 	return out
 }

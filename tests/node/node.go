@@ -12,7 +12,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -178,7 +177,7 @@ func startLocked(ctx context.Context, opts Options, lock *HostLock) (*Node, erro
 	if err := SaveBefore(opts.Dir, before); err != nil {
 		return nil, err
 	}
-	n := &Node{Options: opts, Before: before, Cleared: cleared, lock: lock, socket: filepath.Join(opts.Dir, "containerd", "containerd.sock")}
+	n := &Node{Options: opts, Before: before, Cleared: cleared, lock: lock, socket: containerdSocket(opts.Dir)}
 	if err := n.start(ctx); err != nil {
 		n.Stop()
 		return nil, err
@@ -365,6 +364,9 @@ func (n *Node) writeCNI() error {
 }
 
 // KubeletRoot is the kubelet's --root-dir.
+// containerdSocket is where the containerd of a node with folder dir listens.
+func containerdSocket(dir string) string { return filepath.Join(dir, "containerd", "containerd.sock") }
+
 func (n *Node) KubeletRoot() string { return filepath.Join(n.Dir, "kubelet") }
 
 // makeCgroupRoot creates CgroupRoot in every controller: the kubelet wants its cgroup root to exist. A new cpuset
@@ -558,19 +560,8 @@ func (n *Node) Stop() error {
 // killShims kills the containerd shims of this node's containerd (they outlive it by design) and the containers
 // they run, which the cgroup cleanup would otherwise find still running.
 func (n *Node) killShims() {
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		var pid int
-		if _, err := fmt.Sscan(p.Name(), &pid); err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil || !strings.HasPrefix(filepath.Base(string(bytes.SplitN(cmdline, []byte{0}, 2)[0])), "containerd-shim") {
-			continue
-		}
-		if bytes.Contains(cmdline, []byte(n.socket)) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, pid := range shimsServing(commandLines(), n.socket) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	cgroups, _ := cgroupDirs()
 	for _, cg := range cgroups {
