@@ -1,9 +1,17 @@
 package e2e
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func TestClusterUp(t *testing.T) {
@@ -15,4 +23,72 @@ func TestClusterUp(t *testing.T) {
 	if len(nodes.Items) != len(fixtureNodes) {
 		t.Fatalf("%d nodes, want %d", len(nodes.Items), len(fixtureNodes))
 	}
+}
+
+// TestSimulatedPodsAreDeletedOnce deletes a running pod of a simulated node as a controller does (with its grace
+// period) and checks that kwok removes it with one delete: kwok's delete first sets the grace period to 0, and a
+// pod-delete stage that matched that update too would delete the pod again and get a 404, one wasted request for
+// each of the thousands of pods the suites delete.
+func TestSimulatedPodsAreDeletedOnce(t *testing.T) {
+	e := use(t)
+	ctx := t.Context()
+	pods := e.kube.Client.CoreV1().Pods("default")
+	before := e.podDeletesNotFound(t)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "deleted-once"},
+		Spec:       corev1.PodSpec{NodeName: "cpu-only", Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+	})
+	if err != nil {
+		t.Fatalf("kwok never ran the pod: %v", err)
+	}
+	if err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("kwok never removed the deleted pod: %v", err)
+	}
+	// kwok's second delete, when there is one, follows the removal within milliseconds
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := e.podDeletesNotFound(t) - before; n != 0 {
+			t.Fatalf("the pod was deleted again after it was gone (%v pod deletes answered 404)", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// podDeletesNotFound is how many pod deletes the API server has answered with 404 so far.
+func (e *env) podDeletesNotFound(t *testing.T) float64 {
+	t.Helper()
+	raw, err := e.kube.Client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["verb"] == "DELETE" && labels["resource"] == "pods" && labels["subresource"] == "" && labels["code"] == "404" {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }
