@@ -55,13 +55,14 @@ func protobuf(cfg *rest.Config) *rest.Config {
 // harnessAPIServerArgs are the kube-apiserver flags of every local control plane, on top of envtest's. None changes
 // what the API serves; they drop per-request work that only a shared, remote API server needs:
 //   - the static token file (writeAdminToken);
-//   - no gzip of large responses (APIResponseCompression): every client is on the loopback;
+//   - no gzip of large responses (APIResponseCompression) nor of the initial lists that informers stream through
+//     a watch (WatchListCompression, 2% of the API server's CPU in the e2e suite): every client is on the loopback;
 //   - no API priority and fairness: the simple in-flight limits (400 reads, 200 writes at once) stand in, which
 //     the tests never reach; APF's queues and bookkeeping on every request were 3% of the API server's CPU.
 func harnessAPIServerArgs(tokenFile string) map[string][]string {
 	return map[string][]string{
 		"token-auth-file":              {tokenFile},
-		"feature-gates":                {"APIResponseCompression=false"},
+		"feature-gates":                {"APIResponseCompression=false,WatchListCompression=false"},
 		"enable-priority-and-fairness": {"false"},
 	}
 }
