@@ -1,8 +1,8 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -76,7 +76,7 @@ func (e *env) podDeletesNotFound(t *testing.T) float64 {
 		t.Fatal(err)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(raw)))
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
 	if err != nil {
 		t.Fatal(err)
 	}
