@@ -324,8 +324,9 @@ var live struct {
 	clusters []*Cluster
 }
 
-// Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs.
-// It is safe to call more than once.
+// Stop kills the child processes (by process group), stops etcd and the API server and removes temp dirs; an
+// API server or etcd that does not stop in time is killed, and the cluster's log says so. It is safe to call more
+// than once.
 func (c *Cluster) Stop() {
 	c.once.Do(func() {
 		for _, p := range c.procs {
@@ -353,7 +354,9 @@ func (c *Cluster) Stop() {
 			}
 		}
 		if c.env != nil {
-			_ = c.env.Stop()
+			if err := c.env.Stop(); err != nil {
+				fmt.Fprintf(c.log, "cluster: stop: %v\n", err)
+			}
 		}
 		_ = os.RemoveAll(c.dir)
 	})

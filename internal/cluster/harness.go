@@ -58,12 +58,18 @@ func protobuf(cfg *rest.Config) *rest.Config {
 //   - no gzip of large responses (APIResponseCompression) nor of the initial lists that informers stream through
 //     a watch (WatchListCompression, 2% of the API server's CPU in the e2e suite): every client is on the loopback;
 //   - no API priority and fairness: the simple in-flight limits (400 reads, 200 writes at once) stand in, which
-//     the tests never reach; APF's queues and bookkeeping on every request were 3% of the API server's CPU.
+//     the tests never reach; APF's queues and bookkeeping on every request were 3% of the API server's CPU;
+//   - a shutdown that ends its open watches 2 s after the last short request, answering 429 (Retry-After: 1) to
+//     requests in between (shutdown-send-retry-after, as a production API server behind a load balancer runs).
+//     Otherwise the shutdown waits for every watch to end, up to the request timeout (a minute): a client of the
+//     tests still watching when its control plane stops (a pool's DRA plugin in tests/e2e) held the API server
+//     until envtest gave up after 30 s and killed it, at the end of the longest suite.
 func harnessAPIServerArgs(tokenFile string) map[string][]string {
 	return map[string][]string{
 		"token-auth-file":              {tokenFile},
 		"feature-gates":                {"APIResponseCompression=false,WatchListCompression=false"},
 		"enable-priority-and-fairness": {"false"},
+		"shutdown-send-retry-after":    {"true"},
 	}
 }
 

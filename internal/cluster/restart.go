@@ -16,7 +16,8 @@ import (
 
 // Restart stops kube-apiserver and etcd, waits down, and starts them again with the same command lines (same
 // ports, certificates and etcd data dir), returning once the API server is ready. Clients, controllers, kwok and
-// watches see what they see when a control plane node restarts: refused connections, then a fresh server.
+// watches see what they see when a control plane node restarts: 429s (Retry-After) while the API server drains,
+// refused connections, then a fresh server.
 func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
 	var cmdlines [][]string
 	for _, name := range []string{"kube-apiserver", "etcd"} {
@@ -99,7 +100,7 @@ func (c *Cluster) child(name string) (int, []string, error) {
 }
 
 // stopPID sends SIGTERM and waits until the process is gone (its parent reaps it), SIGKILL after 5 s (the API
-// server's graceful shutdown waits on its open watches far longer).
+// server ends its open watches 2 s after its short requests, see harnessAPIServerArgs).
 func stopPID(ctx context.Context, pid int) error {
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		return err

@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 
 func TestClusterUp(t *testing.T) {
@@ -23,6 +27,51 @@ func TestClusterUp(t *testing.T) {
 	if len(nodes.Items) != len(fixtureNodes) {
 		t.Fatalf("%d nodes, want %d", len(nodes.Items), len(fixtureNodes))
 	}
+}
+
+// TestStopDoesNotWaitForOpenWatches stops a control plane while a client still watches it, as a pool's DRA plugin
+// does when the package's first control plane stops: the API server must end the watch and exit, not wait for the
+// client until envtest's stop timeout (30 s) kills it, which Stop would write to the cluster's log.
+func TestStopDoesNotWaitForOpenWatches(t *testing.T) {
+	t.Parallel()
+	var log lockedBuffer
+	c, err := cluster.Start(t.Context(), cluster.Options{Log: &log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	w, err := c.Client.CoreV1().Pods("").Watch(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	c.Stop()
+	if _, open := <-w.ResultChan(); open {
+		t.Error("the watch got an event, want it closed by the stopping API server")
+	}
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.HasPrefix(line, "cluster: stop:") {
+			t.Errorf("the API server held its open watch: %s", line)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that the control plane's processes may write to at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestSimulatedPodsAreDeletedOnce deletes a running pod of a simulated node as a controller does (with its grace
