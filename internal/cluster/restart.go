@@ -57,8 +57,8 @@ func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
 	return nil
 }
 
-// child finds the process envtest started for name (kube-apiserver or etcd, a child of this process) and its
-// command line.
+// child finds the process envtest started for name (kube-apiserver or etcd, a child of this process) of this
+// control plane, and its command line.
 func (c *Cluster) child(name string) (int, []string, error) {
 	if len(c.restarted) > 0 {
 		for _, cmd := range c.restarted {
@@ -93,6 +93,11 @@ func (c *Cluster) child(name string) (int, []string, error) {
 		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil {
 			return 0, nil, err
+		}
+		// a process with several control planes (tests/e2e) is the parent of each one's; this one's name a file
+		// in its folder (the API server its token file, etcd its data dir)
+		if !strings.Contains(string(raw), c.dir+string(filepath.Separator)) {
+			continue
 		}
 		return pid, strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00"), nil
 	}
