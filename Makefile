@@ -19,13 +19,17 @@ GO ?= go
 ## no file of the clone (`go clean -testcache` before a run measures every test). Every Go process of the run (go,
 ## the linker, the test binaries, the control planes) runs with the runtime's allocation sampling off
 ## (GODEBUG=memprofilerate=0: no test reads a memory profile, and the sampling's stack table is paid on every GC)
-## and collects garbage at a heap 4 times the live one (GOGC=400; the run's memory peaks under 9 GiB)
+## and collects garbage at a heap 4 times the live one (GOGC=400; the run's memory peaks under 9 GiB). Each runs on
+## one thread of Go code at a time (GOMAXPROCS=1 unless set): the run keeps some thirty Go processes on two cores,
+## and with a thread per core each one's idle scheduler spins looking for work and its collector marks in
+## parallel, which cost tests/e2e a tenth of its CPU (386 and 380 s with two, 345 and 348 s with one)
 TEST_PACKAGES ?= 4
 BUILD_FLAGS = -trimpath
-SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/gitops ./tests/rollout ./tests/dra ./tests/node ./tests/takeover
+SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/gitops ./tests/rollout ./tests/dra ./tests/node ./tests/takeover \
+	./hooks/drivermanager ./tests/drainbench
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
-		GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} $(GO) test $(BUILD_FLAGS) -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w -linkmode=internal' -timeout 30m $(SLOW_PACKAGES) ./...
+		GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} GOMAXPROCS=$${GOMAXPROCS:-1} $(GO) test $(BUILD_FLAGS) -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w -linkmode=internal' -timeout 30m $(SLOW_PACKAGES) ./...
 
 ## bench-rollout: the rollout overhead benchmark (tests/rolloutbench): a driver change across 200 simulated GPU nodes
 ## of one pool, maxUnavailable 20, each install taking 30 s, without and with a canary; about 25 minutes on 2 cores.
