@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
 )
 
 func TestClusterUp(t *testing.T) {
@@ -34,7 +34,7 @@ func TestClusterUp(t *testing.T) {
 // client until envtest's stop timeout (30 s) kills it, which Stop would write to the cluster's log.
 func TestStopDoesNotWaitForOpenWatches(t *testing.T) {
 	t.Parallel()
-	var log lockedBuffer
+	var log syncbuffer.Buffer
 	c, err := cluster.Start(t.Context(), cluster.Options{Log: &log})
 	if err != nil {
 		t.Fatal(err)
@@ -54,24 +54,6 @@ func TestStopDoesNotWaitForOpenWatches(t *testing.T) {
 			t.Errorf("the API server held its open watch: %s", line)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer that the control plane's processes may write to at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestSimulatedPodsAreDeletedOnce deletes a running pod of a simulated node as a controller does (with its grace

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/gpuhealthtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
 )
 
 // policy is the chart's default global.health with the taint on (tests/chart/gpuhealth_test.go checks the render).
@@ -33,20 +33,8 @@ var policy = gpuhealth.Policy{
 type runningAgent struct {
 	cancel context.CancelFunc
 	done   chan error
-	mu     sync.Mutex
-	log    strings.Builder
-}
-
-func (a *runningAgent) Write(p []byte) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.Write(p)
-}
-
-func (a *runningAgent) String() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.String()
+	// the agent's log
+	syncbuffer.Buffer
 }
 
 func startAgent(t *testing.T, node string, gpus *gpuhealthtest.GPUs) *runningAgent {

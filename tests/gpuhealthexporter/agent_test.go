@@ -3,7 +3,6 @@ package gpuhealthexporter
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/exportertest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
 )
 
 // policy is the chart's default global.health with the taint on.
@@ -35,20 +35,8 @@ const (
 type runningAgent struct {
 	cancel context.CancelFunc
 	done   chan error
-	mu     sync.Mutex
-	log    strings.Builder
-}
-
-func (a *runningAgent) Write(p []byte) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.Write(p)
-}
-
-func (a *runningAgent) String() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.String()
+	// the agent's log
+	syncbuffer.Buffer
 }
 
 // startAgent runs the agent with source (dcgm-exporter, or auto in a static build) on url, as the chart's env sets it.
