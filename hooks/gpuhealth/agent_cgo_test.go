@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/gpuhealthtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
 // monitor is the real NVML monitor over the mock.
@@ -40,20 +40,8 @@ func withTaint(p Policy, effect corev1.TaintEffect) Policy {
 type agent struct {
 	cancel context.CancelFunc
 	done   chan error
-	mu     sync.Mutex
-	log    bytes.Buffer
-}
-
-func (a *agent) Write(p []byte) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.Write(p)
-}
-
-func (a *agent) String() string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.log.String()
+	// the agent's log
+	syncbuffer.Buffer
 }
 
 func startAgent(t *testing.T, client kubernetes.Interface, p Policy, gpus *gpuhealthtest.GPUs) *agent {

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
 func TestClusterUp(t *testing.T) {

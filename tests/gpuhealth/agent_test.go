@@ -17,7 +17,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/gpuhealthtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
 // policy is the chart's default global.health with the taint on (tests/chart/gpuhealth_test.go checks the render).

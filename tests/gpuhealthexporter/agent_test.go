@@ -12,7 +12,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/exportertest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/syncbuffer"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
 // policy is the chart's default global.health with the taint on.
