@@ -28,15 +28,28 @@ The user's values are merged as gpu-stack-lib.containerValues merges them.
 {{- end }}
 
 {{/*
-gpu-stack-lib.containerValues: one container with the user's values merged in, as YAML. Every container takes the
-operand's image.pullPolicy where it names none (else IfNotPresent), and global.extraEnv and the operand's extraEnv
-over its env (their keys win; the list is sorted by name). The operand's main container also takes the operand's
-resources, securityContext (merged over the container's) and extraVolumeMounts (after its own).
-gpu-stack-lib.podTemplate calls it for every container of a pod, so an operand writes its containers as plain YAML;
-a container that went through it once (gpu-stack-lib.container) comes out the same, its main parts aside.
-dict "ctx" . "container" CONTAINER (its env a list, or a map NAME -> value) ["main" BOOL]
+gpu-stack-lib.containerValues: one container with the user's values merged in (gpu-stack-lib.mergeContainerValues),
+as YAML.
+dict "ctx" . "container" CONTAINER ["main" BOOL]
 */}}
 {{- define "gpu-stack-lib.containerValues" -}}
+{{- $out := dict -}}
+{{- include "gpu-stack-lib.mergeContainerValues" (dict "ctx" .ctx "container" .container "main" .main "out" $out) -}}
+{{ toYaml $out.container }}
+{{- end }}
+
+{{/*
+gpu-stack-lib.mergeContainerValues: one container with the user's values merged in, set as .out.container (a dict:
+a template's only other way to hand back data is YAML text, and writing then reading back every container was a
+fifth of a render). Every container takes the operand's image.pullPolicy where it names none (else IfNotPresent),
+and global.extraEnv and the operand's extraEnv over its env (their keys win; the list is sorted by name,
+gpu-stack-lib.envEntries). The operand's main container also takes the operand's resources, securityContext
+(merged over the container's) and extraVolumeMounts (after its own).
+gpu-stack-lib.podTemplate calls it for every container of a pod, so an operand writes its containers as plain YAML;
+a container that went through it once (gpu-stack-lib.container) comes out the same, its main parts aside.
+dict "ctx" . "container" CONTAINER (its env a list, or a map NAME -> value) ["main" BOOL] "out" DICT
+*/}}
+{{- define "gpu-stack-lib.mergeContainerValues" -}}
 {{- $v := .ctx.Values -}}
 {{- $c := deepCopy .container -}}
 {{- $_ := set $c "imagePullPolicy" ($c.imagePullPolicy | default ($v.image | default dict).pullPolicy | default "IfNotPresent") -}}
@@ -48,32 +61,44 @@ dict "ctx" . "container" CONTAINER (its env a list, or a map NAME -> value) ["ma
 {{- end -}}
 {{- $env = mergeOverwrite $env (deepCopy ($v.global.extraEnv | default dict)) (deepCopy ($v.extraEnv | default dict)) -}}
 {{- $c = omit $c "env" -}}
-{{- with (include "gpu-stack-lib.envList" $env | fromYamlArray) }}{{ $_ = set $c "env" . }}{{ end -}}
+{{- $entries := dict -}}
+{{- include "gpu-stack-lib.envEntries" (dict "env" $env "out" $entries) -}}
+{{- with $entries.list }}{{ $_ = set $c "env" . }}{{ end -}}
 {{- if .main -}}
 {{- with concat ($c.volumeMounts | default list) ($v.extraVolumeMounts | default list) }}{{ $_ = set $c "volumeMounts" . }}{{ end -}}
 {{- with mergeOverwrite (deepCopy ($c.securityContext | default dict)) (deepCopy ($v.securityContext | default dict)) }}{{ $_ = set $c "securityContext" . }}{{ end -}}
 {{- with $v.resources }}{{ $_ = set $c "resources" . }}{{ end -}}
 {{- end -}}
-{{ toYaml $c }}
+{{- $_ = set .out "container" $c -}}
 {{- end }}
 
 {{/*
-gpu-stack-lib.envList: a map NAME -> value as a container env list, sorted by name (deterministic). An empty
-value is rendered as no value: the container gets the empty string all the same, and the API server drops
-`value: ""`, so rendering it would leave a GitOps diff that never closes. Names are quoted: Y, on or no would
-read back as YAML booleans.
+gpu-stack-lib.envList: a map NAME -> value as a container env list in YAML (gpu-stack-lib.envEntries); nothing
+for an empty map.
 */}}
 {{- define "gpu-stack-lib.envList" -}}
-{{- range $name := keys . | sortAlpha }}
-{{- $val := get $ $name }}
-- name: {{ $name | quote }}
-  {{- if kindIs "map" $val }}
-  valueFrom:
-    {{- toYaml $val | nindent 4 }}
-  {{- else if ne ($val | toString) "" }}
-  value: {{ $val | toString | quote }}
-  {{- end }}
+{{- $out := dict -}}
+{{- include "gpu-stack-lib.envEntries" (dict "env" . "out" $out) -}}
+{{- with $out.list }}{{ toYaml . }}{{ end -}}
 {{- end }}
+
+{{/*
+gpu-stack-lib.envEntries: a map NAME -> value as a container env list, sorted by name (deterministic), set as
+.out.list. A map value becomes valueFrom. An empty value becomes no value: the container gets the empty string all
+the same, and the API server drops `value: ""`, so rendering it would leave a GitOps diff that never closes. Values
+are strings (toString), so none reads back as a number or boolean.
+dict "env" MAP "out" DICT
+*/}}
+{{- define "gpu-stack-lib.envEntries" -}}
+{{- $list := list -}}
+{{- range $name := keys .env | sortAlpha -}}
+{{- $val := get $.env $name -}}
+{{- $entry := dict "name" $name -}}
+{{- if kindIs "map" $val }}{{ $_ := set $entry "valueFrom" $val }}
+{{- else if ne ($val | toString) "" }}{{ $_ := set $entry "value" ($val | toString) }}{{ end -}}
+{{- $list = append $list $entry -}}
+{{- end -}}
+{{- $_ := set .out "list" $list -}}
 {{- end }}
 
 {{/*

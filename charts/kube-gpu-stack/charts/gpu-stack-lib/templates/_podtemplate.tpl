@@ -28,11 +28,13 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- $main := .main | default list -}}
 {{- if kindIs "string" $main }}{{ $main = list $main }}{{ end -}}
 {{- $containers := list -}}
-{{- range $pod.containers }}{{ $containers = append $containers (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
+{{- range $pod.containers }}{{ $out := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $out) }}{{ $containers = append $containers $out.container }}{{ end -}}
 {{- $_ := set $pod "containers" $containers -}}
 {{- $inits := list -}}
-{{- range $pod.initContainers | default list }}{{ $inits = append $inits (include "gpu-stack-lib.containerValues" (dict "ctx" $ctx "container" . "main" (has .name $main)) | fromYaml) }}{{ end -}}
-{{- $volumes := include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits) | fromYamlArray -}}
+{{- range $pod.initContainers | default list }}{{ $out := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $out) }}{{ $inits = append $inits $out.container }}{{ end -}}
+{{- $out := dict -}}
+{{- include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits "out" $out) -}}
+{{- $volumes := $out.list -}}
 {{- $nri := dict -}}
 {{- if $pod.runtimeClass -}}
 {{- if ($g.cdi | default dict).nriPluginEnabled -}}
@@ -48,7 +50,8 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- /* containers that need the API mount its token themselves (gpu-stack-lib.apiAccessMount): no other gets it */ -}}
 {{- range $volumes }}{{ if eq .name "kube-api-access" }}{{ $_ := set $pod "automountServiceAccountToken" false }}{{ end }}{{ end -}}
 {{- if .operand -}}
-{{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (dict "nodeAffinity" (include "gpu-stack-lib.nodeAffinity" . | fromYaml))) -}}
+{{- include "gpu-stack-lib.nodeAffinity" (merge (dict "out" $out) .) -}}
+{{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (pick $out "nodeAffinity")) -}}
 {{- end -}}
 {{- with concat ($g.tolerations | default list) ($pod.tolerations | default list) ($v.tolerations | default list) | uniq }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
 {{- with mergeOverwrite (deepCopy ($pod.nodeSelector | default dict)) (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}

@@ -57,8 +57,9 @@ the label and nodes whose label is no known role - exactly "falls back to the de
 {{- end }}
 
 {{/*
-gpu-stack-lib.nodeAffinity: dict "ctx" . "operand" DEPLOY_LABEL_SUFFIX "roles" (list ...) ["match" (list REQUIREMENT ...)]
-["matchAny" (list (list REQUIREMENT ...) ...)]
+gpu-stack-lib.nodeAffinity: an operand's node affinity, set as .out.nodeAffinity.
+dict "ctx" . "operand" DEPLOY_LABEL_SUFFIX "roles" (list ...) ["match" (list REQUIREMENT ...)]
+["matchAny" (list (list REQUIREMENT ...) ...)] "out" DICT
 "Absent or true" is two OR'ed terms (DoesNotExist | In [true, ""]), never a NotIn list a new value would slip through.
 matchAny is a disjunction of alternatives (each a requirement list ANDed with the common ones), for conditions a
 single term cannot say, such as "selected by none of these selectors": one term per alternative x switch term.
@@ -69,15 +70,13 @@ single term cannot say, such as "selected by none of these selectors": one term 
 {{- $common = append $common (dict "key" "nvidia.com/gpu.deploy.operands" "operator" "NotIn" "values" (list "false")) -}}
 {{- $common = concat $common (.match | default list) -}}
 {{- $switch := printf "nvidia.com/gpu.deploy.%s" .operand -}}
-requiredDuringSchedulingIgnoredDuringExecution:
-  nodeSelectorTerms:
-  {{- range $alt := .matchAny | default (list list) }}
-    {{- $reqs := concat $common $alt }}
-    - matchExpressions:
-        {{- toYaml (append $reqs (dict "key" $switch "operator" "DoesNotExist")) | nindent 8 }}
-    - matchExpressions:
-        {{- toYaml (append $reqs (dict "key" $switch "operator" "In" "values" (list "true" ""))) | nindent 8 }}
-  {{- end }}
+{{- $terms := list -}}
+{{- range $alt := .matchAny | default (list list) -}}
+{{- $reqs := concat $common $alt -}}
+{{- $terms = append $terms (dict "matchExpressions" (append $reqs (dict "key" $switch "operator" "DoesNotExist"))) -}}
+{{- $terms = append $terms (dict "matchExpressions" (append $reqs (dict "key" $switch "operator" "In" "values" (list "true" "")))) -}}
+{{- end -}}
+{{- $_ := set .out "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" $terms)) -}}
 {{- end }}
 
 {{/*

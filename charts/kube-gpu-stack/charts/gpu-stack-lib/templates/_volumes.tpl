@@ -55,7 +55,7 @@ checks; the cluster CA; the namespace).
 {{- end }}
 
 {{/* gpu-stack-lib.volumes: the pod's own volumes, the well-known host volumes its containers mount, the API access
-volume when a container mounts it (gpu-stack-lib.apiAccessMount), and extraVolumes */}}
+volume when a container mounts it (gpu-stack-lib.apiAccessMount), and extraVolumes, set as .out.list */}}
 {{- define "gpu-stack-lib.volumes" -}}
 {{- $known := include "gpu-stack-lib.hostVolumes" .ctx | fromYaml -}}
 {{- $volumes := .volumes | default list -}}
@@ -73,7 +73,7 @@ volume when a container mounts it (gpu-stack-lib.apiAccessMount), and extraVolum
 {{- if and (has "kube-api-access" $used) (not (has "kube-api-access" $declared)) -}}
 {{- $volumes = append $volumes (include "gpu-stack-lib.apiAccessVolume" . | fromJson) -}}
 {{- end -}}
-{{- toYaml (concat $volumes (.ctx.Values.extraVolumes | default list)) -}}
+{{- $_ := set .out "list" (concat $volumes (.ctx.Values.extraVolumes | default list)) -}}
 {{- end }}
 
 {{/*
