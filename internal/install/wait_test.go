@@ -3,11 +3,19 @@ package install
 import (
 	"context"
 	"errors"
+	"io"
+	"maps"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"helm.sh/helm/v3/pkg/kube"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/resource"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest/fake"
 )
 
 func infos(names ...string) kube.ResourceList {
@@ -23,7 +31,7 @@ func infos(names ...string) kube.ResourceList {
 func TestWaitAsksOnlyWhatIsNotYetDone(t *testing.T) {
 	rs := infos("a", "b", "c", "slow")
 	asked := map[string]int{}
-	err := pollUntilAllDone(rs, time.Minute, func(_ context.Context, r *resource.Info) (bool, error) {
+	err := pollUntilAllDone(rs, time.Minute, true, func(_ context.Context, r *resource.Info) (bool, error) {
 		asked[r.Name]++
 		return r.Name != "slow" || asked["slow"] >= 10, nil
 	})
@@ -39,12 +47,28 @@ func TestWaitAsksOnlyWhatIsNotYetDone(t *testing.T) {
 	}
 }
 
+// TestDeletionWaitAsksEachUntilGone: without recheck each resource is asked for until it is done and not again.
+func TestDeletionWaitAsksEachUntilGone(t *testing.T) {
+	rs := infos("a", "slow", "c")
+	asked := map[string]int{}
+	err := pollUntilAllDone(rs, time.Minute, false, func(_ context.Context, r *resource.Info) (bool, error) {
+		asked[r.Name]++
+		return r.Name != "slow" || asked["slow"] >= 3, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"a": 1, "slow": 3, "c": 1}; !maps.Equal(asked, want) {
+		t.Errorf("asked %v, want %v", asked, want)
+	}
+}
+
 // TestWaitNeedsAllDoneAtOnce: a resource seen done that is no longer done in the final pass keeps the wait going,
 // as Helm's pass over every resource would.
 func TestWaitNeedsAllDoneAtOnce(t *testing.T) {
 	rs := infos("flaky", "slow")
 	asked := map[string]int{}
-	err := pollUntilAllDone(rs, time.Minute, func(_ context.Context, r *resource.Info) (bool, error) {
+	err := pollUntilAllDone(rs, time.Minute, true, func(_ context.Context, r *resource.Info) (bool, error) {
 		asked[r.Name]++
 		switch r.Name {
 		case "flaky": // done at first, not done in the first final pass, done after
@@ -66,7 +90,7 @@ func TestWaitNeedsAllDoneAtOnce(t *testing.T) {
 // TestWaitEndsOnAnError: an error ends the wait with that error; the timeout ends one that never finishes.
 func TestWaitEndsOnAnError(t *testing.T) {
 	boom := errors.New("boom")
-	err := pollUntilAllDone(infos("a", "b"), time.Minute, func(_ context.Context, r *resource.Info) (bool, error) {
+	err := pollUntilAllDone(infos("a", "b"), time.Minute, true, func(_ context.Context, r *resource.Info) (bool, error) {
 		if r.Name == "b" {
 			return false, boom
 		}
@@ -75,8 +99,40 @@ func TestWaitEndsOnAnError(t *testing.T) {
 	if !errors.Is(err, boom) {
 		t.Errorf("got %v, want boom", err)
 	}
-	err = pollUntilAllDone(infos("never"), 300*time.Millisecond, func(context.Context, *resource.Info) (bool, error) { return false, nil })
+	err = pollUntilAllDone(infos("never"), 300*time.Millisecond, true, func(context.Context, *resource.Info) (bool, error) { return false, nil })
 	if err == nil {
 		t.Error("a wait that never finishes ended without an error")
+	}
+}
+
+// TestWaitForDeleteReadsOnlyTheObjects: a deletion wait asks for each object until it is NotFound, and for
+// nothing else (resource.Info.Get would also read the namespace after every NotFound).
+func TestWaitForDeleteReadsOnlyTheObjects(t *testing.T) {
+	var paths []string
+	client := &fake.RESTClient{
+		NegotiatedSerializer: scheme.Codecs.WithoutConversion(),
+		Client: fake.CreateHTTPClient(func(req *http.Request) (*http.Response, error) {
+			paths = append(paths, req.Method+" "+req.URL.Path)
+			if len(paths) <= 2 { // the object is there for the first two reads
+				return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}},
+					Body: io.NopCloser(strings.NewReader(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"ns"}}`))}, nil
+			}
+			return &http.Response{StatusCode: http.StatusNotFound, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: io.NopCloser(strings.NewReader(`{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`))}, nil
+		}),
+	}
+	info := &resource.Info{Client: client, Namespace: "ns", Name: "x", Mapping: &meta.RESTMapping{
+		Resource: schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, Scope: meta.RESTScopeNamespace,
+	}}
+	if err := (quickClient{}).WaitForDelete(kube.ResourceList{info}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if p != "GET /namespaces/ns/configmaps/x" {
+			t.Errorf("the wait asked for %s; want only its object", p)
+		}
+	}
+	if len(paths) != 3 { // twice found, then NotFound, and not again: it stays gone
+		t.Errorf("asked %d times (%v), want 3", len(paths), paths)
 	}
 }
