@@ -28,13 +28,13 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- $main := .main | default list -}}
 {{- if kindIs "string" $main }}{{ $main = list $main }}{{ end -}}
 {{- $containers := list -}}
-{{- range $pod.containers }}{{ $out := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $out) }}{{ $containers = append $containers $out.container }}{{ end -}}
+{{- range $pod.containers }}{{ $merged := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $merged) }}{{ $containers = append $containers $merged.container }}{{ end -}}
 {{- $_ := set $pod "containers" $containers -}}
 {{- $inits := list -}}
-{{- range $pod.initContainers | default list }}{{ $out := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $out) }}{{ $inits = append $inits $out.container }}{{ end -}}
-{{- $out := dict -}}
-{{- include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits "out" $out) -}}
-{{- $volumes := $out.list -}}
+{{- range $pod.initContainers | default list }}{{ $merged := dict }}{{ include "gpu-stack-lib.mergeContainerValues" (dict "ctx" $ctx "container" . "main" (has .name $main) "out" $merged) }}{{ $inits = append $inits $merged.container }}{{ end -}}
+{{- $podVolumes := dict -}}
+{{- include "gpu-stack-lib.volumes" (dict "ctx" $ctx "volumes" $pod.volumes "containers" $containers "initContainers" $inits "out" $podVolumes) -}}
+{{- $volumes := $podVolumes.list -}}
 {{- $nri := dict -}}
 {{- if $pod.runtimeClass -}}
 {{- if ($g.cdi | default dict).nriPluginEnabled -}}
@@ -50,8 +50,9 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- /* containers that need the API mount its token themselves (gpu-stack-lib.apiAccessMount): no other gets it */ -}}
 {{- range $volumes }}{{ if eq .name "kube-api-access" }}{{ $_ := set $pod "automountServiceAccountToken" false }}{{ end }}{{ end -}}
 {{- if .operand -}}
-{{- include "gpu-stack-lib.nodeAffinity" (merge (dict "out" $out) .) -}}
-{{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) (pick $out "nodeAffinity")) -}}
+{{- $affinity := dict -}}
+{{- include "gpu-stack-lib.nodeAffinity" (merge (dict "out" $affinity) .) -}}
+{{- $_ := set $pod "affinity" (mergeOverwrite ($pod.affinity | default dict) $affinity) -}}
 {{- end -}}
 {{- with concat ($g.tolerations | default list) ($pod.tolerations | default list) ($v.tolerations | default list) | uniq }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
 {{- with mergeOverwrite (deepCopy ($pod.nodeSelector | default dict)) (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($v.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
