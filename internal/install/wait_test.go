@@ -6,13 +6,17 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"helm.sh/helm/v3/pkg/kube"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/resource"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest/fake"
@@ -134,5 +138,31 @@ func TestWaitForDeleteReadsOnlyTheObjects(t *testing.T) {
 	}
 	if len(paths) != 3 { // twice found, then NotFound, and not again: it stays gone
 		t.Errorf("asked %d times (%v), want 3", len(paths), paths)
+	}
+}
+
+// TestHookLogsAreNotRead: after a hook with an output-log policy, Helm asks the kube client for the hook pod's
+// logs; the harness's client reads none (the API server would ask a kubelet that a simulated pod does not have).
+func TestHookLogsAreNotRead(t *testing.T) {
+	var asked []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked = append(asked, r.Method+" "+r.URL.Path)
+		http.Error(w, "no kubelet", http.StatusBadGateway)
+	}))
+	defer srv.Close()
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.APIServer = &srv.URL
+	helm := kube.New(flags)
+	_ = helm.IsReachable() // builds the client set, as Helm's actions do first (this server answers it 502)
+	asked = nil
+	var c kube.InterfaceLogs = quickClient{helm}
+	pods := &corev1.PodList{Items: []corev1.Pod{{
+		ObjectMeta: metav1.ObjectMeta{Name: "gate", Namespace: "ns"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "validation-gate"}}},
+	}}}
+	written := false
+	err := c.OutputContainerLogsForPodList(pods, "ns", func(_, _, _ string) io.Writer { written = true; return io.Discard })
+	if err != nil || written || len(asked) > 0 {
+		t.Errorf("reading hook logs: error %v, writer asked for %v, requests %v; want none of them", err, written, asked)
 	}
 }
