@@ -1,5 +1,8 @@
 # kube-gpu-stack: `make demo` shows the chart at work, `make test` runs every test.
 GO ?= go
+# go-nvml wraps every NVML call, and NVML 13 marks some of them deprecated: gcc warned about each (some 150 lines)
+# when the package first compiled on a machine, which says nothing about this project's own calls
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 .PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale bench-rollout
 
