@@ -1,6 +1,7 @@
 package releasecheck
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,9 @@ type Options struct {
 	// are published (list/watch on resource.k8s.io resourceslices, which the chart grants when it deploys the DRA
 	// driver; off, the report shows DRA nodes' mode without their slices).
 	ResourceSlices bool
+	// ProgressEvery paces the progress lines while Run waits: at most one per interval (DefaultProgressEvery when
+	// zero), and one at once whenever the failed count changes.
+	ProgressEvery time.Duration
 }
 
 // Complete fills defaults.
@@ -62,8 +66,8 @@ var ErrFailed = errors.New("the GPU stack is not working")
 
 // Run watches the release's DaemonSets, their pods and revisions, the nodes, FailedCreate events and, with
 // ResourceSlices, the gpu.nvidia.com ResourceSlices, evaluates the report on every change, and returns when nothing
-// is waiting any more or at the deadline. It prints a progress line whenever the counts change, then the final
-// table; the error is non-nil unless everything passed.
+// is waiting any more or at the deadline. It prints a progress line when the counts change (paced by
+// ProgressEvery), then the final table; the error is non-nil unless everything passed.
 func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -164,7 +168,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	}
 
 	var r *Report
-	var last map[State]int
+	lines := progress{out: out, every: cmp.Or(o.ProgressEvery, DefaultProgressEvery)}
 watch:
 	for {
 		var err error
@@ -174,12 +178,13 @@ watch:
 		if o.Once || r.Settled() {
 			break
 		}
-		if fmt.Sprint(last) != fmt.Sprint(r.Summary) {
-			fmt.Fprintf(out, "%s: %d ready, %d waiting, %d failed\n", r.Elapsed, r.Summary[Ready], r.Summary[Waiting], r.Summary[Failed])
-			last = r.Summary
+		var due <-chan time.Time // a progress line held back by the interval
+		if wait := lines.see(r, time.Now()); wait > 0 {
+			due = time.After(wait)
 		}
 		select {
 		case <-changed:
+		case <-due:
 		case <-ctx.Done():
 			if r, err = snapshot(); err != nil {
 				return nil, err
