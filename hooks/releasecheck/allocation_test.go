@@ -205,6 +205,33 @@ func TestBothAllocationPluginsOnANodeFail(t *testing.T) {
 func TestRunWatchesSlices(t *testing.T) {
 	s := newAllocationSet(false)
 	snap := s.snapshot(slice("dra-gpu", "gpu.nvidia.com", "dra", 4))
+	client := seededClient(t, snap)
+	ctx := context.Background()
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the kubelet plugin registers a little later
+		_, _ = client.ResourceV1().ResourceSlices().Create(ctx, slice("bare-gpu", "gpu.nvidia.com", "bare", 4), metav1.CreateOptions{})
+	}()
+	var out strings.Builder
+	r, err := Run(ctx, Options{Client: client, Namespace: "ns", Release: "gpu", Timeout: 10 * time.Second, ResourceSlices: true, ReportConfigMap: "report"}, &out)
+	if err != nil || !r.Passed() || rowOf(t, r, "bare").Cells[SlicesColumn].State != Ready {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	saved, _, err := LoadConfigMap(ctx, client, "ns", "report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rowOf(t, saved, "bare").Allocation; got != AllocationDRA {
+		t.Errorf("saved report: node bare allocation %q, want dra", got)
+	}
+	if !strings.Contains(saved.Table(), "bare  dra") {
+		t.Errorf("saved table:\n%s", saved.Table())
+	}
+}
+
+// seededClient is a fake clientset holding snap's nodes, and its DaemonSets, pods (in namespace ns, DaemonSets of
+// release gpu) and ResourceSlices, as Run reads them.
+func seededClient(t *testing.T, snap Snapshot) *fake.Clientset {
+	t.Helper()
 	client := fake.NewClientset()
 	ctx := context.Background()
 	for _, n := range snap.Nodes {
@@ -229,25 +256,7 @@ func TestRunWatchesSlices(t *testing.T) {
 			return err
 		})
 	}
-	go func() {
-		time.Sleep(300 * time.Millisecond) // the kubelet plugin registers a little later
-		_, _ = client.ResourceV1().ResourceSlices().Create(ctx, slice("bare-gpu", "gpu.nvidia.com", "bare", 4), metav1.CreateOptions{})
-	}()
-	var out strings.Builder
-	r, err := Run(ctx, Options{Client: client, Namespace: "ns", Release: "gpu", Timeout: 10 * time.Second, ResourceSlices: true, ReportConfigMap: "report"}, &out)
-	if err != nil || !r.Passed() || rowOf(t, r, "bare").Cells[SlicesColumn].State != Ready {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	saved, _, err := LoadConfigMap(ctx, client, "ns", "report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := rowOf(t, saved, "bare").Allocation; got != AllocationDRA {
-		t.Errorf("saved report: node bare allocation %q, want dra", got)
-	}
-	if !strings.Contains(saved.Table(), "bare  dra") {
-		t.Errorf("saved table:\n%s", saved.Table())
-	}
+	return client
 }
 
 func mustCreate(t *testing.T, create func() error) {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 // TestProgressIsPaced: a change of the counts within the interval is held back and due when the interval ends; a
@@ -54,24 +53,8 @@ func TestRunWritesHeldBackProgress(t *testing.T) {
 	const every, late = 300 * time.Millisecond, 3 * time.Second
 	s := newAllocationSet(false)
 	snap := s.snapshot()
-	client := fake.NewClientset()
+	client := seededClient(t, snap)
 	ctx := context.Background()
-	for _, n := range snap.Nodes {
-		mustCreate(t, func() error { _, err := client.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); return err })
-	}
-	for _, ds := range snap.DaemonSets {
-		ds = ds.DeepCopy()
-		ds.Namespace, ds.Labels["app.kubernetes.io/instance"] = "ns", "gpu"
-		mustCreate(t, func() error {
-			_, err := client.AppsV1().DaemonSets("ns").Create(ctx, ds, metav1.CreateOptions{})
-			return err
-		})
-	}
-	for _, p := range snap.Pods {
-		p = p.DeepCopy()
-		p.Namespace = "ns"
-		mustCreate(t, func() error { _, err := client.CoreV1().Pods("ns").Create(ctx, p, metav1.CreateOptions{}); return err })
-	}
 	go func() {
 		time.Sleep(every / 3)
 		_, _ = client.ResourceV1().ResourceSlices().Create(ctx, slice("dra-gpu", "gpu.nvidia.com", "dra", 4), metav1.CreateOptions{})
