@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,9 +145,12 @@ func TestWaitForDeleteReadsOnlyTheObjects(t *testing.T) {
 // TestHookLogsAreNotRead: after a hook with an output-log policy, Helm asks the kube client for the hook pod's
 // logs; the harness's client reads none (the API server would ask a kubelet that a simulated pod does not have).
 func TestHookLogsAreNotRead(t *testing.T) {
+	var mu sync.Mutex // the server's handler runs on its own goroutines
 	var asked []string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
 		asked = append(asked, r.Method+" "+r.URL.Path)
+		mu.Unlock()
 		http.Error(w, "no kubelet", http.StatusBadGateway)
 	}))
 	defer srv.Close()
@@ -154,7 +158,9 @@ func TestHookLogsAreNotRead(t *testing.T) {
 	flags.APIServer = &srv.URL
 	helm := kube.New(flags)
 	_ = helm.IsReachable() // builds the client set, as Helm's actions do first (this server answers it 502)
+	mu.Lock()
 	asked = nil
+	mu.Unlock()
 	var c kube.InterfaceLogs = quickClient{helm}
 	pods := &corev1.PodList{Items: []corev1.Pod{{
 		ObjectMeta: metav1.ObjectMeta{Name: "gate", Namespace: "ns"},
@@ -162,6 +168,8 @@ func TestHookLogsAreNotRead(t *testing.T) {
 	}}}
 	written := false
 	err := c.OutputContainerLogsForPodList(pods, "ns", func(_, _, _ string) io.Writer { written = true; return io.Discard })
+	mu.Lock()
+	defer mu.Unlock()
 	if err != nil || written || len(asked) > 0 {
 		t.Errorf("reading hook logs: error %v, writer asked for %v, requests %v; want none of them", err, written, asked)
 	}
