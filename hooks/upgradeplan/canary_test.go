@@ -3,10 +3,12 @@ package upgradeplan
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -128,4 +130,34 @@ func runWith(t *testing.T, client *fake.Clientset, pools []driverpools.Pool) (*P
 	t.Helper()
 	return Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
 		Now: func() time.Time { return time.Unix(0, 0) }}, &bytes.Buffer{})
+}
+
+// The slots are the pool's bound, whatever DaemonSets serve it: 20 nodes over 10 kernel DaemonSets at 10% is 2 nodes
+// out at once, not the sum of each DaemonSet's own bound (10% of 2 nodes, at least 1: 10 nodes, half the pool).
+func TestPoolSlotsSpanItsDaemonSets(t *testing.T) {
+	noCanary := 0
+	max := intstr.FromString("10%")
+	p := driverpools.Pool{Name: "default", Source: "container", NodeSelectorTerms: everyGPUNode, MaxUnavailable: &max, Canary: &noCanary}
+	var objs []runtime.Object
+	for k := range 10 {
+		kernel := fmt.Sprintf("6.8.0-%d-generic", k)
+		p.DaemonSets = append(p.DaemonSets, driverpools.DaemonSet{Name: "nvidia-driver-precompiled-" + kernel, Digest: "new",
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: kernelLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{kernel}}}}}})
+		for i := range 2 {
+			name := fmt.Sprintf("gpu-%d-%d", k, i)
+			objs = append(objs, readyNode(name, map[string]string{kernelLabel: kernel}), driverPod(name, "old"))
+		}
+	}
+	plan, out, err, client := run(t, []driverpools.Pool{p}, objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Nodes) != 20 {
+		t.Fatalf("planned %d nodes, want 20:\n%s", len(plan.Nodes), out)
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "gpu-3-1", metav1.GetOptions{})
+	if m, err := canary.Read(n); err != nil || m == nil || m.MaxUnavailable != 2 {
+		t.Fatalf("mark %+v (%v), want the pool's 2 slots", m, err)
+	}
 }

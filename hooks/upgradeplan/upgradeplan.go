@@ -96,8 +96,9 @@ type Plan struct {
 	// Marks per pool: what Run writes on each of its planned nodes (canary.MarkAnnotation); absent for a pool with
 	// neither a canary nor a failure threshold, or OnDelete.
 	Marks map[string]canary.Mark
-	// Batches per driver (or vGPU manager) DaemonSet, in order, after the canary; each batch is at most the pool's maxUnavailable of
-	// that DaemonSet's nodes, the bound its RollingUpdate enforces.
+	// Batches per driver (or vGPU manager) DaemonSet, in order, after the canary; each batch is at most the driver
+	// pool's slots (its maxUnavailable of all its nodes), or the vGPU manager pool's maxUnavailable of that
+	// DaemonSet's nodes, the bound its RollingUpdate enforces.
 	Batches map[string][][]NodePlan
 	Nodes   []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
@@ -208,17 +209,21 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	if o.Now != nil {
 		now = o.Now
 	}
-	// each driver pool's slots (package slots): what its DaemonSets' rolling updates allow together
-	poolMax := map[string]int{}
+	// each driver pool's slots (package slots): its maxUnavailable of all its nodes, whatever DaemonSets (OS,
+	// kernel) serve them; the driver DaemonSets are OnDelete, so the slots are the one bound
+	poolNodes := map[string]int{}
 	for dsName, members := range dsNodes {
-		if dsKind[dsName] != KindDriver {
-			continue
+		if dsKind[dsName] == KindDriver {
+			poolNodes[dsPool[dsName].Name] += len(members)
 		}
-		n, err := dsPool[dsName].MaxUnavailableNodes(len(members))
+	}
+	poolMax := map[string]int{}
+	for name, count := range poolNodes {
+		n, err := pools[name].MaxUnavailableNodes(count)
 		if err != nil {
 			return nil, err
 		}
-		poolMax[dsPool[dsName].Name] += n
+		poolMax[name] = n
 	}
 	inCanary := planCanary(plan, pools, poolMax, now())
 	for _, n := range nodes {
@@ -232,6 +237,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		maxUnavailable, err := pool.MaxUnavailableNodes(len(members))
 		if err != nil {
 			return nil, err
+		}
+		if dsKind[dsName] == KindDriver {
+			maxUnavailable = poolMax[pool.Name] // a batch of the pool's slots, this DaemonSet's nodes first
 		}
 		var batch []NodePlan
 		for _, np := range plan.Nodes {
@@ -279,8 +287,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 
 // planCanary picks each driver pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
 // nodes get, named after the plan's time, with the pool's slots (poolMax); it returns the canary nodes. vGPU
-// manager pools get neither: their driver manager may not evict, so it could not hand a waiting canary its turn
-// (drivermanager's handCanaryItsTurn), and their DaemonSets' updateStrategy alone paces them.
+// manager pools get neither: their DaemonSets' updateStrategy alone paces them, and their driver manager may not
+// evict.
 func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time) map[string]bool {
 	in := map[string]bool{}
 	id := now.UTC().Format(time.RFC3339Nano)
