@@ -1,12 +1,10 @@
 // Package canary makes a driver pool's change go canary first, then widen, and hold at its failure threshold.
 //
-// The DaemonSet's rolling update cannot vary its batch size: it replaces up to maxUnavailable old driver pods at
-// once, in an order of its own. So the pre-upgrade plan marks every node whose driver will change (MarkAnnotation:
-// its pool, the plan, the pool's canary nodes and its failure threshold), and the driver manager of a node that is
-// not a canary waits, before it cordons, until every canary of its plan is upgrade-done; any node of a pool holds
-// while that pool has MaxFailures nodes upgrade-failed. A waiting node is untouched: not cordoned, nothing
-// evicted, its loaded driver and GPU pods as they were; its new driver pod stays un-Ready and holds one of the
-// DaemonSet's maxUnavailable, so the nodes out of service (in flight or failed) never exceed it.
+// The pre-upgrade plan marks every node whose driver will change (MarkAnnotation: its pool, the plan, the pool's
+// canary nodes, its failure threshold and its slots), and the old driver pod's upgrade gate of a node that is not a
+// canary waits, before it cordons, until every canary of its plan is upgrade-done; any node of a pool holds while
+// that pool has MaxFailures nodes upgrade-failed. A waiting node is untouched: not cordoned, nothing evicted, its
+// old driver pod in service (the driver DaemonSets are OnDelete: nothing else replaces it).
 package canary
 
 import (
@@ -145,16 +143,6 @@ func NotBefore(a, b string) bool {
 	ta, errA := time.Parse(time.RFC3339Nano, a)
 	tb, errB := time.Parse(time.RFC3339Nano, b)
 	return errA == nil && errB == nil && !ta.Before(tb)
-}
-
-// CanaryTarget is the driver config digest a canary node is to get, from its own mark (the latest plan that marked
-// it); "" when its mark does not name it a canary.
-func CanaryTarget(n *corev1.Node) string {
-	cm, err := Read(n)
-	if err != nil || cm == nil {
-		return ""
-	}
-	return cm.Canary[n.Name]
 }
 
 func sortedKeys(m map[string]string) []string {

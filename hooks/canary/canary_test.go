@@ -61,22 +61,6 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-func TestCanaryTargetIsTheCanarysOwnMark(t *testing.T) {
-	later := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"c": "d3"}}.Format()
-	if got := CanaryTarget(node("c", nodestate.UpgradeRequired, later)); got != "d3" {
-		t.Errorf("target %q, want the later plan's d3", got)
-	}
-	notCanary := Mark{Pool: "a100", Plan: "2026-09-01T12:05:00Z", Canary: map[string]string{"x": "d3"}}.Format()
-	for _, n := range []*corev1.Node{node("c", "", notCanary), node("c", "", ""), node("c", "", "{")} {
-		if got := CanaryTarget(n); got != "" {
-			t.Errorf("target %q, want none", got)
-		}
-	}
-	if !NotBefore("2026-09-01T12:00:00.5Z", "2026-09-01T12:00:00.5Z") || NotBefore("2026-09-01T12:00:00Z", "2026-09-01T12:00:00.5Z") || NotBefore("p2", "p1") {
-		t.Error("NotBefore")
-	}
-}
-
 func TestRead(t *testing.T) {
 	if m, err := Read(node("n", "", "")); m != nil || err != nil {
 		t.Errorf("no mark: %v, %v", m, err)

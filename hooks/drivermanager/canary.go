@@ -6,25 +6,17 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	extensionsv1beta1 "k8s.io/api/extensions/v1beta1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 // waitTurn holds a planned driver change before it starts (before the cordon) until the node's turn under its
@@ -60,7 +52,6 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		return nil
 	}
 	shown := m.node.Annotations[nodestate.UpgradeReasonAnnotation]
-	handed := map[string]bool{} // canary driver pods this run evicted (by UID)
 	for {
 		// the watches follow the mark's canary nodes: a new plan naming others starts them over
 		watched := slices.Sorted(maps.Keys(mark.Canary))
@@ -124,18 +115,6 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 					return false, err
 				}
 				shown = turn.Waiting
-			}
-			for _, name := range turn.Pending {
-				// the digest the canary's own mark names: a later plan may have re-marked it for another driver.
-				// A canary whose change is under way (or failed) runs its new driver pod already: looking for an
-				// old one at each of its state changes would cost every waiting node a pod list and a DaemonSet
-				// read per change (a thousand waiters, a thousand of each).
-				if i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name }); i >= 0 &&
-					nodestate.UpgradeState(nodes[i].Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeRequired {
-					if digest := canary.CanaryTarget(nodes[i]); digest != "" {
-						m.handCanaryItsTurn(ctx, name, digest, handed)
-					}
-				}
 			}
 			if !block {
 				return false, errTurnHeld
@@ -227,52 +206,4 @@ func (m *manager) watchTurn(ctx context.Context, canaries []string) ([]*kwatch.S
 		stores = append(stores, s)
 	}
 	return stores, nil
-}
-
-// handCanaryItsTurn evicts a waiting canary's driver pod while it still runs an older driver config or an older
-// template of its DaemonSet (a GPU allocation switch keeps the driver config but changes the template): the
-// DaemonSet's rolling update replaces old pods in an order of its own, and with maxUnavailable spent on nodes that
-// wait for the canary it would never reach the canary. Its DaemonSet recreates the pod from the new template. A
-// failure is logged, not fatal: the wait goes on (an admin may delete that pod).
-func (m *manager) handCanaryItsTurn(ctx context.Context, node, digest string, handed map[string]bool) {
-	pods, err := m.o.Client.CoreV1().Pods(m.o.Namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String(),
-		LabelSelector: labels.Set{ComponentLabel: "driver"}.String(),
-	})
-	if err != nil {
-		m.log.Info("could not list the canary's driver pod", "canary", node, "err", err)
-		return
-	}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if pod.DeletionTimestamp != nil || handed[string(pod.UID)] {
-			continue
-		}
-		if upgradeplan.PodDigest(pod) == digest && !m.olderTemplate(ctx, pod) {
-			continue // the canary runs its DaemonSet's current template already
-		}
-		handed[string(pod.UID)] = true
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
-		if err := m.o.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev); err != nil && !apierrors.IsNotFound(err) {
-			m.log.Info("could not evict the canary's old driver pod: delete it to let the canary start", "canary", node, "pod", pod.Name, "err", err)
-			continue
-		}
-		m.log.Info("evicted the canary's old driver pod: its DaemonSet starts the new one there", "canary", node, "pod", pod.Name)
-	}
-}
-
-// olderTemplate says whether a DaemonSet pod was made from an older template than its DaemonSet's current one: the
-// DaemonSet controller stamps each pod with the generation it was made from (pod-template-generation). A pod whose
-// DaemonSet cannot be read counts as current: a needless eviction is worse than waiting for an admin.
-func (m *manager) olderTemplate(ctx context.Context, pod *corev1.Pod) bool {
-	owner := metav1.GetControllerOf(pod)
-	made, stamped := pod.Labels[extensionsv1beta1.DaemonSetTemplateGenerationKey]
-	if owner == nil || owner.Kind != "DaemonSet" || !stamped {
-		return false
-	}
-	ds, err := m.o.Client.AppsV1().DaemonSets(pod.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
-	if err != nil || ds.UID != owner.UID {
-		return false
-	}
-	return made != strconv.FormatInt(ds.Generation, 10)
 }

@@ -258,14 +258,19 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(out, nil))
 	}
+	return o.inTurns(ctx, log, out, false, (*manager).run)
+}
+
+// inTurns runs body on the node (onNode) under the node's Lease; a node that must wait for its turn (body ended
+// with a heldError) waits on watches alone, holding no Lease (canary.go), and once the turn comes a fresh run under
+// the Lease reads the node (and the host) again.
+func (o *Options) inTurns(ctx context.Context, log *slog.Logger, out io.Writer, agent bool, body func(*manager, context.Context) (string, error)) error {
 	for {
-		err := o.withLease(ctx, log, func(ctx context.Context) error { return o.run(ctx, log, out) })
+		err := o.withLease(ctx, log, func(ctx context.Context) error { return o.onNode(ctx, log, out, agent, body) })
 		var held *heldError
 		if !errors.As(err, &held) {
 			return err
 		}
-		// the node waits for its turn on watches alone, holding no Lease (canary.go); once the turn comes, a fresh
-		// run under the Lease reads the node and the host again
 		if err := held.m.waitTurn(ctx, true); err != nil {
 			var untouched *untouchedError
 			if errors.As(err, &untouched) {
@@ -276,8 +281,10 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	}
 }
 
-func (o *Options) run(ctx context.Context, log *slog.Logger, out io.Writer) error {
-	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out}
+// onNode reads the node and runs body on it; it ends body's outcome as a run ends: a refusal or a kill as is, a
+// stop (ctx ended) with nothing undone, a failure with the node restored (failed). A summary goes to out.
+func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, agent bool, body func(*manager, context.Context) (string, error)) error {
+	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out, agent: agent}
 	gctx, cancel := context.WithTimeout(ctx, o.APITimeout)
 	node, err := nodestate.Get(gctx, o.Client, o.NodeName)
 	cancel()
@@ -285,7 +292,7 @@ func (o *Options) run(ctx context.Context, log *slog.Logger, out io.Writer) erro
 		return err
 	}
 	m.node = node
-	summary, err := m.run(ctx)
+	summary, err := body(m, ctx)
 	var untouched *untouchedError
 	if errors.As(err, &untouched) {
 		return untouched.err
@@ -296,7 +303,9 @@ func (o *Options) run(ctx context.Context, log *slog.Logger, out io.Writer) erro
 	if err != nil {
 		return m.failed(ctx, err)
 	}
-	fmt.Fprintln(out, summary)
+	if summary != "" {
+		fmt.Fprintln(out, summary)
+	}
 	return nil
 }
 
@@ -310,6 +319,9 @@ type manager struct {
 	missing []string
 	// slotsFull: the last look found the pool's slots all held (canary.go), so the wait watches them.
 	slotsFull bool
+	// agent: the old driver pod's gate empties the node (replace.go); it has no host access, and the old driver
+	// is loaded and serving.
+	agent bool
 }
 
 // untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
@@ -615,52 +627,8 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 }
 
 func (m *manager) upgrade(ctx context.Context) (string, error) {
-	moveOff := m.o.Eviction.Enabled || m.o.Drain.Enabled
-	if err := m.apply(ctx, m.state(nodestate.CordonRequired, "")); err != nil {
-		return "", err
-	}
-	cs := []change{m.state(nodestate.PodDeletionRequired, "")}
-	if moveOff {
-		cs = append(cs, pure(func(n *corev1.Node) nodestate.Patch { return nodestate.Cordon(n, cordonReason) }))
-	}
-	if err := m.apply(ctx, cs...); err != nil {
-		return "", err
-	}
-	if err := m.step(ctx, "cordon"); err != nil {
-		return "", err
-	}
-	drained := false
-	if m.o.Eviction.Enabled {
-		if err := m.evictGPUPods(ctx); err != nil {
-			if !m.o.Drain.Enabled || ctx.Err() != nil {
-				return "", fmt.Errorf("evict GPU pods: %w", err)
-			}
-			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
-			if err := m.drain(ctx, err.Error()); err != nil {
-				return "", err
-			}
-			drained = true
-		}
-	}
-	if err := m.step(ctx, "evict"); err != nil {
-		return "", err
-	}
-	// Computed from the node as it is after the eviction (minutes later): a switch the admin set meanwhile is kept.
-	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) }
-	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
-		return "", err
-	}
-	if err := m.step(ctx, "pause"); err != nil {
-		return "", err
-	}
-	if err := m.waitOperandsGone(ctx, m.paused(nodestate.PausableOperands)); err != nil {
-		return "", err
-	}
-	// the DRA kubelet plugin goes last, within the operands step (a stop after "pause" finds it still running)
-	if err := m.pauseDRAPlugin(ctx); err != nil {
-		return "", err
-	}
-	if err := m.step(ctx, "operands"); err != nil {
+	drained, err := m.emptyNode(ctx)
+	if err != nil {
 		return "", err
 	}
 	unloaded, err := m.unload(ctx)
@@ -703,6 +671,62 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 		strings.Join(unloaded, ", "), cleared, cordon), nil
 }
 
+// emptyNode moves the node's workloads off and stops what uses its GPUs, short of the driver itself: cordon (as
+// ours), evict the GPU pods (auto-drain on failure), pause the GPU operands and watch their pods go, the DRA kubelet
+// plugin last. The new driver pod's manager runs it before the unload; the old driver pod's upgrade gate runs it
+// before that pod stops (replace.go), so that the old driver container's stop finds nothing on the GPUs. drained
+// says whether the whole node was drained.
+func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
+	moveOff := m.o.Eviction.Enabled || m.o.Drain.Enabled
+	if err := m.apply(ctx, m.state(nodestate.CordonRequired, "")); err != nil {
+		return false, err
+	}
+	cs := []change{m.state(nodestate.PodDeletionRequired, "")}
+	if moveOff {
+		cs = append(cs, pure(func(n *corev1.Node) nodestate.Patch { return nodestate.Cordon(n, cordonReason) }))
+	}
+	if err := m.apply(ctx, cs...); err != nil {
+		return false, err
+	}
+	if err := m.step(ctx, "cordon"); err != nil {
+		return false, err
+	}
+	if m.o.Eviction.Enabled {
+		if err := m.evictGPUPods(ctx); err != nil {
+			if !m.o.Drain.Enabled || ctx.Err() != nil {
+				return false, fmt.Errorf("evict GPU pods: %w", err)
+			}
+			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
+			if err := m.drain(ctx, err.Error()); err != nil {
+				return false, err
+			}
+			drained = true
+		}
+	}
+	if err := m.step(ctx, "evict"); err != nil {
+		return false, err
+	}
+	// Computed from the node as it is after the eviction (minutes later): a switch the admin set meanwhile is kept.
+	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) }
+	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
+		return false, err
+	}
+	if err := m.step(ctx, "pause"); err != nil {
+		return false, err
+	}
+	if err := m.waitOperandsGone(ctx, m.paused(nodestate.PausableOperands)); err != nil {
+		return false, err
+	}
+	// the DRA kubelet plugin goes last, within the operands step (a stop after "pause" finds it still running)
+	if err := m.pauseDRAPlugin(ctx); err != nil {
+		return false, err
+	}
+	if err := m.step(ctx, "operands"); err != nil {
+		return false, err
+	}
+	return drained, nil
+}
+
 // unload removes the driver's modules: all of them, or, when one is in use, none (kmod.Host.Unload). A module
 // in use names the pods of the processes that hold it. An unload that failed midway and could not load back what
 // it removed is remembered, so that failed keeps the node cordoned.
@@ -742,6 +766,9 @@ func (m *manager) namePods(ctx context.Context, procs []kmod.Process) {
 // driverMissing says why the node has no working NVIDIA driver ("" when it has one): an unload that could not
 // load back what it removed, or no nvidia module loaded (unloaded for the new driver, or never installed).
 func (m *manager) driverMissing() string {
+	if m.agent {
+		return ""
+	}
 	if len(m.missing) > 0 {
 		return "kernel modules " + strings.Join(m.missing, ", ") + " were removed and not loaded back"
 	}

@@ -50,11 +50,26 @@ type UncordonOptions struct {
 	// startup probe waits for it, so the driver pod (and with it the DaemonSet's rolling update) only counts as
 	// available once the node validated with the new driver. That keeps the nodes in flight within maxUnavailable.
 	ReadyFile string
+	// Replace makes the gate, once the node needs nothing more from its own driver change, the node's agent for the
+	// next one (replace.go): when its DaemonSet's template installs another driver, it empties the node and then
+	// evicts its own pod, so the old driver stops on a node without GPU pods. Implies Hold.
+	Replace bool
+	// OnRequest (a pool with autoUpgrade=false) makes Replace wait for the admin's UpgradeRequestedAnnotation.
+	OnRequest bool
+	// PodName is the gate's own pod (POD_NAME), which Replace compares with its DaemonSet.
+	PodName string
+	// ManagerOptions reads the driver manager's settings from an environment (the CLI's OptionsFromEnv): Replace
+	// empties the node under the new template's settings.
+	ManagerOptions func(getenv func(string) string) (Options, error)
 	// Log receives progress; nil logs to Run's writer.
 	Log *slog.Logger
 	// Now is the clock for nodestate.UpgradeSinceAnnotation (default time.Now).
 	Now func() time.Time
 }
+
+// errToAgent ends the gate's own run on a node whose next change its pod's agent (Replace) carries: it was
+// emptying the node when the container restarted, or an `upgrade retry` moved the node back to its start.
+var errToAgent = errors.New("the node's next driver change is this pod's to carry")
 
 // Complete fills defaults.
 func (o *UncordonOptions) Complete() {
@@ -78,11 +93,14 @@ func (o *UncordonOptions) Validate() error {
 // nothing in any other state. It writes one summary line to out. ctx is the pod's stop context: a wait it ends
 // is no failure, and the node stays validation-required for the next driver pod's gate.
 func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
-	log := o.Log
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(out, nil))
+	base := o.Log
+	if base == nil {
+		base = slog.New(slog.NewTextHandler(out, nil))
 	}
-	summary, err := o.run(ctx, log.With("node", o.NodeName))
+	summary, err := o.run(ctx, base.With("node", o.NodeName))
+	if errors.Is(err, errToAgent) {
+		return o.replaceWhenOutdated(ctx, base, out)
+	}
 	if err != nil {
 		return err
 	}
@@ -91,6 +109,9 @@ func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
 		if err := statusfiles.Write(filepath.Dir(o.ReadyFile), filepath.Base(o.ReadyFile), []byte(summary+"\n")); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
 		}
+	}
+	if o.Replace {
+		return o.replaceWhenOutdated(ctx, base, out)
 	}
 	if o.Hold {
 		<-ctx.Done()
@@ -207,6 +228,10 @@ func (o *UncordonOptions) notOurs(ctx context.Context, log *slog.Logger, node *c
 // holdForNextPod keeps this driver pod un-Ready until it stops (the rolling update replaces it, or `upgrade retry`
 // deletes it): the next driver pod's manager carries the node's change on from state.
 func (o *UncordonOptions) holdForNextPod(ctx context.Context, log *slog.Logger, state nodestate.UpgradeState, why string) (string, error) {
+	if o.Replace {
+		log.Info(why+": this pod's agent carries the change on", "state", state)
+		return "", errToAgent
+	}
 	log.Info(why+": holding this driver pod un-Ready until it is replaced", "state", state)
 	<-ctx.Done()
 	return "", fmt.Errorf("node %s: stopped (%w) while it was %s; the next driver pod takes the change over", o.NodeName, context.Cause(ctx), state)

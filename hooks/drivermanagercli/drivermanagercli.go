@@ -127,7 +127,8 @@ timeout marks the node upgrade-failed; stopped (SIGTERM), it leaves the node val
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			o.NodeName, o.Namespace = os.Getenv("NODE_NAME"), os.Getenv("OPERATOR_NAMESPACE")
+			o.NodeName, o.Namespace, o.PodName = os.Getenv("NODE_NAME"), os.Getenv("OPERATOR_NAMESPACE"), os.Getenv("POD_NAME")
+			o.ManagerOptions = OptionsFromEnv
 			if o.Client, err = client(); err != nil {
 				return err
 			}
@@ -149,6 +150,8 @@ func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
 	fs.DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
 	fs.BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
 	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's startup probe waits for it)")
+	fs.BoolVar(&o.Replace, "replace-outdated", false, "then, when the pod's DaemonSet installs another driver, empty the node (canary, slots, cordon, evict, pause) and evict this pod (an OnDelete DaemonSet)")
+	fs.BoolVar(&o.OnRequest, "on-request", false, "with --replace-outdated, wait for the node's "+drivermanager.UpgradeRequestedAnnotation+"=true annotation (autoUpgrade=false)")
 	return fs
 }
 
@@ -157,7 +160,8 @@ func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
 func UncordonOptionsFromArgs(args []string, getenv func(string) string) (drivermanager.UncordonOptions, error) {
 	var o drivermanager.UncordonOptions
 	err := uncordonFlags(&o).Parse(args)
-	o.NodeName, o.Namespace = getenv("NODE_NAME"), getenv("OPERATOR_NAMESPACE")
+	o.NodeName, o.Namespace, o.PodName = getenv("NODE_NAME"), getenv("OPERATOR_NAMESPACE"), getenv("POD_NAME")
+	o.ManagerOptions = OptionsFromEnv
 	return o, err
 }
 

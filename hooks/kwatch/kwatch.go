@@ -340,3 +340,10 @@ func PDBs(client kubernetes.Interface) *Source {
 		return pdbs.List(ctx, o)
 	}, pdbs.Watch)
 }
+
+// DaemonSet lists and watches the one DaemonSet named name in namespace.
+func DaemonSet(client kubernetes.Interface, namespace, name string) *Source {
+	dss := client.AppsV1().DaemonSets(namespace)
+	return source(client, "daemonsets.apps", namespace, false, fields.OneTermEqualSelector("metadata.name", name).String(), "",
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return dss.List(ctx, o) }, dss.Watch)
+}

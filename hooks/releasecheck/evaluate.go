@@ -249,7 +249,7 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 				c = withValidation(c, n)
 			}
 			if driverOperands[operand] {
-				c = withUpgradeState(c, n, ds.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType)
+				c = withUpgradeState(c, n, adminPaced(ds))
 				if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && !slices.Contains(r.FailedUpgrades, n.Name) {
 					r.FailedUpgrades = append(r.FailedUpgrades, n.Name)
 				}
@@ -455,9 +455,9 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 // revision is not enough, since the pod may turn Ready before (or without) the driver manager and the upgrade gate
 // moving the node. A node the pre-upgrade plan marked, or that a driver pod is changing, waits until it reaches
 // upgrade-done; an upgrade-failed node fails at once with its reason, since the driver manager refuses that node
-// until `kube-gpu-stack upgrade retry`. On an OnDelete DaemonSet an upgrade-required node waits for the admin to
-// delete its driver pod, which is not the release's to wait for.
-func withUpgradeState(c Cell, node *corev1.Node, onDelete bool) Cell {
+// until `kube-gpu-stack upgrade retry`. On a DaemonSet the admin paces (adminPaced) an upgrade-required node waits
+// for the admin, which is not the release's to wait for.
+func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool) Cell {
 	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
 	switch {
 	case state == "" || state == nodestate.UpgradeDone:
@@ -469,7 +469,7 @@ func withUpgradeState(c Cell, node *corev1.Node, onDelete bool) Cell {
 			reason += " (" + c.Reason + ")"
 		}
 		return Cell{Failed, reason}
-	case c.State == Failed || onDelete && state == nodestate.UpgradeRequired:
+	case c.State == Failed || adminPaced && state == nodestate.UpgradeRequired:
 		return c
 	}
 	reason := fmt.Sprintf("driver change not over: node is %s", state)
@@ -477,6 +477,22 @@ func withUpgradeState(c Cell, node *corev1.Node, onDelete bool) Cell {
 		reason += " (" + c.Reason + ")"
 	}
 	return Cell{Waiting, reason}
+}
+
+// adminPaced says whether the admin starts each node's change of ds: an OnDelete DaemonSet whose pods do not replace
+// themselves (a vGPU manager pool set to OnDelete), or whose upgrade gate replaces its pod only on the admin's
+// request (a driver pool with autoUpgrade=false: --on-request). The driver DaemonSets are OnDelete in every pool; with
+// autoUpgrade their old pods' gates carry the change on (--replace-outdated), which the release waits for.
+func adminPaced(ds *appsv1.DaemonSet) bool {
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		return false
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if len(c.Command) > 0 && c.Command[0] == "driver-manager" && slices.Contains(c.Args, "--replace-outdated") {
+			return slices.Contains(c.Args, "--on-request")
+		}
+	}
+	return true
 }
 
 // ContainerRoleOperand reports whether operand runs only on container-role nodes: a node that gets it needs a driver.

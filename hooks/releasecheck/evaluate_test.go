@@ -167,6 +167,26 @@ func TestEvaluate(t *testing.T) {
 		}
 	})
 
+	// the driver DaemonSets are OnDelete in every pool: with autoUpgrade the old pod's gate carries the change on
+	// (--replace-outdated), so the release waits for it; with --on-request the admin starts each node
+	t.Run("an OnDelete driver pool whose gates replace their pods is the release's to wait for", func(t *testing.T) {
+		for _, tc := range []struct {
+			args   []string
+			passed bool
+		}{{[]string{"--replace-outdated"}, false}, {[]string{"--replace-outdated", "--on-request"}, true}} {
+			replacing := driver.DeepCopy()
+			replacing.Spec.UpdateStrategy.Type = appsv1.OnDeleteDaemonSetStrategyType
+			replacing.Spec.Template.Spec.Containers = append(replacing.Spec.Template.Spec.Containers,
+				corev1.Container{Name: "driver-upgrade-gate", Command: []string{"driver-manager", "uncordon-when-valid"}, Args: tc.args})
+			marked := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)})
+			pods := []*corev1.Pod{pod(plugin, "a", "r2", true), pod(validator, "a", "r1", true), pod(replacing, "a", "r0", true)}
+			r, _ := Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{marked}, DaemonSets: []*appsv1.DaemonSet{plugin, validator, replacing}, Pods: pods, Revisions: revs})
+			if r.Passed() != tc.passed {
+				t.Errorf("gate args %v: passed %v, want %v:\n%s", tc.args, r.Passed(), tc.passed, r.Table())
+			}
+		}
+	})
+
 	t.Run("FailedCreate carries the admission message", func(t *testing.T) {
 		ev := &corev1.Event{Reason: "FailedCreate", Message: `pods "x" is forbidden: exceeded quota: critical-pods`,
 			InvolvedObject: corev1.ObjectReference{Kind: "DaemonSet", UID: plugin.UID}}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -98,9 +99,11 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// Retry moves a node out of upgrade-failed: back to upgrade-required, and its driver pod deleted so the DaemonSet
-// starts a fresh one whose driver manager runs the steps again. It decides from the node as it is when it writes
-// (nodestate.Update): a node that left upgrade-failed meanwhile is not sent back.
+// Retry moves a node out of upgrade-failed: back to upgrade-required. A driver pod made from its DaemonSet's current
+// template is deleted so the DaemonSet starts a fresh one whose driver manager runs the steps again; an older one
+// still serves the old driver (emptying the node for the new one failed, and was undone), so it is left running:
+// its upgrade gate sees the node leave upgrade-failed and empties it again before the pod stops. It decides from the
+// node as it is when it writes (nodestate.Update): a node that left upgrade-failed meanwhile is not sent back.
 func Retry(ctx context.Context, client kubernetes.Interface, namespace, release, node string, now time.Time, out io.Writer) error {
 	_, err := nodestate.Update(ctx, client, node, func(n *corev1.Node) (nodestate.Patch, error) {
 		if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
@@ -116,6 +119,12 @@ func Retry(ctx context.Context, client kubernetes.Interface, namespace, release,
 		return err
 	}
 	if pod := pods[node]; pod != nil {
+		if change, err := outdated(ctx, client, pod); err != nil {
+			return err
+		} else if change != "" {
+			fmt.Fprintf(out, "node %s: upgrade-required; driver pod %s still serves the old driver (%s): its upgrade gate empties the node before it stops\n", node, pod.Name, change)
+			return nil
+		}
 		if err := client.CoreV1().Pods(namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 			return fmt.Errorf("delete driver pod %s: %w", pod.Name, err)
 		}
@@ -123,5 +132,58 @@ func Retry(ctx context.Context, client kubernetes.Interface, namespace, release,
 		return nil
 	}
 	fmt.Fprintf(out, "node %s: upgrade-required; no driver pod runs there now\n", node)
+	return nil
+}
+
+// outdated is what pod's DaemonSet now installs that pod does not (PodChange; "" when nothing, or without a
+// DaemonSet).
+func outdated(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod) (string, error) {
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || owner.Kind != "DaemonSet" {
+		return "", nil
+	}
+	ds, err := client.AppsV1().DaemonSets(pod.Namespace).Get(ctx, owner.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read driver DaemonSet %s: %w", owner.Name, err)
+	}
+	return PodChange(pod, &ds.Spec.Template), nil
+}
+
+// PodChange says what the DaemonSet's template installs that the running pod does not ("" when nothing): another
+// driver config (DRIVER_CONFIG_DIGEST) or another GPU allocation mode (GPU_ALLOCATION of the driver manager). Other
+// template changes (a toleration, resources) take effect when the pod next restarts: replacing a driver pod costs
+// its node's GPU pods.
+func PodChange(pod *corev1.Pod, tmpl *corev1.PodTemplateSpec) string {
+	next := &corev1.Pod{Spec: tmpl.Spec}
+	if from, to := PodDigest(pod), PodDigest(next); from != to {
+		return fmt.Sprintf("driver config %s -> %s", nodestate.ShortDigest(from), nodestate.ShortDigest(to))
+	}
+	if from, to := managerEnv(pod, "GPU_ALLOCATION"), managerEnv(next, "GPU_ALLOCATION"); from != to {
+		return fmt.Sprintf("GPU allocation %s -> %s", from, to)
+	}
+	return ""
+}
+
+// managerEnv is a plain env value of the pod's driver-manager init container.
+func managerEnv(pod *corev1.Pod, name string) string {
+	if c := ManagerContainer(pod.Spec.InitContainers); c != nil {
+		for _, e := range c.Env {
+			if e.Name == name && e.ValueFrom == nil {
+				return e.Value
+			}
+		}
+	}
+	return ""
+}
+
+func ManagerContainer(cs []corev1.Container) *corev1.Container {
+	for i := range cs {
+		if len(cs[i].Command) > 0 && cs[i].Command[0] == "driver-manager" {
+			return &cs[i]
+		}
+	}
 	return nil
 }

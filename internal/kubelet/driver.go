@@ -12,8 +12,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
@@ -212,10 +214,28 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		k.setStatus(ctx, pod, running(pod, false, nil))
 	}
 
-	// the sidecar, as its container runs it (without --hold: the stand-in keeps nothing running); a failed run
-	// restarts after a short back-off, as the kubelet restarts a pod's failed container, until the pod goes
+	// from here on the driver container runs: its stop is the upstream driver's shutdown (DriverStops)
+	k.mu.Lock()
+	k.driverRunning[pod.UID] = true
+	k.mu.Unlock()
+
+	// the sidecar, as its container runs it: the pod turns Ready once it wrote its ready file (its startup probe),
+	// and with --replace-outdated it goes on as the node's agent until the pod goes; a failed run restarts after a
+	// short back-off, as the kubelet restarts a pod's failed container, until the pod goes
 	for restarts := 0; ; restarts++ {
-		if err := k.runGate(ctx, pod, gate); err == nil {
+		// the gate keeps running as the node's agent: when the test points the project's code at another API
+		// (UseAPI, UseClients) it is restarted to talk through it, as a container's client never changes
+		gctx, stopGate := context.WithCancel(ctx)
+		redial := k.onAPIChange(stopGate)
+		err := k.runGate(gctx, pod, gate)
+		redial()
+		stopGate()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case gctx.Err() != nil:
+			continue
+		case err == nil:
 			k.setStatus(ctx, pod, running(pod, true, nil))
 			return
 		}
@@ -225,6 +245,51 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 		case <-time.After(min(time.Duration(restarts+1)*500*time.Millisecond, 3*time.Second)):
 		}
 	}
+}
+
+// DriverStop is the moment a driver container got its stop (its pod deleted while the driver container ran): the
+// upstream driver's shutdown then stops nvidia-persistenced and the fabric manager, whatever uses the GPUs.
+// GPUPods are the GPU pods (gpupods.RequestsGPU) still on the node then, namespace/name: each one lost those
+// daemons under it.
+type DriverStop struct {
+	Pod, Node string
+	At        time.Time
+	GPUPods   []string
+}
+
+// DriverStops are the driver containers' stops so far, oldest first.
+func (k *Kubelet) DriverStops() []DriverStop {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]DriverStop(nil), k.driverStops...)
+}
+
+// recordDriverStop records a deleted driver pod's stop when its driver container ran, with the GPU pods the API
+// server still has on its node at that moment.
+func (k *Kubelet) recordDriverStop(ctx context.Context, pod *corev1.Pod) {
+	k.mu.Lock()
+	ran := k.driverRunning[pod.UID]
+	delete(k.driverRunning, pod.UID)
+	k.mu.Unlock()
+	if !ran {
+		return
+	}
+	stop := DriverStop{Pod: pod.Name, Node: pod.Spec.NodeName, At: time.Now()}
+	pods, err := k.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + pod.Spec.NodeName})
+	if err != nil {
+		stop.GPUPods = []string{"(the node's pods could not be listed: " + err.Error() + ")"}
+	}
+	if pods != nil {
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if gpupods.RequestsGPU(p) && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+				stop.GPUPods = append(stop.GPUPods, p.Namespace+"/"+p.Name)
+			}
+		}
+	}
+	k.mu.Lock()
+	k.driverStops = append(k.driverStops, stop)
+	k.mu.Unlock()
 }
 
 // runGate runs the upgrade gate sidecar once.
@@ -242,7 +307,11 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 			o.Log = slog.New(slog.NewTextHandler(&out, nil))
 			o.Complete()
 			if err = o.Validate(); err == nil {
+				// the startup probe: Ready once the ready file is there, while the gate goes on as the agent
+				pctx, stopProbe := context.WithCancel(ctx)
+				go k.probeReady(pctx, pod, o.ReadyFile)
 				err = o.Run(ctx, &out)
+				stopProbe()
 			}
 		}
 	}
@@ -254,6 +323,33 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 	}
 	k.record(run)
 	return err
+}
+
+// onAPIChange calls f once the project's code is pointed at another API; the returned func stops that.
+func (k *Kubelet) onAPIChange(f func()) (stop func()) {
+	k.mu.Lock()
+	changed := k.apiChanged
+	k.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-changed:
+			f()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
+}
+
+// probeReady marks the driver pod Ready once file exists, as the gate's startup probe does.
+func (k *Kubelet) probeReady(ctx context.Context, pod *corev1.Pod, file string) {
+	_ = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(file)
+		return err == nil, nil
+	})
+	if ctx.Err() == nil {
+		k.setStatus(ctx, pod, running(pod, true, nil))
+	}
 }
 
 // runManager runs the init container once.

@@ -76,9 +76,14 @@ type Kubelet struct {
 	inFlight map[string]int         // hook component -> runs in progress
 	pokes    chan string            // node names whose validators must be re-evaluated
 	hosts    map[string]*DriverHost
-	loaded   map[string]string                // node -> image of the driver its host has loaded
-	faults   map[string]string                // driver image tag prefix -> why its validation fails
-	stops    map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
+	// apiChanged is closed (and replaced) when UseAPI or UseClients points the project's code elsewhere
+	apiChanged chan struct{}
+	// driverRunning: driver pods whose driver container started; driverStops: their stops (DriverStops)
+	driverRunning map[types.UID]bool
+	driverStops   []DriverStop
+	loaded        map[string]string                // node -> image of the driver its host has loaded
+	faults        map[string]string                // driver image tag prefix -> why its validation fails
+	stops         map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
 	// validating serializes the runs of one validator pod's checks
 	validating map[types.UID]*sync.Mutex
 	// statuses counts each pod's status writes asked for: a write still retrying gives way to a newer one
@@ -90,7 +95,7 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
 		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{},
-		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}}
+		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}, driverRunning: map[types.UID]bool{}, apiChanged: make(chan struct{})}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))
@@ -105,6 +110,9 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 			obj = d.Obj
 		}
 		if pod, ok := obj.(*corev1.Pod); ok {
+			if pod.Labels[ComponentLabel] == DriverComponent {
+				k.recordDriverStop(ctx, pod) // deleted at once (no grace period): the stop came now
+			}
 			k.stop(pod.UID)
 		}
 	}
@@ -197,7 +205,14 @@ func (k *Kubelet) UseAPI(cfg *rest.Config, dir string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.api, k.apiKubeconfig = client, kubeconfig
+	k.apiMoved()
 	return nil
+}
+
+// apiMoved tells the running upgrade gates that the API moved (onAPIChange); called under mu.
+func (k *Kubelet) apiMoved() {
+	close(k.apiChanged)
+	k.apiChanged = make(chan struct{})
 }
 
 // UseClients makes the driver manager and the upgrade gate the stand-in runs from now on talk to the API server
@@ -208,6 +223,7 @@ func (k *Kubelet) UseClients(clientFor func(component string) kubernetes.Interfa
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.perComponent = clientFor
+	k.apiMoved()
 }
 
 // apiFor is what component (DriverManagerRun or UncordonRun) talks to now (see UseAPI and UseClients).
@@ -271,6 +287,9 @@ func (k *Kubelet) LastRun(component string, since time.Time) (Run, bool) {
 // consider acts once on a bound, live pod.
 func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 	if pod.DeletionTimestamp != nil {
+		if pod.Labels[ComponentLabel] == DriverComponent {
+			k.recordDriverStop(ctx, pod)
+		}
 		k.stop(pod.UID)
 		return
 	}

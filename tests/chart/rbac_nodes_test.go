@@ -2,6 +2,7 @@ package chart
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -24,8 +25,10 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
@@ -294,13 +297,61 @@ func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
 		t.Fatalf("gate: %v\n%s", err, out.String())
 	}
 	record(false)
+
+	// the gate as the old pod's agent: its DaemonSet now installs another driver, so it empties the node and evicts
+	// its own pod (drivermanager/replace.go)
+	driverSpec := func(digest string) corev1.PodSpec {
+		return corev1.PodSpec{NodeName: node,
+			InitContainers: []corev1.Container{{Name: "driver-manager", Command: []string{"driver-manager", "uninstall-driver"},
+				Env: []corev1.EnvVar{{Name: "ENABLE_GPU_POD_EVICTION", Value: "true"}, {Name: "EVICTION_TIMEOUT_SECONDS", Value: "10s"}}}},
+			Containers: []corev1.Container{{Name: "nvidia-driver-ctr", Env: []corev1.EnvVar{{Name: upgradeplan.DigestEnv, Value: digest}}}}}
+	}
+	driverDS := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-daemonset-x", Namespace: ns, UID: "driver-ds"},
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: driverSpec(strings.Repeat("3", 64))}}}
+	driverPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-daemonset-x-1", Namespace: ns,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: driverDS.Name, UID: driverDS.UID, Controller: ptr.To(true)}}},
+		Spec: driverSpec(strings.Repeat("2", 64))}
+	gpuPod2 := gpuPod.DeepCopy()
+	gpuPod2.Name, gpuPod2.ResourceVersion = "train-2", ""
+	// the paused validator's pod goes, as its DaemonSet would take it away
+	if err := client.CoreV1().Pods(ns).Delete(t.Context(), "nvidia-operator-validator-x", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []runtime.Object{driverDS, driverPod, gpuPod2} {
+		if err := client.Tracker().Add(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	agent := drivermanager.UncordonOptions{Client: client, NodeName: node, Namespace: ns, PodName: driverPod.Name, Replace: true,
+		Timeout: 5 * time.Second, Now: func() time.Time { return at.Add(20 * time.Second) }, ManagerOptions: drivermanagercli.OptionsFromEnv}
+	agent.Complete()
+	actx, stopAgent := context.WithCancel(t.Context())
+	agentDone := make(chan error, 1)
+	record(true)
+	go func() { agentDone <- agent.Run(actx, &out) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// the tracker, not the client: the test's own reads are not the agent's
+		if _, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), ns, driverPod.Name); apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			stopAgent()
+			t.Fatalf("the agent never evicted its driver pod:\n%s", out.String())
+		}
+	}
+	stopAgent()
+	if err := <-agentDone; err != nil {
+		t.Fatalf("agent: %v\n%s", err, out.String())
+	}
+	record(false)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(denied) > 0 {
 		t.Errorf("the driver manager calls what ServiceAccount nvidia-driver is not granted:\n%s", strings.Join(denied, "\n"))
 	}
 	for _, want := range []rule{{"", "", "nodes", "patch"}, {"ml", "", "pods/eviction", "create"}, {ns, "coordination.k8s.io", "leases", "update"},
-		{"kube-system", "apps", "daemonsets", "get"}, {"ml", "resource.k8s.io", "resourceclaims", "list"}} {
+		{"kube-system", "apps", "daemonsets", "get"}, {"ml", "resource.k8s.io", "resourceclaims", "list"},
+		{ns, "apps", "daemonsets", "watch"}, {ns, "", "pods/eviction", "create"}} {
 		if !used[want] {
 			t.Errorf("the run never called %s %s %s in %q: is the scenario still exercising it?", want.verb, want.group, want.resource, want.namespace)
 		}

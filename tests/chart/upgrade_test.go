@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
@@ -53,7 +54,12 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 				if component == "vgpu-manager" {
 					want = append(want, "--validator-component", "sandbox-validator")
 				} else {
-					want = append(want, "--timeout", "600s") // driver.upgradePolicy.validationTimeoutSeconds
+					// driver.upgradePolicy.validationTimeoutSeconds; the driver DaemonSets are OnDelete, and the gate
+					// of the old pod empties its node before it evicts that pod (everythingOn keeps autoUpgrade on)
+					want = append(want, "--timeout", "600s", "--replace-outdated")
+					if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+						t.Errorf("%s: update strategy %s, want OnDelete", where, ds.Spec.UpdateStrategy.Type)
+					}
 				}
 				if got := append(slices.Clone(gate.Command), gate.Args...); !slices.Equal(got, want) {
 					t.Errorf("%s: the sidecar runs %v, want %v", where, got, want)
@@ -64,7 +70,8 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 						fields[e.Name] = e.ValueFrom.FieldRef.FieldPath
 					}
 				}
-				if fields["NODE_NAME"] != "spec.nodeName" || fields["OPERATOR_NAMESPACE"] != "metadata.namespace" {
+				if fields["NODE_NAME"] != "spec.nodeName" || fields["OPERATOR_NAMESPACE"] != "metadata.namespace" ||
+					(component == "driver") != (fields["POD_NAME"] == "metadata.name") {
 					t.Errorf("%s: the sidecar's field env %v", where, fields)
 				}
 				// its ready file's directory, and the pod's API token (the pod automounts none: gpu-stack-lib.apiAccessMount)

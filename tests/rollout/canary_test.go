@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
@@ -109,18 +110,19 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 			if node.Spec.Unschedulable || digests[n] != oldDigest || len(hosts[n].LoadedModules()) == 0 {
 				t.Errorf("node %s: unschedulable=%v driver config %s modules %v, want untouched with the old driver", n, node.Spec.Unschedulable, digests[n], hosts[n].LoadedModules())
 			}
-			if p := ready[n]; strings.Contains(p.image, ":"+brokenTag) {
-				if p.ready {
-					t.Errorf("node %s: its new driver pod is Ready while it waits", n)
-				}
-				if reason := node.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, "pool default holds") {
-					t.Errorf("node %s waits with reason %q, want the pool's hold", n, reason)
-				}
+			// the old driver pod waits, in service: its upgrade gate holds the node's change (the DaemonSet is
+			// OnDelete, and nothing else replaces it)
+			if p := ready[n]; strings.Contains(p.image, ":"+brokenTag) || !p.ready {
+				t.Errorf("node %s: driver pod %s (Ready %v) while the pool holds, want its old pod serving", n, p.image, p.ready)
+			}
+			if reason := node.Annotations[nodestate.UpgradeReasonAnnotation]; strings.Contains(reason, "pool default holds") {
 				waiting = append(waiting, n)
+			} else {
+				t.Errorf("node %s waits with reason %q, want the pool's hold", n, reason)
 			}
 		}
 		if len(waiting) == 0 {
-			t.Error("no node's new driver pod was started: the wait was not exercised")
+			t.Error("no node waits for its turn: the wait was not exercised")
 		}
 		t.Logf("after %s: canary %s failed, waiting %v", time.Since(start).Round(100*time.Millisecond), canaryNode, waiting)
 	})
@@ -133,9 +135,21 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	busy := waiting[0]
 	hosts[busy].Use("nvidia", 1)
 	hosts[busy].OpenDevice(strayPID, "stray-cuda-app", "/dev/nvidia0")
+	// the busy node goes first after the canary: which waiting node takes a free slot first is a race between their
+	// gates, so the others are held back (the skip label) until it failed, then let go, to meet the threshold
+	for _, n := range waiting[1:] {
+		labelSkip(t, n, "true")
+	}
 	stand.SetDriverFault(brokenTag, "")
 	retried := time.Now()
 	kubeGPUStack(t, "upgrade", "retry", canaryNode)
+	waitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver)", func() (bool, string) {
+		st := nodeOf(t, busy).Labels[nodestate.UpgradeStateLabel]
+		return st == string(nodestate.UpgradeFailed), busy + " is " + st
+	})
+	for _, n := range waiting[1:] {
+		labelSkip(t, n, "")
+	}
 	waitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver) and the rollout settled", func() (bool, string) {
 		if st := nodeOf(t, busy).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
 			return false, busy + " is " + st
@@ -156,7 +170,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		}
 		failedAt := revs.first(busy, nodestate.UpgradeFailed, retried)
 		ready := driverPodsReady(t)
-		var held, holding []string // holding: held by the threshold itself, their new driver pod started and waiting
+		var held, holding []string // holding: held by the threshold itself, their old driver pod serving
 		for _, n := range names[1:] {
 			if c := revs.first(n, nodestate.CordonRequired, retried); c != 0 && c < canaryDone {
 				t.Errorf("node %s cordon-required at revision %d, before the canary's upgrade-done at %d", n, c, canaryDone)
@@ -167,13 +181,13 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 					t.Errorf("held node %s: unschedulable=%v modules %v, want untouched", n, node.Spec.Unschedulable, hosts[n].LoadedModules())
 				}
 				held = append(held, n)
-				if p := ready[n]; strings.Contains(p.image, ":"+brokenTag) && !p.ready &&
+				if p := ready[n]; !strings.Contains(p.image, ":"+brokenTag) && p.ready &&
 					strings.Contains(node.Annotations[nodestate.UpgradeReasonAnnotation], "pool default holds: 1 of its nodes failed their driver change ("+busy+")") {
 					holding = append(holding, n)
 				}
 			}
 		}
-		// the DaemonSet's bound (maxUnavailable 3, one failed) leaves room for two more; those wait at the threshold
+		// every node not yet changed waits at the threshold, its old driver pod in service
 		if len(holding) == 0 {
 			t.Errorf("no node's new driver pod waits at the threshold after %s failed (revision %d); held %v", busy, failedAt, held)
 		}
@@ -300,4 +314,17 @@ func (r *revisions) first(node string, state nodestate.UpgradeState, since time.
 func (r *revisions) stop() {
 	r.cancel()
 	<-r.done
+}
+
+// labelSkip sets nvidia.com/gpu-driver-upgrade.skip on node to value ("" removes it).
+func labelSkip(t *testing.T, node, value string) {
+	t.Helper()
+	v := "null"
+	if value != "" {
+		v = strconv.Quote(value)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, nodestate.UpgradeSkipLabel, v)
+	if _, err := kube.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -30,14 +30,13 @@ checked by the schema. dict "value" VALUE "key" KEY
 {{- if and .Values.gds.enabled (eq .Values.kernelModuleType "auto") }}open{{ else }}{{ .Values.kernelModuleType }}{{ end -}}
 {{- end }}
 
-{{/* driver.updateStrategy: RollingUpdate paced by maxUnavailable, or OnDelete when auto upgrade is off */}}
+{{/*
+driver.updateStrategy: always OnDelete. The DaemonSet controller would stop an old driver pod before its node is
+emptied; the old pod's upgrade gate empties the node and then evicts its own pod, paced by the pool's canary and
+slots (upgradePolicy.maxUnavailable), or, with autoUpgrade=false, once the admin requests it
+*/}}
 {{- define "driver.updateStrategy" -}}
-{{- $p := .Values.upgradePolicy -}}
-{{- if $p.autoUpgrade -}}
-{{- toYaml (dict "type" "RollingUpdate" "rollingUpdate" (dict "maxUnavailable" $p.maxUnavailable)) -}}
-{{- else -}}
 {{- toYaml (dict "type" "OnDelete") -}}
-{{- end -}}
 {{- end }}
 
 {{/* driver.image: the driver image reference for one OS; dict "ctx" . "os" OSINFO ["image" IMAGE] */}}

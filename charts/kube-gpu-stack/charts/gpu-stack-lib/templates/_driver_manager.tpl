@@ -89,6 +89,12 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
                       operator-validator; the vGPU manager's nodes have sandbox-validator)
   timeoutSeconds      optional: how long it waits for the validator before marking the node upgrade-failed (the
                       binary's default is 600 s)
+  replace             optional: an OnDelete DaemonSet's pod (the driver's). The gate then stays as the node's agent:
+                      when the DaemonSet's template installs another driver it takes the node's turn (canary, slot),
+                      cordons, evicts the GPU pods, pauses the GPU operands, and only then evicts its own pod, so
+                      the old driver container stops on an emptied node
+  onRequest           optional, with replace (autoUpgrade=false): the agent waits for the node's
+                      nvidia.com/gpu-driver-upgrade-requested=true annotation
 */}}
 {{- define "gpu-stack-lib.uncordonSidecar" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
@@ -98,6 +104,11 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
 {{- $args := list "--hold" "--ready-file" (printf "%s/driver-validated" $dir) -}}
 {{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
 {{- with .timeoutSeconds }}{{ $args = concat $args (list "--timeout" (printf "%ds" (int .))) }}{{ end -}}
+{{- if .replace }}{{ $args = concat $args (list "--replace-outdated") }}{{ end -}}
+{{- if and .replace .onRequest }}{{ $args = concat $args (list "--on-request") }}{{ end -}}
+{{- $env := dict "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName")) "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")) -}}
+{{- /* the agent compares its own pod with its DaemonSet */ -}}
+{{- if .replace }}{{ $_ := set $env "POD_NAME" (dict "fieldRef" (dict "fieldPath" "metadata.name")) }}{{ end -}}
 {{- $container := include "gpu-stack-lib.container" (dict
   "ctx" .ctx
   "name" "driver-upgrade-gate"
@@ -105,9 +116,7 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
   "pullPolicy" $image.pullPolicy
   "command" (list "driver-manager" "uncordon-when-valid")
   "args" $args
-  "env" (dict
-    "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName"))
-    "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
+  "env" $env
   "volumeMounts" (list (dict "name" "driver-upgrade-gate" "mountPath" $dir) (include "gpu-stack-lib.apiAccessMount" . | fromJson))
   "securityContext" (dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")))
   "spec" (dict
@@ -162,16 +171,22 @@ it takes a slot of before it cordons and watches while the pool is full (list, w
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, list, watch, create, update]
+{{- if .replace }}
+{{- /* the upgrade gate's agent watches its own driver DaemonSet (replace.go), in the release namespace only */}}
+- apiGroups: [apps]
+  resources: [daemonsets]
+  verbs: [list, watch]
+{{- end }}
 {{- end }}
 
 {{/*
 gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver manager (driver, vGPU manager, VFIO
 manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
-(gpu-stack-lib.driverManagerLeaseRules); its pods run privileged with host access (the privileged SCC on OpenShift).
-dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL
+(gpu-stack-lib.driverManagerLeaseRules, with "replace" its own DaemonSet watched too); its pods run privileged with
+host access (the privileged SCC on OpenShift). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL "replace" BOOL
 */}}
 {{- define "gpu-stack-lib.driverManagerRbac" -}}
 {{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name "scc" "privileged"
   "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict) | fromYamlArray)
-  "rules" (include "gpu-stack-lib.driverManagerLeaseRules" . | fromYamlArray)) -}}
+  "rules" (include "gpu-stack-lib.driverManagerLeaseRules" (dict "replace" .replace) | fromYamlArray)) -}}
 {{- end }}

@@ -1,0 +1,239 @@
+package drivermanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+)
+
+// The driver DaemonSets are OnDelete: the DaemonSet controller never stops an old driver pod. The upstream driver
+// container's stop (SIGTERM) stops nvidia-persistenced and the fabric manager before it even checks whether the
+// GPUs are in use, so an old driver pod may only stop on an emptied node. The upgrade gate of the old pod (its
+// `driver-upgrade-gate` sidecar, Replace set) is the node's agent for that: once its DaemonSet's template installs
+// another driver than its pod does, it waits for the node's turn (the pool's canary, failure threshold and slots),
+// cordons, evicts the GPU pods and pauses the GPU operands (emptyNode), and only then evicts its own pod. The new
+// pod's driver manager finds the node emptied, evicts what arrived meanwhile, unloads and installs; its gate
+// validates and uncordons.
+
+// UpgradeRequestedAnnotation asks for the driver change of a node in a pool with autoUpgrade=false (the GPU
+// Operator's key): its gate replaces its driver pod only once the annotation is "true". The gate removes it when it
+// starts the change.
+const UpgradeRequestedAnnotation = "nvidia.com/gpu-driver-upgrade-requested"
+
+// templateEnv resolves the driver-manager init container's environment of the DaemonSet's template for pod, as the
+// kubelet would for the next pod on this node: the new config's eviction settings apply to the emptying.
+func templateEnv(pod *corev1.Pod, tmpl *corev1.PodTemplateSpec) func(string) string {
+	vals := map[string]string{}
+	if c := upgradeplan.ManagerContainer(tmpl.Spec.InitContainers); c != nil {
+		for _, e := range c.Env {
+			switch {
+			case e.ValueFrom == nil:
+				vals[e.Name] = e.Value
+			case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+				vals[e.Name] = pod.Spec.NodeName
+			case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace":
+				vals[e.Name] = pod.Namespace
+			case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+				vals[e.Name] = pod.Name
+			}
+		}
+	}
+	return func(name string) string { return vals[name] }
+}
+
+// replaceWhenOutdated is the gate's second job, after the node needs nothing more from its own driver change: it
+// watches its pod's DaemonSet and its node, and when the DaemonSet's template installs another driver (and, with
+// OnRequest, the admin asked for it) it empties the node and evicts its own pod (replace). It returns when its pod
+// stops, or with an error the container restarts on.
+func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Logger, out io.Writer) error {
+	log := base.With("node", o.NodeName)
+	pod, err := o.ownPod(ctx)
+	if err != nil {
+		return err
+	}
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || owner.Kind != "DaemonSet" {
+		log.Info("the driver pod has no DaemonSet: nothing will replace it", "pod", pod.Name)
+		<-ctx.Done()
+		return nil
+	}
+	dss, err := kwatch.Start(ctx, kwatch.DaemonSet(o.Client, pod.Namespace, owner.Name), &appsv1.DaemonSet{})
+	if err != nil {
+		return fmt.Errorf("watch the driver DaemonSet %s/%s: %w", pod.Namespace, owner.Name, err)
+	}
+	nodes, err := kwatch.Start(ctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
+	if err != nil {
+		return fmt.Errorf("watch node %s: %w", o.NodeName, err)
+	}
+	shown := ""
+	for {
+		ds, dsOK := dss.Get(pod.Namespace, owner.Name)
+		node, nodeOK := nodes.Get("", o.NodeName)
+		var why string
+		switch {
+		case !dsOK || ds.UID != owner.UID || !nodeOK:
+			why = "" // the DaemonSet is going (an uninstall): its pod is deleted with it, nothing to replace
+		case nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed:
+			why = "" // `upgrade retry` or the admin moves it on
+		default:
+			if change := upgradeplan.PodChange(pod, &ds.Spec.Template); change != "" {
+				why = change
+				if o.OnRequest && node.Annotations[UpgradeRequestedAnnotation] != "true" {
+					if shown != "request:"+change {
+						log.Info("the driver DaemonSet installs another driver; autoUpgrade is off: waiting for the admin's request",
+							"change", change, "annotation", UpgradeRequestedAnnotation+"=true")
+						shown = "request:" + change
+					}
+					why = ""
+				}
+			}
+		}
+		if why != "" {
+			err := o.replace(ctx, base, out, pod, ds, why)
+			if err == nil || ctx.Err() != nil {
+				<-ctx.Done()
+				return nil
+			}
+			// a failed emptying restored the node and marked it upgrade-failed: the old driver serves on
+			log.Info("emptying the node for the new driver failed; the old driver stays in service", "err", err)
+			shown = ""
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-dss.Changed():
+		case <-nodes.Changed():
+		}
+		if err := errors.Join(dss.Err(), nodes.Err()); err != nil && kwatch.Permanent(err) {
+			return err
+		}
+	}
+}
+
+// ownPod reads the gate's own pod (PodName).
+func (o *UncordonOptions) ownPod(ctx context.Context) (*corev1.Pod, error) {
+	if o.PodName == "" {
+		return nil, errors.New("no pod name: set POD_NAME (the pod's metadata.name) to replace the driver pod when its driver changes")
+	}
+	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
+		return o.Client.CoreV1().Pods(o.Namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("metadata.name", o.PodName),
+				fields.OneTermEqualSelector("spec.nodeName", o.NodeName)).String()})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the driver pod %s/%s: %w", o.Namespace, o.PodName, err)
+	}
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.Name == o.PodName && p.Spec.NodeName == o.NodeName {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("driver pod %s/%s not found on node %s", o.Namespace, o.PodName, o.NodeName)
+}
+
+// replace empties the node under the new template's driver-manager settings, then evicts the gate's own pod.
+// base is the gate's logger before it names the node (the driver manager's run names it, as in the init container).
+func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod, ds *appsv1.DaemonSet, why string) error {
+	log := base.With("node", o.NodeName)
+	if o.ManagerOptions == nil {
+		return errors.New("no driver-manager settings reader: cannot empty the node")
+	}
+	mo, err := o.ManagerOptions(templateEnv(pod, &ds.Spec.Template))
+	if err != nil {
+		return fmt.Errorf("the driver DaemonSet %s's driver-manager settings: %w", ds.Name, err)
+	}
+	mo.Client, mo.Log, mo.Now, mo.Lease.Identity = o.Client, base, o.Now, pod.Name
+	mo.NodeName, mo.Namespace = o.NodeName, o.Namespace // this node, whatever the template says
+	mo.Complete()
+	if err := errors.Join(append(scopeErrors(mo.Client, mo.NodeName, mo.Namespace), mo.Lease.validate())...); err != nil {
+		return err
+	}
+	log.Info("the driver DaemonSet installs another driver: emptying the node before this driver pod stops", "change", why, "daemonSet", ds.Name)
+	if err := mo.empty(ctx, base, out, ds.Name, why); err != nil {
+		return err
+	}
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
+	err = apiretry.Do(ctx, func(ctx context.Context) error {
+		err := o.Client.PolicyV1().Evictions(pod.Namespace).Evict(ctx, ev)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s emptied, but evicting its old driver pod %s failed (delete it to let the new driver in): %w", o.NodeName, pod.Name, err)
+	}
+	fmt.Fprintf(out, "node %s emptied for the new driver (%s): old driver pod %s evicted; its DaemonSet starts the new one\n", o.NodeName, why, pod.Name)
+	return nil
+}
+
+// empty is the old driver pod's half of a driver change: the node's turn (canary, failure threshold, slot), then
+// emptyNode, all under the node's Lease as a driver manager's run; it leaves the node pod-restart-required, cordoned,
+// its operands paused and its slot held, for the new pod's manager. A node no plan marked (the pre-upgrade hook did
+// not run) is marked here, alone in a pool of its DaemonSet with one slot: without the plan, one node per DaemonSet
+// at a time. A failure restores the node (failed) and marks it upgrade-failed; a stop leaves it as it is.
+func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string) error {
+	return o.inTurns(ctx, log, out, true, func(m *manager, ctx context.Context) (string, error) {
+		return "", m.emptyForReplacement(ctx, daemonSet, why)
+	})
+}
+
+func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string) error {
+	if _, err := nodestate.Resume(m.node); err != nil {
+		return &untouchedError{err}
+	}
+	switch nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) {
+	case "", nodestate.UpgradeDone:
+		// no plan marked the node: it goes bounded by a pool of its own DaemonSet with one slot
+		mark := canary.Mark{Pool: daemonSet, Plan: m.o.Now().UTC().Format(time.RFC3339Nano), Canary: map[string]string{}, MaxUnavailable: 1}
+		if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
+			p := m.setState(n, nodestate.UpgradeRequired, "its driver pod is out of date ("+why+") and no upgrade plan marked it: one node of "+daemonSet+" at a time")
+			if _, ok := n.Annotations[canary.MarkAnnotation]; !ok {
+				v := mark.Format()
+				p = merge(p, nodestate.Patch{Annotations: map[string]*string{canary.MarkAnnotation: &v}})
+			}
+			return p, nil
+		}); err != nil {
+			return &untouchedError{err}
+		}
+	}
+	if err := m.heldBack(ctx, m.node.Annotations[nodestate.DriverDigestAnnotation]); err != nil {
+		return &untouchedError{err}
+	}
+	if err := m.waitTurn(ctx, false); err != nil {
+		return err
+	}
+	if err := m.step(ctx, "claim"); err != nil {
+		return err
+	}
+	// the request is served: a later change of an autoUpgrade=false pool needs a new one
+	if err := m.apply(ctx, pure(func(n *corev1.Node) nodestate.Patch {
+		if _, ok := n.Annotations[UpgradeRequestedAnnotation]; !ok {
+			return nodestate.Patch{}
+		}
+		return nodestate.Patch{Annotations: map[string]*string{UpgradeRequestedAnnotation: nil}}
+	})); err != nil {
+		return err
+	}
+	if _, err := m.emptyNode(ctx); err != nil {
+		return err
+	}
+	m.log.Info("node emptied: the old driver pod may stop", "state", m.node.Labels[nodestate.UpgradeStateLabel])
+	return nil
+}
