@@ -368,15 +368,18 @@ func (r *run) selecting(pod *corev1.Pod) []*policyv1.PodDisruptionBudget {
 	return out
 }
 
-// sweep marks the targets the watch no longer shows (or shows as a new pod under the same name) as gone, and
-// returns how many are left.
+// sweep marks the targets the watch no longer shows (or shows as a new pod under the same name, or as ended) as
+// gone, and returns how many are left.
 func (r *run) sweep() int {
 	left := 0
 	for _, t := range r.targets {
 		if t.state == gone {
 			continue
 		}
-		if p, ok := r.pods.Get(t.pod.Namespace, t.pod.Name); !ok || p.UID != t.pod.UID {
+		// a pod whose containers all ended (a finalizer may hold the object for long) no longer uses the GPU; a
+		// process it left behind is the unload's to find
+		if p, ok := r.pods.Get(t.pod.Namespace, t.pod.Name); !ok || p.UID != t.pod.UID ||
+			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			t.state = gone
 			continue
 		}

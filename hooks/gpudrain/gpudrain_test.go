@@ -49,6 +49,9 @@ type cluster struct {
 	// recreate, when set, puts a new pod (new UID) under the same name right after an eviction deletes it, as a
 	// StatefulSet does.
 	recreate bool
+	// finalizer, when set, keeps an evicted pod as a finalizer does: its deletion is only marked, and its
+	// containers stop (phase Failed), but the object stays.
+	finalizer bool
 }
 
 type eviction struct {
@@ -106,6 +109,13 @@ func (c *cluster) evict(ns, name string) error {
 		if sel.Matches(labelsOf(pod)) && b.Status.DisruptionsAllowed < 1 {
 			return apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
 		}
+	}
+	if c.finalizer {
+		held := pod.DeepCopy()
+		now := metav1.Now()
+		held.DeletionTimestamp, held.Finalizers, held.Status.Phase = &now, []string{"example.com/keep"}, corev1.PodFailed
+		rec.granted = true
+		return c.client.Tracker().Update(podsGVR, held, ns)
 	}
 	if err := c.client.Tracker().Delete(podsGVR, ns, name); err != nil {
 		return err
@@ -252,6 +262,24 @@ func TestPodRecreatedUnderTheSameNameCountsAsGone(t *testing.T) {
 	p, err := c.client.CoreV1().Pods("ml").Get(context.Background(), "db-0", metav1.GetOptions{})
 	if err != nil || p.UID != "old-again" {
 		t.Fatalf("the new pod: %v, %v", p, err)
+	}
+}
+
+// An evicted pod that a finalizer holds, with its containers dead (phase Failed), no longer uses the GPU: the pass
+// ends without waiting for the finalizer. (Whether something still holds the device is the unload's check.)
+func TestEvictedPodHeldByAFinalizerCountsAsGoneOnceItStopped(t *testing.T) {
+	c := newCluster(t, pod("train-0", limits("nvidia.com/gpu")))
+	c.finalizer = true
+	res, err := c.run(Options{GPUOnly: true, Timeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("the pass: %v; want it done once the evicted pod stopped", err)
+	}
+	if !slices.Equal(res.Pods, []string{"ml/train-0"}) || len(c.evictionsOf("ml/train-0")) != 1 {
+		t.Fatalf("evicted %v with %d requests; want one eviction", res.Pods, len(c.evictionsOf("ml/train-0")))
+	}
+	p, err := c.client.CoreV1().Pods("ml").Get(context.Background(), "train-0", metav1.GetOptions{})
+	if err != nil || p.DeletionTimestamp == nil {
+		t.Fatalf("the held pod is still there, marked for deletion: %v, %v", p, err)
 	}
 }
 
