@@ -29,9 +29,16 @@ type Mark struct {
 	// Pool is the node's driver pool.
 	Pool string `json:"pool"`
 	// Plan names the plan that wrote the mark (its time, RFC 3339 with nanoseconds). A canary counts as validated
-	// only when its own mark names the same plan: the plan writes mark and upgrade-required in one patch, so
-	// upgrade-done read together with this plan's mark was written after it, never left from an earlier change.
+	// only when its own mark names the same plan or a later one (NotBefore): the plan writes mark and upgrade-required in
+	// one patch, so upgrade-done read together with this plan's mark was written after it, never left from an
+	// earlier change.
 	Plan string `json:"plan"`
+	// Seq orders plans by what the cluster shows, not by the clock of the pod that ran them: each plan's is one more
+	// than the highest on any node when it ran. 0: a mark written before plans had one, earlier than any that has.
+	Seq int64 `json:"seq,omitempty"`
+	// Target names what the plan moves the pool to (its driver DaemonSets' config digests and its GPU allocation).
+	// A plan for the target the pool's running plan has (a re-sync that changes no driver) keeps that plan.
+	Target string `json:"target,omitempty"`
 	// Canary are the pool's canary nodes, each with the DRIVER_CONFIG_DIGEST it will get (none: the pool has no
 	// canary, only its threshold).
 	Canary map[string]string `json:"canary"`
@@ -131,17 +138,20 @@ func validated(n *corev1.Node, m *Mark) bool {
 		return false
 	}
 	cm, err := Read(n)
-	if err != nil || cm == nil || !NotBefore(cm.Plan, m.Plan) {
+	if err != nil || cm == nil || !NotBefore(cm, m) {
 		return false
 	}
 	return n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone) || n.Labels[nodestate.UpgradeSkipLabel] == "true"
 }
 
-// NotBefore says whether plan a is plan b or a later one (plans are named by their time); an unreadable name is
-// neither.
-func NotBefore(a, b string) bool {
-	ta, errA := time.Parse(time.RFC3339Nano, a)
-	tb, errB := time.Parse(time.RFC3339Nano, b)
+// NotBefore says whether plan a is plan b or a later one: by Seq, which the cluster orders (a mark without one is
+// earlier than any with one), and between two marks without one by their time; an unreadable time is neither.
+func NotBefore(a, b *Mark) bool {
+	if a.Seq > 0 || b.Seq > 0 {
+		return a.Seq >= b.Seq
+	}
+	ta, errA := time.Parse(time.RFC3339Nano, a.Plan)
+	tb, errB := time.Parse(time.RFC3339Nano, b.Plan)
 	return errA == nil && errB == nil && !ta.Before(tb)
 }
 

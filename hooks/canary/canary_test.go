@@ -74,3 +74,27 @@ func TestRead(t *testing.T) {
 		t.Errorf("round trip: %+v, %v", m, err)
 	}
 }
+
+// Plans are ordered by Seq, whatever their times say (the clocks of the pods that ran them may disagree); a mark
+// from before Seq is earlier than any that has one.
+func TestPlansAreOrderedBySeq(t *testing.T) {
+	waiter := &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00Z", Seq: 3, Canary: map[string]string{"c": "d2"}}
+	for _, tc := range []struct {
+		name   string
+		canary Mark
+		goes   bool
+	}{
+		{"same seq, earlier clock", Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Seq: 3}, true},
+		{"later seq", Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Seq: 4}, true},
+		{"earlier seq, later clock", Mark{Pool: "a100", Plan: "2026-09-01T13:00:00Z", Seq: 2}, false},
+		{"no seq, later clock", Mark{Pool: "a100", Plan: "2026-09-01T13:00:00Z"}, false},
+	} {
+		turn := Decide("n", waiter, []*corev1.Node{node("c", nodestate.UpgradeDone, tc.canary.Format())})
+		if turn.Go != tc.goes {
+			t.Errorf("%s: go %v (%s), want %v", tc.name, turn.Go, turn.Waiting, tc.goes)
+		}
+	}
+	if !NotBefore(&Mark{Plan: "x", Seq: 1}, &Mark{Plan: "2026-09-01T13:00:00Z"}) || NotBefore(&Mark{Plan: "x"}, &Mark{Plan: "2026-09-01T13:00:00Z"}) {
+		t.Error("a mark with a Seq is later than one without; an unreadable time without a Seq is never")
+	}
+}

@@ -10,6 +10,8 @@ package upgradeplan
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -101,6 +103,9 @@ type Plan struct {
 	// DaemonSet's nodes, the bound its RollingUpdate enforces.
 	Batches map[string][][]NodePlan
 	Nodes   []NodePlan
+	// Resumed names, per pool, the running plan this one keeps: its target is the same (a re-sync that changes no
+	// driver), so the pool goes on under the same canary and marks, and nothing is written for it.
+	Resumed map[string]string
 	// Refusals say why the upgrade is unsafe; empty means go.
 	Refusals []string
 	// CalledOff are nodes still upgrade-required from an earlier plan whose driver pod already has the config this
@@ -121,7 +126,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	for i := range nodeList.Items {
 		nodes[nodeList.Items[i].Name] = &nodeList.Items[i]
 	}
-	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}}
+	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}, Resumed: map[string]string{}}
+	marks := readMarks(nodes)
+	unfit := map[string]string{}           // planned driver node -> why it cannot be its pool's canary ("" when it can)
 	pools := map[string]driverpools.Pool{} // driver pools with planned nodes: their canary and marks
 	dsNodes := map[string][]*corev1.Node{} // target DaemonSet -> the nodes it will serve
 	dsPool := map[string]driverpools.Pool{}
@@ -198,6 +205,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				continue
 			}
 			plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
+			unfit[node.Name] = canaryUnfit(node, pod)
 		}
 	}
 	slices.Sort(plan.CalledOff)
@@ -225,7 +233,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 		poolMax[name] = n
 	}
-	inCanary := planCanary(plan, pools, poolMax, now())
+	inCanary := planCanary(plan, pools, poolMax, now(), marks, unfit)
 	for _, n := range nodes {
 		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is in upgrade-failed (%s): fix it, then run "+
@@ -285,11 +293,14 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	return plan, nil
 }
 
-// planCanary picks each driver pool's canary (its first upgradePolicy.canary planned nodes) and the mark its planned
-// nodes get, named after the plan's time, with the pool's slots (poolMax); it returns the canary nodes. vGPU
-// manager pools get neither: their DaemonSets' updateStrategy alone paces them, and their driver manager may not
-// evict.
-func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time) map[string]bool {
+// planCanary picks each driver pool's canary and the mark its planned nodes get, with the pool's slots (poolMax),
+// and returns the canary nodes. A pool whose running plan (the newest mark on its nodes, marks) has this plan's
+// target keeps that plan: a re-sync that changes no driver neither names a new canary nor starts the wait over,
+// unless a canary it named has not started and can no longer be one. Otherwise the plan is new, named after its
+// time, ordered after every plan on the nodes (Mark.Seq), and its canary is the pool's first upgradePolicy.canary
+// planned nodes that can be one (unfit); a pool with none refuses. vGPU manager pools get neither: their
+// DaemonSets' updateStrategy alone paces them, and their driver manager may not evict.
+func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time, marks nodeMarks, unfit map[string]string) map[string]bool {
 	in := map[string]bool{}
 	id := now.UTC().Format(time.RFC3339Nano)
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
@@ -297,20 +308,125 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[strin
 		if pool.AutoUpgrade != nil && !*pool.AutoUpgrade {
 			continue
 		}
-		mark := canary.Mark{Pool: name, Plan: id, Canary: map[string]string{}, MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name]}
+		var planned []NodePlan
 		for _, np := range plan.Nodes {
-			if np.Pool != name || np.Kind == KindVGPUManager || len(plan.Canary[name]) >= pool.CanaryNodes() {
+			if np.Pool == name && np.Kind == KindDriver {
+				planned = append(planned, np)
+			}
+		}
+		target := Target(pool)
+		if running := marks.running[name]; running != nil && running.Target == target && canariesStand(running, planned, unfit) {
+			mark := *running
+			mark.MaxFailures, mark.MaxUnavailable = pool.FailureThreshold(), poolMax[name]
+			for _, np := range planned {
+				if mark.IsCanary(np.Node) {
+					plan.Canary[name] = append(plan.Canary[name], np)
+					in[np.Node] = true
+				}
+			}
+			plan.Marks[name], plan.Resumed[name] = mark, running.Plan
+			continue
+		}
+		mark := canary.Mark{Pool: name, Plan: id, Seq: marks.maxSeq + 1, Target: target, Canary: map[string]string{},
+			MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name]}
+		var why []string
+		for _, np := range planned {
+			if len(plan.Canary[name]) >= pool.CanaryNodes() {
+				break
+			}
+			if reason := unfit[np.Node]; reason != "" {
+				why = append(why, np.Node+" ("+reason+")")
 				continue
 			}
 			plan.Canary[name] = append(plan.Canary[name], np)
 			mark.Canary[np.Node] = np.To
 			in[np.Node] = true
 		}
+		if pool.CanaryNodes() > 0 && len(planned) > 0 && len(mark.Canary) == 0 {
+			plan.Refusals = append(plan.Refusals, fmt.Sprintf("no node of pool %s can be its canary (a Ready, schedulable node "+
+				"whose current driver validated): %s; bring one back, or set its upgradePolicy.canary: 0 for this upgrade",
+				name, strings.Join(why, ", ")))
+		}
 		if len(mark.Canary) > 0 || mark.MaxFailures > 0 || mark.MaxUnavailable > 0 {
 			plan.Marks[name] = mark
 		}
 	}
 	return in
+}
+
+// canariesStand: every canary of the running plan that is still to change (planned and not started) can still be
+// one; a canary that went down before it started would hold its pool for good.
+func canariesStand(running *canary.Mark, planned []NodePlan, unfit map[string]string) bool {
+	for _, np := range planned {
+		if running.IsCanary(np.Node) && unfit[np.Node] != "" && unfit[np.Node] != inFlight {
+			return false
+		}
+	}
+	return true
+}
+
+// inFlight is canaryUnfit's reason for a node whose driver change has started.
+const inFlight = "its driver change is under way"
+
+// canaryUnfit says why a planned node cannot be its pool's canary, "" when it can: the canary must show the new
+// driver works, so it is a Ready, schedulable node whose current driver validated (driverPod Ready: the upgrade
+// gate's startup probe passes only once the driver validated) and no change is under way on it.
+func canaryUnfit(node *corev1.Node, driverPod *corev1.Pod) string {
+	switch state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); {
+	case state != "" && state != nodestate.UpgradeDone && state != nodestate.UpgradeRequired:
+		return inFlight
+	case nodestate.CordonedByUs(node):
+		return inFlight
+	case !nodeReady(node):
+		return "NotReady"
+	case node.Spec.Unschedulable:
+		return "cordoned"
+	case !podReady(driverPod):
+		return "driver pod not Ready: its driver has not validated"
+	}
+	return ""
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// nodeMarks is what the plans before this one left on the nodes.
+type nodeMarks struct {
+	// maxSeq is the highest Mark.Seq on any node: this plan's is one more.
+	maxSeq int64
+	// running is each pool's newest readable mark (canary.NotBefore).
+	running map[string]*canary.Mark
+}
+
+func readMarks(nodes map[string]*corev1.Node) nodeMarks {
+	out := nodeMarks{running: map[string]*canary.Mark{}}
+	for _, name := range slices.Sorted(maps.Keys(nodes)) {
+		m, err := canary.Read(nodes[name])
+		if err != nil || m == nil {
+			continue // an unreadable mark is the driver manager's to refuse on its node
+		}
+		out.maxSeq = max(out.maxSeq, m.Seq)
+		if cur := out.running[m.Pool]; cur == nil || (canary.NotBefore(m, cur) && !canary.NotBefore(cur, m)) {
+			out.running[m.Pool] = m
+		}
+	}
+	return out
+}
+
+// Target names what a pool's plan moves its nodes to: its driver DaemonSets' config digests and its GPU allocation.
+func Target(pool driverpools.Pool) string {
+	h := sha256.New()
+	for _, ds := range slices.SortedFunc(slices.Values(pool.DaemonSets), func(a, b driverpools.DaemonSet) int { return strings.Compare(a.Name, b.Name) }) {
+		fmt.Fprintf(h, "%s=%s\n", ds.Name, ds.Digest)
+	}
+	fmt.Fprintf(h, "allocation=%s\n", pool.Allocation)
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // kindNoun names a kind of pool's operand in messages.
@@ -491,6 +607,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	}
 	now := o.Now().UTC().Format(time.RFC3339)
 	var marked []*corev1.Node // as they were before their mark
+	kept := 0                 // planned nodes that already carry their mark
 	for _, np := range plan.Nodes {
 		reason := fmt.Sprintf("pool %s driver config %s -> %s", np.Pool, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
 		if np.Kind == KindVGPUManager {
@@ -504,7 +621,16 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		hasMark = hasMark && np.Kind != KindVGPUManager // marks are the driver pools' (planCanary)
 		if _, err := nodestate.Update(ctx, o.Client, np.Node, func(n *corev1.Node) (nodestate.Patch, error) {
 			before = n.DeepCopy()
+			state := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+			underWay := state != "" && state != nodestate.UpgradeRequired && state != nodestate.UpgradeDone && state != nodestate.UpgradeFailed
+			if hasMark && n.Annotations[canary.MarkAnnotation] == mark.Format() && (underWay || state == nodestate.UpgradeRequired) {
+				kept++
+				return nodestate.Patch{}, nil // planned as it is (a re-sync of the running plan): nothing to write
+			}
 			p := nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, reason, now)
+			if underWay {
+				p = nodestate.Patch{} // its change is under way: it keeps its state, and takes the new plan's mark
+			}
 			// one patch with the state: a mark read together with a later state was written before it (canary.Mark)
 			if p.Annotations == nil {
 				p.Annotations = map[string]*string{}
@@ -533,7 +659,10 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)
 	}
-	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes))
+	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes)-kept)
+	if kept > 0 {
+		fmt.Fprintf(out, "pre-upgrade: %d GPU nodes already planned so, left as they are\n", kept)
+	}
 	return plan, nil
 }
 
@@ -578,7 +707,14 @@ func (p *Plan) Write(out io.Writer) {
 	if len(p.Nodes) == 0 {
 		fmt.Fprintln(out, "pre-upgrade: no GPU node's driver changes; nothing to do")
 	}
+	for _, pool := range slices.Sorted(maps.Keys(p.Resumed)) {
+		fmt.Fprintf(out, "pool %s resumes its plan %s: this release moves it to the same drivers, so its canary (%s) and the "+
+			"nodes' turns stand\n", pool, p.Resumed[pool], strings.Join(slices.Sorted(maps.Keys(p.Marks[pool].Canary)), ", "))
+	}
 	for _, pool := range slices.Sorted(maps.Keys(p.Canary)) {
+		if _, ok := p.Resumed[pool]; ok {
+			continue
+		}
 		names := make([]string, len(p.Canary[pool]))
 		for j, np := range p.Canary[pool] {
 			names[j] = np.Node + " (" + np.DaemonSet + ")"

@@ -38,6 +38,8 @@ func driverPod(node, digest string) *corev1.Pod {
 		Spec: corev1.PodSpec{NodeName: node,
 			InitContainers: []corev1.Container{{Name: "k8s-driver-manager", Env: []corev1.EnvVar{{Name: DigestEnv, Value: digest}}}},
 			Containers:     []corev1.Container{{Name: "driver", Image: "nvcr.io/nvidia/driver:570.86.15-ubuntu22.04"}}},
+		// Ready: its driver validated (the upgrade gate's startup probe)
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
 }
 
@@ -186,9 +188,9 @@ func TestStatusTable(t *testing.T) {
 	failed.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "evict GPU pods: PDB ml/train",
 		nodestate.UpgradeSinceAnnotation: "2026-09-01T12:00:00Z"}
 	done := readyNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone), nodestate.UpgradeSkipLabel: "true"})
-	ready := driverPod("b", "x")
-	ready.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	client := fake.NewClientset(failed, done, readyNode("c", nil), driverPod("a", "x"), ready)
+	notReady := driverPod("a", "x")
+	notReady.Status.Conditions = nil
+	client := fake.NewClientset(failed, done, readyNode("c", nil), notReady, driverPod("b", "x"))
 	var out bytes.Buffer
 	if err := WriteStatus(t.Context(), client, "gpu", "rel", &out); err != nil {
 		t.Fatal(err)

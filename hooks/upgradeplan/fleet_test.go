@@ -1,0 +1,198 @@
+package upgradeplan
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// The canary is a node that can show the new driver works: Ready, schedulable, its current driver validated (its
+// driver pod Ready: the upgrade gate's startup probe passes only then). A pool whose first node by name is down
+// would otherwise wait for it for good.
+func TestCanaryIsAReadyNodeWhoseDriverValidated(t *testing.T) {
+	down := readyNode("a", nil)
+	down.Status.Conditions[0].Status = corev1.ConditionUnknown
+	cordoned := readyNode("b", nil)
+	cordoned.Spec.Unschedulable = true
+	notValidated := driverPod("c", "old")
+	notValidated.Status.Conditions = nil
+	failedBefore := readyNode("d", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.ValidationRequired)})
+	plan, out, err, client := run(t, pool("new", intstr.FromInt32(4)),
+		down, cordoned, readyNode("c", nil), failedBefore, readyNode("e", nil), readyNode("f", nil),
+		driverPod("a", "old"), driverPod("b", "old"), notValidated, driverPod("d", "old"), driverPod("e", "old"), driverPod("f", "old"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if got := plan.Canary["default"]; len(got) != 1 || got[0].Node != "e" {
+		t.Fatalf("canary %+v, want e (a is NotReady, b cordoned, c's driver not validated, d mid-change)\n%s", got, out)
+	}
+	n, _ := client.CoreV1().Nodes().Get(t.Context(), "a", metav1.GetOptions{})
+	if m, err := canary.Read(n); err != nil || m == nil || !m.IsCanary("e") || m.IsCanary("a") {
+		t.Fatalf("node a's mark %+v (%v): want canary e", m, err)
+	}
+}
+
+// A pool with no node that can be its canary refuses, naming why each node cannot, and changes nothing.
+func TestNoNodeCanBeTheCanaryRefuses(t *testing.T) {
+	down := readyNode("a", nil)
+	down.Status.Conditions[0].Status = corev1.ConditionFalse
+	notValidated := driverPod("b", "old")
+	notValidated.Status.Conditions = nil
+	_, out, err, client := run(t, pool("new", intstr.FromInt32(2)), down, readyNode("b", nil), driverPod("a", "old"), notValidated)
+	if err == nil || !strings.Contains(err.Error(), "no node of pool default can be its canary") ||
+		!strings.Contains(err.Error(), "a (NotReady)") || !strings.Contains(err.Error(), "b (driver pod not Ready") ||
+		!strings.Contains(err.Error(), "upgradePolicy.canary: 0") {
+		t.Fatalf("err %v\n%s", err, out)
+	}
+	for _, a := range client.Actions() {
+		if a.GetVerb() == "patch" {
+			t.Fatalf("a refused plan wrote %v", a)
+		}
+	}
+}
+
+// A re-sync that does not change the driver (an Argo CD sync runs the plan every time; a chart-only helm upgrade)
+// while the pool's rollout runs keeps the running plan: same plan, same canary, and nothing written. Without it,
+// each sync named a new canary among the waiting nodes and set nodes mid-change back to upgrade-required.
+func TestResyncKeepsTheRunningPlan(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(1))
+	first := fake.NewClientset(readyNode("a", nil), readyNode("b", nil), readyNode("c", nil),
+		driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "old"))
+	if _, err := runAt(t, first, pools, time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	// the rollout moves on: the canary a is done with its new driver, b is being emptied by its old pod's gate
+	setState(t, first, "a", nodestate.UpgradeDone, false)
+	repod(t, first, "a", "new")
+	setState(t, first, "b", nodestate.DrainRequired, true)
+	before := marks(t, first)
+
+	first.ClearActions()
+	out, err := runAt(t, first, pools, time.Unix(200, 0))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, a := range first.Actions() {
+		if _, ok := a.(k8stesting.PatchAction); ok {
+			t.Errorf("the re-sync wrote %s %s: %s", a.GetResource().Resource, a.(k8stesting.PatchAction).GetName(), a.(k8stesting.PatchAction).GetPatch())
+		}
+	}
+	after := marks(t, first)
+	for name, m := range before {
+		if after[name] != m {
+			t.Errorf("node %s: mark %s became %s", name, m, after[name])
+		}
+	}
+	if n := node(t, first, "b"); n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.DrainRequired) {
+		t.Errorf("node b mid-change went to %s", n.Labels[nodestate.UpgradeStateLabel])
+	}
+	if !strings.Contains(out, "resumes its plan") {
+		t.Errorf("the plan does not say it resumes:\n%s", out)
+	}
+
+	// another driver change is a new plan, with a new canary among the nodes still to change
+	out, err = runAt(t, first, pool("newer", intstr.FromInt32(1)), time.Unix(300, 0))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	m, _ := canary.Read(node(t, first, "c"))
+	if m == nil || m.Plan == before["c"] || !strings.Contains(out, "canary: a") {
+		t.Fatalf("a new target kept the old plan: %+v\n%s", m, out)
+	}
+}
+
+// Plans are ordered by what the cluster shows, not by the clock of the pod that ran them: a second upgrade whose hook
+// pod's clock is behind still makes a later plan, so a node left with the first plan's mark (its driver pod was
+// being recreated when the second plan ran) follows the canary that validated under the second.
+func TestALaterPlanIsLaterWhateverTheClock(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(1))
+	client := fake.NewClientset(readyNode("a", nil), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+	if _, err := runAt(t, client, pools, time.Unix(1000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	// b's driver pod is gone for a moment (recreated) when the next upgrade plans: b keeps the first plan's mark
+	if err := client.CoreV1().Pods("gpu").Delete(t.Context(), "driver-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runAt(t, client, pool("newer", intstr.FromInt32(1)), time.Unix(10, 0)); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	setState(t, client, "a", nodestate.UpgradeDone, false)
+	b := node(t, client, "b")
+	mb, err := canary.Read(b)
+	if err != nil || mb == nil {
+		t.Fatalf("node b mark %v %v", mb, err)
+	}
+	turn := canary.Decide("b", mb, []*corev1.Node{node(t, client, "a"), b})
+	if !turn.Go {
+		t.Fatalf("node b waits (%s): its canary a validated under a later plan", turn.Waiting)
+	}
+}
+
+func runAt(t *testing.T, client *fake.Clientset, pools []driverpools.Pool, at time.Time) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	_, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return at }}, &out)
+	return out.String(), err
+}
+
+func node(t *testing.T, client *fake.Clientset, name string) *corev1.Node {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// setState moves a node as the rollout would: its state, and the stack's cordon while it is out.
+func setState(t *testing.T, client *fake.Clientset, name string, state nodestate.UpgradeState, cordoned bool) {
+	t.Helper()
+	n := node(t, client, name)
+	n.Labels[nodestate.UpgradeStateLabel] = string(state)
+	n.Spec.Unschedulable = cordoned
+	if cordoned {
+		n.Annotations[nodestate.CordonedAnnotation] = "true"
+	} else {
+		delete(n.Annotations, nodestate.CordonedAnnotation)
+	}
+	if _, err := client.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repod replaces a node's driver pod with one of digest.
+func repod(t *testing.T, client *fake.Clientset, name, digest string) {
+	t.Helper()
+	if err := client.CoreV1().Pods("gpu").Delete(t.Context(), "driver-"+name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Pods("gpu").Create(t.Context(), driverPod(name, digest), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func marks(t *testing.T, client *fake.Clientset) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	list, err := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range list.Items {
+		out[n.Name] = n.Annotations[canary.MarkAnnotation]
+	}
+	return out
+}
