@@ -217,6 +217,21 @@ func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string)
 	return rel, nil
 }
 
+// Rollback rolls the release back to revision, as `helm rollback` does: the revision's stored manifest and its
+// rollback hooks.
+func (t Target) Rollback(revision int) error {
+	cfg, err := t.config()
+	if err != nil {
+		return err
+	}
+	rb := action.NewRollback(cfg)
+	rb.Version, rb.Wait, rb.Timeout = revision, !t.NoWait, t.Timeout
+	if err := rb.Run(t.Release); err != nil {
+		return fmt.Errorf("helm rollback %s %d: %w", t.Release, revision, err)
+	}
+	return nil
+}
+
 // DriverGenerations is the generation of every driver DaemonSet in namespace: what a change of their pod
 // template moves and an upgrade that leaves the drivers alone keeps.
 func DriverGenerations(ctx context.Context, client kubernetes.Interface, namespace string) (map[string]int64, error) {

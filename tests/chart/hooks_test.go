@@ -229,11 +229,12 @@ func TestHookJobsAreSafeAndBounded(t *testing.T) {
 	t.Parallel()
 	type want struct{ kind, events, deletePolicy, outputLog, subcommand string }
 	wants := map[string]want{
-		gateName:    {"Job", "post-install,post-upgrade", "before-hook-creation", "hook-succeeded,hook-failed", "check"},
+		// a rollback is a driver change like any other: planned and gated
+		gateName:    {"Job", "post-install,post-upgrade,post-rollback", "before-hook-creation", "hook-succeeded,hook-failed", "check"},
 		testName:    {"Pod", "test", "before-hook-creation", "hook-failed", "check"},
 		cleanupName: {"Job", "pre-delete", "before-hook-creation,hook-succeeded", "hook-failed", "cleanup"},
 		// the plan is worth seeing in `helm upgrade` output, and its log after a refusal
-		preUpgradeName: {"Job", "pre-upgrade", "before-hook-creation", "hook-succeeded,hook-failed", "pre-upgrade"},
+		preUpgradeName: {"Job", "pre-upgrade,pre-rollback", "before-hook-creation", "hook-succeeded,hook-failed", "pre-upgrade"},
 	}
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
@@ -339,8 +340,8 @@ func TestHookRBAC(t *testing.T) {
 		return []string{"serviceaccount/" + n, "role/" + n, "rolebinding/" + n, "clusterrole/" + clusterName(n), "clusterrolebinding/" + clusterName(n)}
 	}
 	for _, tc := range []struct{ name, events, deletePolicy string }{
-		{gateName, "post-install,post-upgrade", "before-hook-creation"},
-		{preUpgradeName, "pre-upgrade", "before-hook-creation"},
+		{gateName, "post-install,post-upgrade,post-rollback", "before-hook-creation"},
+		{preUpgradeName, "pre-upgrade,pre-rollback", "before-hook-creation"},
 		{cleanupName, "pre-delete", "before-hook-creation,hook-succeeded"},
 	} {
 		for _, k := range rbacKeys(tc.name) {

@@ -227,6 +227,50 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		}
 	})
 
+	// 4. helm rollback to the install's revision: going back to the old driver is a driver change like any other,
+	// planned (pre-rollback: canary, slots) and gated (post-rollback)
+	rec, revs = recordNodes(t), recordRevisions(t)
+	rolledBack := time.Now()
+	rbErr := target().Rollback(1)
+	waitFor(t, 3*time.Minute, "every node back on the old driver, upgrade-done", func() (bool, string) {
+		if ok, why := rolledOut(t, names); !ok {
+			return false, why
+		}
+		for n, d := range recordedDigests(t, hosts) {
+			if d != oldDigest {
+				return false, n + " runs driver config " + d
+			}
+		}
+		return true, ""
+	})
+	rec.stop()
+	revs.stop()
+	t.Run("helm rollback is planned and gated like an upgrade", func(t *testing.T) {
+		if rbErr != nil {
+			t.Errorf("helm rollback: %v", rbErr)
+		}
+		plan, ok := stand.LastRun("pre-upgrade", rolledBack)
+		if !ok || plan.ExitCode != 0 || !strings.Contains(plan.Output, "pool default canary: "+canaryNode) ||
+			!strings.Contains(plan.Output, fmt.Sprintf("pre-upgrade: %d GPU nodes marked upgrade-required", len(names))) {
+			t.Errorf("no plan ran before the rollback (exit %d):\n%s", plan.ExitCode, plan.Output)
+		}
+		if gate, ok := stand.LastRun("validation-gate", rolledBack); !ok || gate.ExitCode != 0 {
+			t.Errorf("no passing gate after the rollback (exit %d):\n%s", gate.ExitCode, gate.Output)
+		}
+		canaryDone := revs.first(canaryNode, nodestate.UpgradeDone, rolledBack)
+		for _, n := range names[1:] {
+			if c := revs.first(n, nodestate.CordonRequired, rolledBack); c == 0 || c < canaryDone {
+				t.Errorf("node %s cordon-required at revision %d, the canary's upgrade-done at %d: want after it", n, c, canaryDone)
+			}
+		}
+		if rec.maxCordoned > canaryMax || revs.maxOut > canaryMax {
+			t.Errorf("%d cordoned, %d out at once during the rollback, want at most %d: %s / %s", rec.maxCordoned, revs.maxOut, canaryMax, rec.worst, revs.worst)
+		}
+	})
+	t.Run("every old driver stopped on an emptied node, rollback included", func(t *testing.T) {
+		assertDriversStoppedOnEmptiedNodes(t, start)
+	})
+
 	if err := target().Uninstall(); err != nil {
 		t.Fatal(err)
 	}
