@@ -691,17 +691,8 @@ func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 	if err := m.step(ctx, "cordon"); err != nil {
 		return false, err
 	}
-	if m.o.Eviction.Enabled {
-		if err := m.evictGPUPods(ctx); err != nil {
-			if !m.o.Drain.Enabled || ctx.Err() != nil {
-				return false, fmt.Errorf("evict GPU pods: %w", err)
-			}
-			m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
-			if err := m.drain(ctx, err.Error()); err != nil {
-				return false, err
-			}
-			drained = true
-		}
+	if drained, err = m.moveGPUPodsOff(ctx, ""); err != nil {
+		return false, err
 	}
 	if err := m.step(ctx, "evict"); err != nil {
 		return false, err
@@ -721,10 +712,38 @@ func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 	if err := m.pauseDRAPlugin(ctx); err != nil {
 		return false, err
 	}
+	// a GPU pod that landed during the eviction (it tolerates the cordon, or names the node) got its GPU from the
+	// device plugin or the DRA plugin still running then: with both gone none can come, so one more pass empties the
+	// node for good before the old driver stops
+	if !drained {
+		if drained, err = m.moveGPUPodsOff(ctx, " that arrived during the eviction"); err != nil {
+			return false, err
+		}
+	}
 	if err := m.step(ctx, "operands"); err != nil {
 		return false, err
 	}
 	return drained, nil
+}
+
+// moveGPUPodsOff evicts the node's GPU pods (when eviction is on), or drains the node when that fails and
+// auto-drain is on; drained says it drained. which qualifies the pods in the error.
+func (m *manager) moveGPUPodsOff(ctx context.Context, which string) (drained bool, err error) {
+	if !m.o.Eviction.Enabled {
+		return false, nil
+	}
+	err = m.evictGPUPods(ctx)
+	if err == nil {
+		return false, nil
+	}
+	if !m.o.Drain.Enabled || ctx.Err() != nil {
+		return false, fmt.Errorf("evict GPU pods%s: %w", which, err)
+	}
+	m.log.Info("evicting GPU pods failed; draining the node (auto-drain)", "err", err)
+	if err := m.drain(ctx, err.Error()); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // unload removes the driver's modules: all of them, or, when one is in use, none (kmod.Host.Unload). A module

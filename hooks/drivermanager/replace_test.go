@@ -73,11 +73,16 @@ func (e *env) setTemplate(digest string) {
 
 // gate runs the old driver pod's upgrade gate with Replace in the background until ctx ends.
 func (e *env) gate(ctx context.Context, onRequest bool, evictionTimeout time.Duration) (<-chan error, *syncbuffer.Buffer) {
+	return e.gateWith(ctx, onRequest, evictionTimeout, nil)
+}
+
+// gateWith is gate with the emptying's AfterStep.
+func (e *env) gateWith(ctx context.Context, onRequest bool, evictionTimeout time.Duration, afterStep func(string) error) (<-chan error, *syncbuffer.Buffer) {
 	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, PodName: driverPod, Replace: true, OnRequest: onRequest,
 		Now: e.clock, Timeout: time.Second,
 		ManagerOptions: func(getenv func(string) string) (Options, error) {
 			return Options{NodeName: getenv("NODE_NAME"), Namespace: namespace, Eviction: Eviction{Enabled: true, Timeout: evictionTimeout},
-				OperandTimeout: 2 * time.Second, Now: e.clock}, nil
+				OperandTimeout: 2 * time.Second, Now: e.clock, AfterStep: afterStep}, nil
 		}}
 	o.Complete()
 	if err := o.Validate(); err != nil {
@@ -146,6 +151,41 @@ func TestOldDriverPodEmptiesItsNodeBeforeItEvictsItself(t *testing.T) {
 	if !strings.Contains(out.String(), "emptied for the new driver (driver config 111111111111 -> 222222222222)") {
 		t.Errorf("summary:\n%s", out)
 	}
+}
+
+// A GPU pod that lands on the node during the eviction (it tolerates the cordon, or names the node) still gets a GPU
+// from the device plugin until the pause: it is evicted too, after the pause, before the old driver pod goes.
+func TestGPUPodArrivingDuringTheEvictionGoesBeforeTheOldDriver(t *testing.T) {
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, slotMark))
+	e.withGPUPod(nil)
+	e.withDriverPod(newDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	arrived := false
+	done, out := e.gateWith(ctx, false, 3*time.Second, func(step string) error {
+		if step == "evict" && !arrived {
+			arrived = true
+			late := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train-late", Namespace: "ml", UID: "train-late-1",
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "train", UID: "u", Controller: ptrTo(true)}}},
+				Spec: corev1.PodSpec{NodeName: nodeName, Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+						Limits: corev1.ResourceList{"nvidia.com/gpu": *resourceQty(1)}}}}},
+				Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+			return e.client.Tracker().Add(late)
+		}
+		return nil
+	})
+	defer func() {
+		if t.Failed() {
+			t.Log(out.String())
+		}
+	}()
+	waitUntil(t, "the driver pod's eviction", func() bool { return slices.Contains(e.evictionsOf(), driverPod) })
+	if got := e.evictionsOf(); !slices.Equal(got, []string{"train", "train-late", driverPod}) {
+		t.Fatalf("evictions %v, want the GPU pod, the late one, then the driver pod", got)
+	}
+	cancel()
+	<-done
 }
 
 // A DaemonSet whose template installs what the pod runs (a chart-only release, a toleration added) replaces
