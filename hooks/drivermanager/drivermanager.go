@@ -430,6 +430,15 @@ func (m *manager) allocation() change {
 	}
 }
 
+// underWay: the node's driver change has started (the stack cordoned it, or it is past upgrade-required).
+func underWay(n *corev1.Node) bool {
+	switch nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) {
+	case "", nodestate.UpgradeRequired, nodestate.UpgradeDone, nodestate.UpgradeFailed:
+		return nodestate.CordonedByUs(n)
+	}
+	return true
+}
+
 // heldBack keeps a driver change from starting on a node the admin holds back or a failed change left behind.
 // The old driver stays loaded and nothing is evicted: while the skip label is set the init container waits (so
 // the new driver pod never starts over a loaded driver, and counts against maxUnavailable until the label goes);
@@ -443,6 +452,13 @@ func (m *manager) heldBack(ctx context.Context, recorded string) error {
 			m.o.NodeName, nodestate.UpgradeFailed, m.node.Annotations[nodestate.UpgradeReasonAnnotation], nodestate.ShortDigest(recorded), m.o.NodeName)
 	}
 	if m.node.Labels[nodestate.UpgradeSkipLabel] != "true" {
+		return nil
+	}
+	if underWay(m.node) {
+		// the old driver pod is gone: no old driver is left to keep in service, and holding would keep the node
+		// out of service for as long as the label stays
+		m.log.Info("node labelled to skip driver upgrades after its change started: the change finishes, the label holds the next one",
+			"label", nodestate.UpgradeSkipLabel, "state", m.node.Labels[nodestate.UpgradeStateLabel])
 		return nil
 	}
 	m.log.Info("node labelled to skip driver upgrades: the loaded driver stays; waiting for the label to go",

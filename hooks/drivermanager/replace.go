@@ -19,6 +19,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
@@ -110,8 +111,13 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 				<-ctx.Done()
 				return nil
 			}
-			// a failed emptying restored the node and marked it upgrade-failed: the old driver serves on
-			log.Info("emptying the node for the new driver failed; the old driver stays in service", "err", err)
+			// a failed emptying restored the node and marked it upgrade-failed, or the admin held it back: the old
+			// driver serves on
+			if errors.Is(err, errHeldMidChange) {
+				log.Info("the node was held back while it was emptied; the old driver stays in service", "err", err)
+			} else {
+				log.Info("emptying the node for the new driver failed; the old driver stays in service", "err", err)
+			}
 			shown = ""
 		}
 		select {
@@ -234,6 +240,41 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 	if _, err := m.emptyNode(ctx); err != nil {
 		return err
 	}
+	if err := m.putBackIfHeld(ctx); err != nil {
+		return err
+	}
 	m.log.Info("node emptied: the old driver pod may stop", "state", m.node.Labels[nodestate.UpgradeStateLabel])
 	return nil
+}
+
+// errHeldMidChange: the admin labelled the node to skip driver changes while it was emptied.
+var errHeldMidChange = errors.New("held back mid-change")
+
+// putBackIfHeld is the last look before the old driver pod stops: a node the admin labelled to skip driver changes
+// meanwhile still has its old driver loaded and serving, so it goes back into service with it (operands resumed,
+// our cordon lifted, its slot given back, upgrade-required). The gate then waits for the label to go and starts the
+// change over.
+func (m *manager) putBackIfHeld(ctx context.Context) error {
+	gctx, cancel := context.WithTimeout(ctx, m.o.APITimeout)
+	node, err := nodestate.Get(gctx, m.o.Client, m.o.NodeName)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if node.Labels[nodestate.UpgradeSkipLabel] != "true" {
+		return nil
+	}
+	reason := fmt.Sprintf("held back (%s=true set during its change): its old driver is back in service; the change starts over once the label is removed",
+		nodestate.UpgradeSkipLabel)
+	if err := m.apply(ctx, nodestate.Resume, pure(nodestate.Uncordon), m.state(nodestate.UpgradeRequired, reason)); err != nil {
+		return err
+	}
+	if mark, err := canary.Read(m.node); err == nil && mark != nil && mark.MaxUnavailable > 0 {
+		pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+		if err := pool.Give(ctx, m.o.NodeName); err != nil {
+			m.log.Info("could not give the pool's slot back; it is dropped once the pool is full", "err", err)
+		}
+	}
+	m.log.Info("node labelled to skip driver changes while it was emptied: back in service with its old driver", "label", nodestate.UpgradeSkipLabel)
+	return &untouchedError{fmt.Errorf("node %s: %w: %s", m.o.NodeName, errHeldMidChange, reason)}
 }
