@@ -44,6 +44,11 @@ type UncordonOptions struct {
 	// Timeout bounds the wait (default DefaultValidationTimeout). When it passes the node becomes
 	// upgrade-failed and stays cordoned: a node returns to workloads only with a working driver.
 	Timeout time.Duration
+	// DriverStartup, when set with PodName, is the driver container's startup budget (its startup probe's
+	// initialDelaySeconds + periodSeconds x failureThreshold: a first install or a reboot builds the driver then).
+	// Timeout then counts from the moment the pod's other containers have started (their startup probes passed),
+	// and a driver that has not started within DriverStartup fails the node as a validation would.
+	DriverStartup time.Duration
 	// Hold keeps Run from returning after success until ctx ends, so a sidecar container does not restart.
 	Hold bool
 	// ReadyFile, when set, is written once the node needs nothing more from this driver change; the sidecar's
@@ -166,8 +171,12 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 				o.NodeName, context.Cause(ctx), nodestate.ValidationRequired)
 		}
 		if err != nil {
-			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after the driver change (%v); the node stays cordoned: check the driver and validator pods' logs",
-				o.Component, o.Timeout, err)
+			after := "the driver change"
+			if o.DriverStartup > 0 && o.PodName != "" {
+				after = fmt.Sprintf("the driver container started (its build allowed %s)", o.DriverStartup)
+			}
+			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after %s (%v); the node stays cordoned: check the driver and validator pods' logs",
+				o.Component, o.Timeout, after, err)
 			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, setState(nodestate.UpgradeFailed, reason)); perr != nil {
 				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
 			}
@@ -270,17 +279,52 @@ func (o *UncordonOptions) waitNotFailed(ctx context.Context) (*corev1.Node, erro
 	return node.DeepCopy(), nil
 }
 
+// GateContainer is the upgrade gate's container in the driver pod (the chart's gpu-stack-lib.uncordonSidecar).
+const GateContainer = "driver-upgrade-gate"
+
 // waitValidator watches the node's validator pods until one has been Ready since `since` and returns its name.
+// The wait is bounded by Timeout. With DriverStartup (and PodName) the validation clock starts only once the
+// driver pod's other containers have started (the driver's build is its startup probe's to bound), and a driver
+// that has not started within DriverStartup ends the wait as well.
 func (o *UncordonOptions) waitValidator(ctx context.Context, since time.Time) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	watchDriver := o.DriverStartup > 0 && o.PodName != ""
+	budget := o.Timeout
+	if watchDriver {
+		budget = o.DriverStartup + o.Timeout
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, budget, fmt.Errorf("%w (%s)", context.DeadlineExceeded, budget))
 	defer cancel()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	pods, err := kwatch.Start(ctx, kwatch.NodePods(o.Client, o.Namespace, o.NodeName, ComponentLabel+"="+o.Component), &corev1.Pod{})
 	if err != nil {
 		return "", err
 	}
+	stores := []*kwatch.Store[*corev1.Pod]{pods}
+	if watchDriver {
+		own, err := kwatch.Start(ctx, kwatch.Pods(o.Client, o.Namespace, "metadata.name="+o.PodName, ""), &corev1.Pod{})
+		if err != nil {
+			return "", err
+		}
+		stores = append(stores, own)
+	}
+	var clock *time.Timer // Timeout from the driver's start
+	defer func() {
+		if clock != nil {
+			clock.Stop()
+		}
+	}()
 	var found string
-	err = kwatch.Until(ctx, pods, func(ps []*corev1.Pod) (bool, error) {
+	err = kwatch.UntilAll(ctx, stores, func(ps []*corev1.Pod) (bool, error) {
 		for _, p := range ps {
+			if watchDriver && p.Name == o.PodName {
+				if clock == nil && driverStarted(p) {
+					clock = time.AfterFunc(o.Timeout, func() {
+						stop(fmt.Errorf("%w (%s after the driver container started)", context.DeadlineExceeded, o.Timeout))
+					})
+				}
+				continue
+			}
 			if p.DeletionTimestamp != nil {
 				continue
 			}
@@ -293,7 +337,25 @@ func (o *UncordonOptions) waitValidator(ctx context.Context, since time.Time) (s
 		}
 		return false, nil
 	})
+	if err != nil && ctx.Err() != nil {
+		err = context.Cause(ctx)
+	}
 	return found, err
+}
+
+// driverStarted: every container of the driver pod but the gate has started (its startup probe passed).
+func driverStarted(p *corev1.Pod) bool {
+	n := 0
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == GateContainer {
+			continue
+		}
+		if cs.Started == nil || !*cs.Started {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 // giveSlotBack gives the node's slot of its pool back (package slots) once the node is upgrade-done, before the pod

@@ -148,6 +148,7 @@ func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("uncordon-when-valid", pflag.ContinueOnError)
 	fs.StringVar(&o.Component, "validator-component", drivermanager.DefaultValidatorComponent, "app.kubernetes.io/component of the node's validator pods")
 	fs.DurationVar(&o.Timeout, "timeout", drivermanager.DefaultValidationTimeout, "how long to wait for the validator before marking the node upgrade-failed (it stays cordoned)")
+	fs.DurationVar(&o.DriverStartup, "driver-startup-timeout", 0, "the driver container's startup budget (its startup probe's): --timeout then counts from the driver container's start (needs POD_NAME); 0: from the gate's start")
 	fs.BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
 	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's startup probe waits for it)")
 	fs.BoolVar(&o.Replace, "replace-outdated", false, "then, when the pod's DaemonSet installs another driver, empty the node (canary, slots, cordon, evict, pause) and evict this pod (an OnDelete DaemonSet)")

@@ -55,8 +55,10 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 					want = append(want, "--validator-component", "sandbox-validator")
 				} else {
 					// driver.upgradePolicy.validationTimeoutSeconds; the driver DaemonSets are OnDelete, and the gate
-					// of the old pod empties its node before it evicts that pod (everythingOn keeps autoUpgrade on)
-					want = append(want, "--timeout", "600s", "--replace-outdated")
+					// of the old pod empties its node before it evicts that pod (everythingOn keeps autoUpgrade on); the
+					// validation clock starts once the driver container started, within its startup probe's budget
+					// (driver.startupProbe: 60 + 10 x 120 s)
+					want = append(want, "--timeout", "600s", "--replace-outdated", "--driver-startup-timeout", "1260s")
 					if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
 						t.Errorf("%s: update strategy %s, want OnDelete", where, ds.Spec.UpdateStrategy.Type)
 					}
@@ -118,8 +120,9 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 	}
 }
 
-// TestUpgradeGateProbeOutlastsALongValidationTimeout: a validation timeout over the probe's hour of failures raises
-// the failure threshold past it (by 5 minutes), so the kubelet never restarts a gate that still waits in time.
+// TestUpgradeGateProbeOutlastsALongValidationTimeout: a validation timeout (with the driver's startup budget before
+// it, 1,260 s by default) over the probe's hour of failures raises the failure threshold past both (by 5 minutes), so
+// the kubelet never restarts a gate that still waits in time.
 func TestUpgradeGateProbeOutlastsALongValidationTimeout(t *testing.T) {
 	t.Parallel()
 	stream := render(t, newestKube, []string{profileFile("container-only")}, "driver.upgradePolicy.validationTimeoutSeconds=7200")
@@ -130,8 +133,8 @@ func TestUpgradeGateProbeOutlastsALongValidationTimeout(t *testing.T) {
 				continue
 			}
 			checked++
-			if c.StartupProbe == nil || c.StartupProbe.FailureThreshold != 7500 || c.StartupProbe.PeriodSeconds != 1 {
-				t.Errorf("%s: startup probe %+v, want 7500 failures of 1 s for a 7200 s validation timeout", name, c.StartupProbe)
+			if c.StartupProbe == nil || c.StartupProbe.FailureThreshold != 8760 || c.StartupProbe.PeriodSeconds != 1 {
+				t.Errorf("%s: startup probe %+v, want 8760 failures of 1 s for a 1260 s build and a 7200 s validation timeout", name, c.StartupProbe)
 			}
 		}
 	}

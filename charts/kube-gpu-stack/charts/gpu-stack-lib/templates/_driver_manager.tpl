@@ -95,17 +95,20 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
                       the old driver container stops on an emptied node
   onRequest           optional, with replace (autoUpgrade=false): the agent waits for the node's
                       nvidia.com/gpu-driver-upgrade-requested=true annotation
+  driverStartupSeconds optional, with replace: the driver container's startup budget (its startup probe). The
+                      validation timeout then counts from the driver container's start, within that budget
 */}}
 {{- define "gpu-stack-lib.uncordonSidecar" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
 {{- $dir := "/run/kube-gpu-stack" -}}
 {{- /* 600: the binary's default timeout (drivermanager.DefaultValidationTimeout) */ -}}
-{{- $probeSeconds := max 3600 (add (.timeoutSeconds | default 600 | int) 300) -}}
+{{- $probeSeconds := max 3600 (add (.timeoutSeconds | default 600 | int) (ternary (.driverStartupSeconds | default 0 | int) 0 (not (empty .replace))) 300) -}}
 {{- $args := list "--hold" "--ready-file" (printf "%s/driver-validated" $dir) -}}
 {{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
 {{- with .timeoutSeconds }}{{ $args = concat $args (list "--timeout" (printf "%ds" (int .))) }}{{ end -}}
 {{- if .replace }}{{ $args = concat $args (list "--replace-outdated") }}{{ end -}}
 {{- if and .replace .onRequest }}{{ $args = concat $args (list "--on-request") }}{{ end -}}
+{{- if and .replace .driverStartupSeconds }}{{ $args = concat $args (list "--driver-startup-timeout" (printf "%ds" (int .driverStartupSeconds))) }}{{ end -}}
 {{- $env := dict "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName")) "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")) -}}
 {{- /* the agent compares its own pod with its DaemonSet */ -}}
 {{- if .replace }}{{ $_ := set $env "POD_NAME" (dict "fieldRef" (dict "fieldPath" "metadata.name")) }}{{ end -}}
