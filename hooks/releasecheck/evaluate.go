@@ -18,6 +18,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -67,6 +68,10 @@ const (
 	Ready   State = "ready"
 	Waiting State = "waiting"
 	Failed  State = "failed"
+	// Rolling is a node's driver change the release does not wait for: its pool's canary validated the new driver,
+	// and the node waits for its turn or is on its way, never more of the pool out at once than its maxUnavailable
+	// (`kube-gpu-stack upgrade status` follows it). A release with rolling cells and nothing waiting or failed passed.
+	Rolling State = "rolling"
 )
 
 // Cell is one operand on one node.
@@ -126,7 +131,8 @@ type NodeRow struct {
 // that stopped there would only wait out the deadline).
 func (r *Report) Settled() bool { return r.Summary[Waiting] == 0 || len(r.FailedUpgrades) > 0 }
 
-// Passed reports whether everything is ready and no problem was found.
+// Passed reports whether everything is ready (or rolling: a driver change its pool's canary validated) and no
+// problem was found.
 func (r *Report) Passed() bool { return r.Summary[Waiting] == 0 && r.Summary[Failed] == 0 }
 
 // Expire turns everything still waiting into a failure, at the deadline.
@@ -212,6 +218,7 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 		}
 	}
 
+	rollingOn := rolling(nodes)
 	operands := map[string]bool{}
 	containerNodes := map[string]bool{}
 	driverDS := map[string][]string{}   // node -> driver DaemonSets that select it
@@ -249,7 +256,7 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 				c = withValidation(c, n)
 			}
 			if driverOperands[operand] {
-				c = withUpgradeState(c, n, adminPaced(ds))
+				c = withUpgradeState(c, n, adminPaced(ds), rollingOn[n.Name])
 				if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && !slices.Contains(r.FailedUpgrades, n.Name) {
 					r.FailedUpgrades = append(r.FailedUpgrades, n.Name)
 				}
@@ -456,8 +463,9 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 // moving the node. A node the pre-upgrade plan marked, or that a driver pod is changing, waits until it reaches
 // upgrade-done; an upgrade-failed node fails at once with its reason, since the driver manager refuses that node
 // until `kube-gpu-stack upgrade retry`. On a DaemonSet the admin paces (adminPaced) an upgrade-required node waits
-// for the admin, which is not the release's to wait for.
-func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool) Cell {
+// for the admin, which is not the release's to wait for; a node whose pool's canary validated rolls on (rolling says
+// why), bounded, which the release does not wait for either.
+func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool, rolling string) Cell {
 	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
 	switch {
 	case state == "" || state == nodestate.UpgradeDone:
@@ -471,12 +479,49 @@ func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool) Cell {
 		return Cell{Failed, reason}
 	case c.State == Failed || adminPaced && state == nodestate.UpgradeRequired:
 		return c
+	case rolling != "":
+		return Cell{Rolling, rolling}
 	}
 	reason := fmt.Sprintf("driver change not over: node is %s", state)
 	if c.Reason != "" {
 		reason += " (" + c.Reason + ")"
 	}
 	return Cell{Waiting, reason}
+}
+
+// rolling names, for each node whose driver change the release need not wait for, why: the node is planned (its
+// mark names a canary it is not), its change not over and not failed, and its pool's canary validated with no hold
+// (canary.Decide). The rest of the pool then rolls on under its slots, which bound it; a pool without a canary is
+// waited for whole, and a canary itself always.
+func rolling(nodes []*corev1.Node) map[string]string {
+	out := map[string]string{}
+	turns := map[string]canary.Turn{} // by plan: Decide reads every node
+	for _, n := range nodes {
+		switch nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) {
+		case "", nodestate.UpgradeDone, nodestate.UpgradeFailed:
+			continue
+		}
+		m, err := canary.Read(n)
+		if err != nil || m == nil || len(m.Canary) == 0 || m.IsCanary(n.Name) {
+			continue
+		}
+		key := fmt.Sprintf("%s/%s/%d", m.Pool, m.Plan, m.Seq)
+		turn, ok := turns[key]
+		if !ok {
+			turn = canary.Decide("", m, nodes)
+			turns[key] = turn
+		}
+		if !turn.Go {
+			continue
+		}
+		bound := "its slots"
+		if m.MaxUnavailable > 0 {
+			bound = fmt.Sprintf("at most %d of its nodes out at once", m.MaxUnavailable)
+		}
+		out[n.Name] = fmt.Sprintf("rolling, bounded: node is %s; pool %s's canary (%s) validated the new driver, %s",
+			n.Labels[nodestate.UpgradeStateLabel], m.Pool, strings.Join(slices.Sorted(maps.Keys(m.Canary)), ", "), bound)
+	}
+	return out
 }
 
 // adminPaced says whether the admin starts each node's change of ds: an OnDelete DaemonSet whose pods do not replace

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
@@ -211,4 +212,58 @@ func TestEvaluate(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A driver change's release succeeds once each changed pool's canary validated: the rest of the pool rolls on,
+// bounded by its slots, and is reported as rolling; until then it waits, and a failed canary fails it.
+func TestReleasePassesOnceThePoolsCanaryValidated(t *testing.T) {
+	driver := daemonSet("nvidia-driver-default-ubuntu22.04", "driver")
+	pools := []driverpools.Pool{{Name: "default", Source: "container"}}
+	mark := canary.Mark{Pool: "default", Plan: "2026-12-01T00:00:00Z", Seq: 4, Canary: map[string]string{"a": "new"}, MaxFailures: 1, MaxUnavailable: 2}.Format()
+	marked := func(name string, state nodestate.UpgradeState) *corev1.Node {
+		n := gpuNode(name, map[string]string{nodestate.UpgradeStateLabel: string(state)})
+		n.Annotations = map[string]string{canary.MarkAnnotation: mark}
+		return n
+	}
+	snapshot := func(canaryState nodestate.UpgradeState) Snapshot {
+		nodes := []*corev1.Node{marked("a", canaryState), marked("b", nodestate.UpgradeRequired), marked("c", nodestate.DrainRequired)}
+		pods := []*corev1.Pod{pod(driver, "a", "r2", canaryState == nodestate.UpgradeDone), pod(driver, "b", "r1", true), pod(driver, "c", "r1", false)}
+		return Snapshot{Nodes: nodes, DaemonSets: []*appsv1.DaemonSet{driver}, Pods: pods, Revisions: map[types.UID]string{driver.UID: "r2"}}
+	}
+
+	r, _ := Evaluate("gpu", "ns", pools, snapshot(nodestate.ValidationRequired))
+	if r.Passed() || r.Settled() || r.Summary[Rolling] != 0 {
+		t.Fatalf("canary not validated yet: want the check going on, nothing rolling:\n%s", r.Table())
+	}
+
+	r, _ = Evaluate("gpu", "ns", pools, snapshot(nodestate.UpgradeDone))
+	table := r.Table()
+	if !r.Passed() || !r.Settled() || r.Summary[Rolling] != 2 || r.Verdict() != "passed, driver rollout rolling on" {
+		t.Fatalf("canary validated: want passed with b and c rolling:\n%s", table)
+	}
+	for _, want := range []string{"(1 ready, 0 waiting, 0 failed, 2 rolling)",
+		"b driver rolling: rolling, bounded: node is upgrade-required; pool default's canary (a) validated the new driver, at most 2 of its nodes out at once",
+		"c driver rolling: rolling, bounded: node is drain-required"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+
+	failed := snapshot(nodestate.UpgradeFailed)
+	failed.Nodes[0].Annotations[nodestate.UpgradeReasonAnnotation] = "no operator-validator pod on the node became Ready"
+	r, _ = Evaluate("gpu", "ns", pools, failed)
+	if r.Passed() || !r.Settled() || r.Summary[Rolling] != 0 {
+		t.Fatalf("failed canary: want the release failed, nothing rolling:\n%s", r.Table())
+	}
+
+	// a pool without a canary is waited for whole
+	noCanary := snapshot(nodestate.UpgradeDone)
+	bare := canary.Mark{Pool: "default", Plan: "2026-12-01T00:00:00Z", Seq: 4, Canary: map[string]string{}, MaxUnavailable: 2}.Format()
+	for _, n := range noCanary.Nodes {
+		n.Annotations[canary.MarkAnnotation] = bare
+	}
+	r, _ = Evaluate("gpu", "ns", pools, noCanary)
+	if r.Passed() || r.Summary[Rolling] != 0 || r.Summary[Waiting] != 2 {
+		t.Fatalf("no canary: want b and c waited for:\n%s", r.Table())
+	}
 }

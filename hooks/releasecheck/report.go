@@ -29,6 +29,8 @@ const (
 // Verdict is the report's one-word outcome.
 func (r *Report) Verdict() string {
 	switch {
+	case r.Passed() && r.Summary[Rolling] > 0:
+		return "passed, driver rollout rolling on"
 	case r.Passed():
 		return "passed"
 	case r.Settled():
@@ -37,12 +39,16 @@ func (r *Report) Verdict() string {
 	return "in progress"
 }
 
-// WriteTable prints the node × operand grid (ok / wait / FAIL, "." where the operand does not run), with each node's
+// WriteTable prints the node × operand grid (ok / wait / FAIL / roll, "." where the operand does not run), with each node's
 // allocation mode (device-plugin / dra) when some node has one, then one line per cell that is not ready with its
 // reason, then the cluster-level problems.
 func (r *Report) WriteTable(w io.Writer) {
-	fmt.Fprintf(w, "kube-gpu-stack release %s in %s: %s (%d ready, %d waiting, %d failed)", r.Release, r.Namespace,
+	fmt.Fprintf(w, "kube-gpu-stack release %s in %s: %s (%d ready, %d waiting, %d failed", r.Release, r.Namespace,
 		r.Verdict(), r.Summary[Ready], r.Summary[Waiting], r.Summary[Failed])
+	if r.Summary[Rolling] > 0 {
+		fmt.Fprintf(w, ", %d rolling", r.Summary[Rolling])
+	}
+	fmt.Fprint(w, ")")
 	if r.Elapsed != "" {
 		fmt.Fprintf(w, " after %s", r.Elapsed)
 	}
@@ -72,7 +78,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			for _, op := range r.Operands {
 				mark := "."
 				if c, ok := n.Cells[op]; ok {
-					mark = map[State]string{Ready: "ok", Waiting: "wait", Failed: "FAIL"}[c.State]
+					mark = map[State]string{Ready: "ok", Waiting: "wait", Failed: "FAIL", Rolling: "roll"}[c.State]
 				}
 				fmt.Fprintf(w, "  %-*s", len(op), mark)
 			}

@@ -246,21 +246,25 @@ func TestArgoCDSyncSequence(t *testing.T) {
 				t.Errorf("driver DaemonSet %s: generation %d -> %d, want it moved", name, g, driversAfter[name])
 			}
 		}
-		// healthy by Argo CD's DaemonSet check means rolled: every GPU node runs a driver pod of the new version
-		pods, err := kube.Client.CoreV1().Pods(argoNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: kubelet.ComponentLabel + "=" + kubelet.DriverComponent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rolled := map[string]bool{}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp == nil && slices.ContainsFunc(p.Spec.Containers, func(c corev1.Container) bool { return strings.Contains(c.Image, ":"+tag) }) {
-				rolled[p.Spec.NodeName] = true
+		// the sync ends once the pool's canary validated (the PostSync gate); the rest of the pool rolls on, bounded:
+		// every GPU node then runs a driver pod of the new version
+		var missing []string
+		_ = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			pods, err := kube.Client.CoreV1().Pods(argoNamespace).List(ctx, metav1.ListOptions{LabelSelector: kubelet.ComponentLabel + "=" + kubelet.DriverComponent})
+			if err != nil {
+				return false, nil
 			}
-		}
-		for _, n := range marked {
-			if !rolled[n] {
-				t.Errorf("node %s runs no driver pod of %s after the sync", n, tag)
+			rolled := map[string]bool{}
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp == nil && slices.ContainsFunc(p.Spec.Containers, func(c corev1.Container) bool { return strings.Contains(c.Image, ":"+tag) }) {
+					rolled[p.Spec.NodeName] = true
+				}
 			}
+			missing = slices.DeleteFunc(slices.Clone(marked), func(n string) bool { return rolled[n] })
+			return len(missing) == 0, nil
+		})
+		for _, n := range missing {
+			t.Errorf("node %s runs no driver pod of %s 2 minutes after the sync", n, tag)
 		}
 		if gate := lastHookRun(t, "validation-gate", start); gate.ExitCode != 0 {
 			t.Errorf("the PostSync gate failed after the driver change (exit %d):\n%s", gate.ExitCode, gate.Output)
