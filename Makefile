@@ -4,7 +4,7 @@ GO ?= go
 # when the package first compiled on a machine, which says nothing about this project's own calls
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale bench-rollout
+.PHONY: test demo golden generate vet fmt-check package image cli controlplane node prometheus bench-scale bench-rollout soak
 
 ## test: vet, format check, and every Go test (golden, role matrix, schema, invariants, lint, alert rules with
 ## promtool, e2e on the local control plane; the control plane and promtool are built first when this machine has
@@ -29,7 +29,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 ## parallel, which cost tests/e2e a tenth of its CPU (386 and 380 s with two, 345 and 348 s with one)
 TEST_PACKAGES ?= 4
 BUILD_FLAGS = -trimpath
-SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/rollout ./tests/gitops ./tests/takeover ./hooks/drivermanager \
+SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/rollout ./tests/soak ./tests/gitops ./tests/takeover ./hooks/drivermanager \
 	./tests/dra ./tests/node ./tests/drainbench
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
@@ -40,6 +40,14 @@ test: vet fmt-check prometheus
 ## BENCH_ROLLOUT_ARGS passes -nodes, -install, -max-unavailable
 bench-rollout:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) test ./tests/rolloutbench -run XXX -bench . -benchtime 1x -timeout 90m -v -args $(BENCH_ROLLOUT_ARGS)
+
+## soak: the fleet soak (tests/soak) over SOAK_SEEDS seeds (1 to N; `make test` runs 2): 99 simulated GPU nodes in
+## three driver pools, a driver change per seed under random re-syncs, NotReady nodes, GPU pods landing on nodes
+## being emptied and a rollback, with the invariant checker; prints the seeds it covered. SOAK_SEED=N replays one
+SOAK_SEEDS ?= 20
+soak:
+	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) test ./tests/soak -run TestSoak -count 1 -timeout 180m -v \
+		-args -seeds $(SOAK_SEEDS) $(if $(SOAK_SEED),-seed $(SOAK_SEED))
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
 controlplane:

@@ -217,6 +217,15 @@ func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string)
 	return rel, nil
 }
 
+// Status is the release's latest revision, as `helm status` shows it.
+func (t Target) Status() (*release.Release, error) {
+	cfg, err := t.config()
+	if err != nil {
+		return nil, err
+	}
+	return action.NewStatus(cfg).Run(t.Release)
+}
+
 // Rollback rolls the release back to revision, as `helm rollback` does: the revision's stored manifest and its
 // rollback hooks.
 func (t Target) Rollback(revision int) error {

@@ -220,6 +220,21 @@ func Rollout(n int) []Node {
 	return append(out, Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()})
 }
 
+// Soak is n identical container GPU nodes (soak-001 … soak-NNN, Ubuntu 22.04, 8 GPUs each) spread over driver
+// pools: every node whose index modulo len(pools) is i carries DriverPoolLabel=pools[i], "" leaving it in the
+// default pool; and a node without a GPU.
+func Soak(n int, pools []string) []Node {
+	out := make([]Node, 0, n+1)
+	for i := 1; i <= n; i++ {
+		var extra map[string]string
+		if p := pools[i%len(pools)]; p != "" {
+			extra = map[string]string{DriverPoolLabel: p}
+		}
+		out = append(out, gpuNode(fmt.Sprintf("soak-%03d", i), Ubuntu2204, "NVIDIA-L40S", extra))
+	}
+	return append(out, Node{Name: "cpu-only", Labels: Ubuntu2204.Labels()})
+}
+
 // Scale is n GPU nodes (scale-0001 …) for the 1,000-node benchmark, cycling through a mix of 20: the default driver
 // pool on Ubuntu 22.04 (two of them MIG-capable H100s), Ubuntu 24.04 and RHEL 9; the r570 pool of
 // values/driver-pools.yaml on Ubuntu 24.04 and RHEL 9, its precompiled pool on both kernels and its host-driver

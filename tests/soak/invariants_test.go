@@ -1,0 +1,149 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+)
+
+// invariants watches every Node for a seed's whole run and records each moment an invariant breaks:
+//   - a pool has more nodes out of service by the stack (cordoned by it, or upgrade-failed) than its bound;
+//   - a node is schedulable while its new driver has not validated (pod-restart-required, validation-required);
+//   - a node failed its driver change (nothing here breaks a driver: a failure is the routine operations' doing).
+type invariants struct {
+	e      *soakEnv
+	mu     sync.Mutex
+	out    map[string]map[string]bool // pool -> its nodes out of service
+	broken []string
+	// last is each invariant's last breach (by pool or node), so that a breach lasting many events is told once
+	last   map[string]string
+	// paused are, per node, the etcd revisions over which its device plugin was paused: [from, to), to 0 while it is
+	paused map[string][][2]int64
+	checks int
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func watchInvariants(t *testing.T, e *soakEnv) *invariants {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	inv := &invariants{e: e, out: map[string]map[string]bool{}, last: map[string]string{}, paused: map[string][][2]int64{}, cancel: cancel, done: make(chan struct{})}
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		inv.observe(&list.Items[i])
+	}
+	w, err := kube.Client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(inv.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type != watch.Deleted {
+				inv.observe(n)
+			}
+		}
+	}()
+	return inv
+}
+
+func (inv *invariants) observe(n *corev1.Node) {
+	pool, gpu := inv.e.pool[n.Name]
+	if !gpu {
+		return
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	inv.checks++
+	rv, _ := strconv.ParseInt(n.ResourceVersion, 10, 64)
+	spans := inv.paused[n.Name]
+	open := len(spans) > 0 && spans[len(spans)-1][1] == 0
+	switch paused := n.Labels[nodestate.DeployLabelPrefix+"device-plugin"] == nodestate.Paused; {
+	case paused && !open:
+		inv.paused[n.Name] = append(spans, [2]int64{rv, 0})
+	case !paused && open:
+		spans[len(spans)-1][1] = rv
+	}
+	state := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+	if inv.out[pool] == nil {
+		inv.out[pool] = map[string]bool{}
+	}
+	if nodestate.CordonedByUs(n) || state == nodestate.UpgradeFailed {
+		inv.out[pool][n.Name] = true
+	} else {
+		delete(inv.out[pool], n.Name)
+	}
+	bound := ""
+	if len(inv.out[pool]) > inv.e.bound[pool] {
+		bound = fmt.Sprintf("pool %q: %d nodes out (%s), its bound is %d", pool,
+			len(inv.out[pool]), strings.Join(slices.Sorted(maps.Keys(inv.out[pool])), ", "), inv.e.bound[pool])
+	}
+	inv.breach("pool "+pool, bound)
+	unvalidated := ""
+	if (state == nodestate.PodRestartRequired || state == nodestate.ValidationRequired) && !n.Spec.Unschedulable {
+		unvalidated = fmt.Sprintf("node %s is schedulable in %s: its new driver has not validated", n.Name, state)
+	}
+	inv.breach("schedulable "+n.Name, unvalidated)
+	failed := ""
+	if state == nodestate.UpgradeFailed {
+		failed = fmt.Sprintf("node %s failed its driver change: %s", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	inv.breach("failed "+n.Name, failed)
+}
+
+// breach records what (a breach of the invariant on key, "" for none) when it differs from the last one recorded.
+func (inv *invariants) breach(key, what string) {
+	if what == inv.last[key] {
+		return
+	}
+	inv.last[key] = what
+	if what != "" {
+		inv.broken = append(inv.broken, time.Now().Format("15:04:05.000")+" "+what)
+	}
+}
+
+// whilePaused says whether revision rv (a pod's creation) fell while node's device plugin was paused: a real kubelet
+// then admits no pod asking for a GPU (its device manager has no device to give; kwok runs such a pod anyway).
+func (inv *invariants) whilePaused(node string, rv int64) bool {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	for _, s := range inv.paused[node] {
+		if rv > s[0] && (s[1] == 0 || rv < s[1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// stop ends the watch, reports every broken invariant (at most 20 lines of them) and returns the checks made.
+func (inv *invariants) stop(t *testing.T) int {
+	t.Helper()
+	inv.cancel()
+	<-inv.done
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	for i, b := range inv.broken {
+		if i == 20 {
+			t.Errorf("... and %d more", len(inv.broken)-20)
+			break
+		}
+		t.Errorf("invariant broken: %s", b)
+	}
+	return inv.checks
+}

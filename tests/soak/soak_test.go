@@ -1,0 +1,512 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
+)
+
+const (
+	namespace  = "gpu-operator"
+	release    = "gpu"
+	workloadNS = "ml"
+	lateNS     = "late"
+	// gateTimeout is the release gate's deadline: a change's canaries validate well within it.
+	gateTimeout = 10 * time.Minute
+	// settle bounds a seed's rollout: from the driver change until every node runs its pool's driver, validated.
+	settle = 8 * time.Minute
+)
+
+// poolBounds are each pool's upgradePolicy.maxUnavailable (by its nvidia.com/driver.pool value; "" is the default
+// pool), written into the values and read back by the checker as the pool's bound.
+var poolBounds = map[string]intstr.IntOrString{"": intstr.FromString("10%"), "a": intstr.FromInt32(3), "b": intstr.FromString("20%")}
+
+// TestSoak installs the stack once, then for each seed changes every pool's driver while the seed's schedule of
+// routine operations runs, and checks the invariants throughout.
+func TestSoak(t *testing.T) {
+	env := installOnce(t)
+	seeds := []uint64{*seedFlag}
+	if *seedFlag == 0 {
+		seeds = nil
+		for i := 1; i <= *seedsFlag; i++ {
+			seeds = append(seeds, uint64(i))
+		}
+	}
+	var covered []string
+	checks := 0
+	for i, seed := range seeds {
+		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			checks += env.soak(t, seed, fmt.Sprintf("600.%d.%02d", 70+i, seed%100))
+		})
+		covered = append(covered, fmt.Sprintf("%d:%v", seed, map[bool]string{true: "ok", false: "FAIL"}[ok]))
+		if !ok {
+			break // the cluster is in an unknown state: later seeds would say nothing
+		}
+	}
+	t.Logf("soak: %d nodes in %d pools, seeds covered %s, %d invariant checks", len(env.gpuNodes), len(poolBounds), strings.Join(covered, " "), checks)
+}
+
+type soakEnv struct {
+	gpuNodes []string
+	pool     map[string]string // node -> its pool's label value
+	bound    map[string]int    // pool label value -> its bound in nodes
+	hosts    map[string]*kmodtest.Fixture
+	values   string
+	// lateOwner owns the GPU pods that land on nodes being emptied
+	lateOwner *corev1.ConfigMap
+	// tag is the driver tag the release renders now
+	tag string
+}
+
+var (
+	installed     *soakEnv
+	installFailed bool
+)
+
+func installOnce(t *testing.T) *soakEnv {
+	t.Helper()
+	if installed != nil || installFailed {
+		if installFailed {
+			t.Fatal("the install failed earlier")
+		}
+		return installed
+	}
+	installFailed = true
+	ctx := t.Context()
+	e := &soakEnv{pool: map[string]string{}, bound: map[string]int{}, hosts: map[string]*kmodtest.Fixture{}, tag: "580.95.05"}
+	count := map[string]int{}
+	for _, n := range nodes {
+		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; !ok {
+			continue
+		}
+		e.gpuNodes = append(e.gpuNodes, n.Name)
+		e.pool[n.Name] = n.Labels[nodefixtures.DriverPoolLabel]
+		count[e.pool[n.Name]]++
+		e.hosts[n.Name] = kmodtest.New(t)
+		stand.SetDriverHost(n.Name, kubelet.DriverHost{Fixture: e.hosts[n.Name], Install: 300 * time.Millisecond})
+	}
+	for p, mu := range poolBounds {
+		b, err := (driverpools.Pool{Name: p, MaxUnavailable: &mu}).MaxUnavailableNodes(count[p])
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.bound[p] = b
+	}
+	e.values = filepath.Join(t.TempDir(), "soak.yaml")
+	var pools strings.Builder
+	for _, p := range []string{"a", "b"} {
+		fmt.Fprintf(&pools, "    - name: %s\n      upgradePolicy:\n        maxUnavailable: %s\n", p, yamlValue(poolBounds[p]))
+	}
+	values := fmt.Sprintf(`driver:
+  upgradePolicy:
+    maxUnavailable: %s
+    canary: 1
+    maxFailures: 1
+  pools:
+%shooks:
+  validation:
+    timeoutSeconds: %d
+nfd:
+  mode: none
+gfd:
+  useNodeFeatureAPI: false
+`, yamlValue(poolBounds[""]), pools.String(), int(gateTimeout.Seconds()))
+	if err := os.WriteFile(e.values, []byte(values), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := workloads.Deploy(ctx, kube.Client, workloadNS, e.gpuNodes); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: lateNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := kube.Client.CoreV1().ConfigMaps(lateNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "late-owner"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.lateOwner = owner
+	start := time.Now()
+	if _, err := e.helm().Install(ctx, e.files(), e.set()...); err != nil {
+		logFailedRuns(t, start)
+		t.Fatal(err)
+	}
+	if why := e.converged(ctx); why != "" {
+		t.Fatalf("after install: %s", why)
+	}
+	t.Logf("installed on %d GPU nodes in pools %v (bounds %v) in %s", len(e.gpuNodes), count, e.bound, time.Since(start).Round(100*time.Millisecond))
+	installed, installFailed = e, false
+	return e
+}
+
+func (e *soakEnv) helm() install.Target {
+	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: gateTimeout + time.Minute, NoWait: true}
+}
+
+func (e *soakEnv) files() []string {
+	return []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml"), e.values}
+}
+
+func (e *soakEnv) set() []string { return []string{"driver.image.tag=" + e.tag} }
+
+// soak runs one seed: a driver change of every pool under the seed's operations; it returns the invariant checks made.
+func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(seed, 0x50a4))
+	start := time.Now()
+	check := watchInvariants(t, e)
+	ops := &opLog{start: start}
+	defer func() {
+		if t.Failed() {
+			t.Logf("seed %d (replay: go test ./tests/soak -run TestSoak -args -seed %d); operations:\n%s", seed, seed, ops)
+			logFailedRuns(t, start)
+		}
+	}()
+
+	// one Helm operation at a time, as Helm itself allows
+	var helmMu sync.Mutex
+	var helmWG sync.WaitGroup
+	var helmErrs []string
+	helmOp := func(what string, f func() error) {
+		helmWG.Add(1)
+		go func() {
+			defer helmWG.Done()
+			defer helmMu.Unlock()
+			err := f()
+			ops.add("%s ended: %v", what, err)
+			if err != nil {
+				helmErrs = append(helmErrs, fmt.Sprintf("%s: %v", what, err))
+			}
+		}()
+	}
+	revision := func() int {
+		rel, err := e.helm().Status()
+		if err != nil {
+			return 0
+		}
+		return rel.Version
+	}
+
+	helmMu.Lock()
+	before := revision()
+	previousTag := e.tag
+	e.tag = tag
+	ops.add("driver change to %s (revision %d)", tag, before+1)
+	helmOp("upgrade to "+tag, func() error { _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); return err })
+
+	var downMu sync.Mutex
+	down := map[string]bool{}
+	var timers sync.WaitGroup
+	rolledBack := false
+	deadline := time.Now().Add(settle)
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Duration(300+rng.IntN(1200)) * time.Millisecond)
+		// done once no Helm operation runs (the driver change's first) and the rollout settled
+		if helmMu.TryLock() {
+			settled := e.converged(ctx) == ""
+			helmMu.Unlock()
+			if settled {
+				break
+			}
+		}
+		switch op := rng.IntN(100); {
+		case op < 30: // a re-sync that changes no driver (an Argo CD sync, a chart-only upgrade)
+			if helmMu.TryLock() {
+				ops.add("re-sync")
+				helmOp("re-sync", func() error { _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); return err })
+			}
+		case op < 55: // a node goes NotReady for a few seconds
+			n := e.gpuNodes[rng.IntN(len(e.gpuNodes))]
+			d := time.Duration(1000+rng.IntN(4000)) * time.Millisecond
+			downMu.Lock()
+			if !down[n] {
+				down[n] = true
+				ops.add("node %s NotReady for %s", n, d)
+				if err := setReady(ctx, n, false); err != nil {
+					t.Error(err)
+				}
+				timers.Add(1)
+				time.AfterFunc(d, func() {
+					defer timers.Done()
+					downMu.Lock()
+					defer downMu.Unlock()
+					if err := setReady(context.WithoutCancel(ctx), n, true); err != nil {
+						t.Error(err)
+					}
+					delete(down, n)
+				})
+			}
+			downMu.Unlock()
+		case op < 80: // a GPU pod lands on a node being emptied (it names the node, or tolerates the cordon)
+			if n := e.beingEmptied(ctx, rng); n != "" {
+				ops.add("GPU pod lands on node %s (%s)", n, nodeState(ctx, n))
+				if err := latePod(ctx, n, seed, e.lateOwner); err != nil {
+					t.Error(err)
+				}
+			}
+		case op < 85 && !rolledBack && time.Since(start) > 5*time.Second: // helm rollback mid-way
+			if helmMu.TryLock() {
+				rolledBack = true
+				to := revision() - 1
+				e.tag = previousTag
+				ops.add("helm rollback to revision %d (driver %s)", to, previousTag)
+				helmOp(fmt.Sprintf("rollback to %d", to), func() error { return e.helm().Rollback(to) })
+			}
+		}
+	}
+	timers.Wait()
+	helmMu.Lock() // the last Helm operation ended
+	helmMu.Unlock()
+	helmWG.Wait()
+
+	// the rollout ends: every node on its pool's driver, validated, in service
+	var why string
+	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Until(deadline.Add(time.Minute)), true, func(ctx context.Context) (bool, error) {
+		why = e.converged(ctx)
+		return why == "", nil
+	})
+	if err != nil {
+		t.Errorf("the rollout did not end within %s: %s", settle, why)
+	}
+	// the release's result matches: a final re-sync passes its plan and its gate
+	if _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); err != nil {
+		t.Errorf("the re-sync after the rollout failed: %v", err)
+	}
+	checks := check.stop(t)
+	for _, s := range stand.DriverStops() {
+		// a pod created while the node's device plugin was paused never got a GPU on a real node
+		using := slices.DeleteFunc(slices.Clone(s.GPUPods), func(p string) bool {
+			rv, late := lateRV.Load(p)
+			return late && check.whilePaused(s.Node, rv.(int64))
+		})
+		if s.At.After(start) && len(using) > 0 {
+			t.Errorf("old driver of %s (pod %s) stopped at %s with GPU pods running: %v", s.Node, s.Pod, s.At.Format(time.TimeOnly), using)
+		}
+	}
+	for _, h := range helmErrs {
+		// a re-sync the plan refuses while too many of a pool's nodes are NotReady is the plan doing its job
+		if !strings.Contains(h, "are already unavailable") {
+			t.Errorf("helm: %s", h)
+		}
+	}
+	if err := kube.Client.CoreV1().Pods(lateNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Error(err)
+	}
+	t.Logf("seed %d: driver %s, settled in %s, %d invariant checks; operations: %s", seed, e.tag, time.Since(start).Round(100*time.Millisecond), checks, ops.summary())
+	if testing.Verbose() && !t.Failed() {
+		t.Logf("seed %d operations:\n%s", seed, ops)
+	}
+	return checks
+}
+
+// converged says what still differs from a finished rollout ("" when none does): every GPU node upgrade-done,
+// schedulable, and its driver pod Ready with its DaemonSet's current driver config.
+func (e *soakEnv) converged(ctx context.Context) string {
+	dss, err := kube.Client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	if err != nil {
+		return err.Error()
+	}
+	want := map[string]string{} // DaemonSet name -> its template's digest
+	for _, ds := range dss.Items {
+		want[ds.Name] = upgradeplan.PodDigest(&corev1.Pod{Spec: ds.Spec.Template.Spec})
+	}
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=driver"})
+	if err != nil {
+		return err.Error()
+	}
+	current := map[string]bool{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		owner := metav1.GetControllerOf(p)
+		if p.DeletionTimestamp == nil && owner != nil && podReady(p) && upgradeplan.PodDigest(p) == want[owner.Name] {
+			current[p.Spec.NodeName] = true
+		}
+	}
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	for _, n := range list.Items {
+		if _, gpu := e.pool[n.Name]; !gpu {
+			continue
+		}
+		if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) || n.Spec.Unschedulable || !current[n.Name] {
+			return fmt.Sprintf("node %s: %s, unschedulable %v, driver pod of the current config Ready %v", n.Name, st, n.Spec.Unschedulable, current[n.Name])
+		}
+	}
+	return ""
+}
+
+// beingEmptied picks a node whose GPU pods are being moved off, or were (its old driver pod still there, or the new
+// one about to unload it), or "".
+func (e *soakEnv) beingEmptied(ctx context.Context, rng *rand.Rand) string {
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return ""
+	}
+	var out []string
+	for _, n := range list.Items {
+		switch nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) {
+		case nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired:
+			out = append(out, n.Name)
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	slices.Sort(out)
+	return out[rng.IntN(len(out))]
+}
+
+// latePod puts a GPU pod on node, naming it and tolerating every taint, as a pod that bypasses the scheduler or
+// tolerates the cordon does. Its controller is owner, an object no controller acts for: an eviction is accepted (the
+// drain moves only pods something owns) and nothing recreates the pod.
+func latePod(ctx context.Context, node string, seed uint64, owner *corev1.ConfigMap) error {
+	gpu := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+	yes := true
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: fmt.Sprintf("late-%d-%s-", seed, node), Namespace: lateNS, Labels: map[string]string{"app": "late"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: owner.Name, UID: owner.UID, Controller: &yes}}},
+		Spec: corev1.PodSpec{NodeName: node, RestartPolicy: corev1.RestartPolicyNever,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers:  []corev1.Container{{Name: "c", Image: "registry.example/late", Resources: corev1.ResourceRequirements{Requests: gpu, Limits: gpu}}}},
+	}
+	created, err := kube.Client.CoreV1().Pods(lateNS).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	rv, err := strconv.ParseInt(created.ResourceVersion, 10, 64)
+	lateRV.Store(lateNS+"/"+created.Name, rv)
+	return err
+}
+
+// lateRV is the etcd revision at which each late pod (namespace/name) was created.
+var lateRV sync.Map
+
+// setReady sets the node's Ready condition, as its kubelet's heartbeat would (or its absence).
+func setReady(ctx context.Context, name string, ready bool) error {
+	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		status := corev1.ConditionFalse
+		if ready {
+			status = corev1.ConditionTrue
+		}
+		for i, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				n.Status.Conditions[i].Status = status
+				n.Status.Conditions[i].LastTransitionTime = metav1.Now()
+			}
+		}
+		_, err = kube.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err == nil, nil
+	})
+}
+
+func nodeState(ctx context.Context, name string) string {
+	n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	return n.Labels[nodestate.UpgradeStateLabel]
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// logFailedRuns logs the stand-in's failed runs since start, the end of their output.
+func logFailedRuns(t *testing.T, since time.Time) {
+	for _, r := range stand.Runs() {
+		if r.ExitCode != 0 && !r.Started.Before(since) && r.Component != kubelet.DriverManagerRun {
+			out := r.Output
+			if len(out) > 3000 {
+				out = "..." + out[len(out)-3000:]
+			}
+			t.Logf("%s %s on %s (exit %d):\n%s", r.Component, r.Pod, r.Node, r.ExitCode, out)
+		}
+	}
+}
+
+// opLog is the seed's operations, timed from its start.
+type opLog struct {
+	mu    sync.Mutex
+	start time.Time
+	lines []string
+}
+
+func (l *opLog) add(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf("%7.1fs ", time.Since(l.start).Seconds())+fmt.Sprintf(format, args...))
+}
+
+// summary counts the operations by kind.
+func (l *opLog) summary() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kinds := map[string]int{}
+	for _, line := range l.lines {
+		switch f := strings.Fields(line); {
+		case strings.Contains(line, " ended: "):
+		case len(f) > 2 && f[1] == "node":
+			kinds["NotReady"]++
+		case len(f) > 2 && f[1] == "GPU":
+			kinds["GPU pod on a node being emptied"]++
+		case len(f) > 2 && f[1] == "helm":
+			kinds["rollback"]++
+		case len(f) > 1:
+			kinds[f[1]]++
+		}
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(kinds)) {
+		out = append(out, fmt.Sprintf("%d %s", kinds[k], k))
+	}
+	return strings.Join(out, ", ")
+}
+
+func (l *opLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// yamlValue writes a maxUnavailable as values take it: a number, or a quoted percentage.
+func yamlValue(v intstr.IntOrString) string {
+	if v.Type == intstr.Int {
+		return fmt.Sprint(v.IntVal)
+	}
+	return fmt.Sprintf("%q", v.StrVal)
+}
