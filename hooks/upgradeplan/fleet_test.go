@@ -196,3 +196,21 @@ func marks(t *testing.T, client *fake.Clientset) map[string]string {
 	}
 	return out
 }
+
+// A node the admin holds (the skip label) is not planned or marked, and the plan says so, with the driver it keeps.
+func TestPlanShowsHeldNodes(t *testing.T) {
+	held := readyNode("b", map[string]string{nodestate.UpgradeSkipLabel: "true"})
+	plan, out, err, client := run(t, pool("new", intstr.FromInt32(1)), readyNode("a", nil), held, driverPod("a", "old"), driverPod("b", "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Held) != 1 || plan.Held[0].Node != "b" || len(plan.Nodes) != 1 {
+		t.Fatalf("held %+v, planned %+v", plan.Held, plan.Nodes)
+	}
+	if !strings.Contains(out, "node b (pool default) held: nvidia.com/gpu-driver-upgrade.skip=true keeps its driver (config old) in service") {
+		t.Errorf("plan output:\n%s", out)
+	}
+	if n := node(t, client, "b"); n.Labels[nodestate.UpgradeStateLabel] != "" || n.Annotations[canary.MarkAnnotation] != "" {
+		t.Errorf("held node b was marked: %v %v", n.Labels, n.Annotations)
+	}
+}

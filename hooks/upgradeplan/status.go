@@ -75,7 +75,7 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 			}
 		}
 		if n.Labels[nodestate.UpgradeSkipLabel] == "true" {
-			state += " (skip)"
+			state += " (held: skip label)"
 		}
 		since := "-"
 		if t, err := time.Parse(time.RFC3339, n.Annotations[nodestate.UpgradeSinceAnnotation]); err == nil {

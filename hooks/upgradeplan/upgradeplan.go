@@ -106,6 +106,9 @@ type Plan struct {
 	// Resumed names, per pool, the running plan this one keeps: its target is the same (a re-sync that changes no
 	// driver), so the pool goes on under the same canary and marks, and nothing is written for it.
 	Resumed map[string]string
+	// Held are the nodes whose driver would change but that the admin holds on their current one
+	// (nodestate.UpgradeSkipLabel): not planned, not marked, their old driver in service.
+	Held []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
 	Refusals []string
 	// CalledOff are nodes still upgrade-required from an earlier plan whose driver pod already has the config this
@@ -201,7 +204,11 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			}
 			// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
 			switching := AllocationSwitch(node, pool.Allocation)
-			if (from == ds.Digest && switching == "") || node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+			if from == ds.Digest && switching == "" {
+				continue
+			}
+			if node.Labels[nodestate.UpgradeSkipLabel] == "true" {
+				plan.Held = append(plan.Held, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
 				continue
 			}
 			plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
@@ -209,6 +216,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		}
 	}
 	slices.Sort(plan.CalledOff)
+	slices.SortFunc(plan.Held, func(a, b NodePlan) int { return strings.Compare(a.Node, b.Node) })
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
 		return strings.Compare(a.DaemonSet+"/"+a.Node, b.DaemonSet+"/"+b.Node)
 	})
@@ -734,6 +742,10 @@ func (p *Plan) Write(out io.Writer) {
 			}
 			fmt.Fprintf(out, "%s (%s %s) batch %d: %s\n", ds, poolNoun(b[0].Kind), b[0].Pool, i+1, strings.Join(names, ", "))
 		}
+	}
+	for _, np := range p.Held {
+		fmt.Fprintf(out, "node %s (%s %s) held: %s=true keeps its driver (config %s) in service; remove the label to let it change to %s\n",
+			np.Node, poolNoun(np.Kind), np.Pool, nodestate.UpgradeSkipLabel, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
 	}
 	for _, np := range p.Nodes {
 		if np.Allocation == "" {

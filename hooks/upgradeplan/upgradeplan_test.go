@@ -201,7 +201,7 @@ func TestStatusTable(t *testing.T) {
 	}
 	for i, want := range [][]string{
 		{"a", "upgrade-failed", "570.86.15-ubuntu22.04 (pod not ready)", "2026-09-01T12:00:00Z", "evict GPU pods: PDB ml/train"},
-		{"b", "upgrade-done (skip)", "570.86.15-ubuntu22.04", "-", "-"},
+		{"b", "upgrade-done (held: skip label)", "570.86.15-ubuntu22.04", "-", "-"},
 	} {
 		for _, field := range want {
 			if !strings.Contains(lines[i+1], field) {
