@@ -44,7 +44,12 @@ func Transient(err error) bool {
 			return false
 		}
 		if apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
-			apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err) {
+			apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) {
+			return true
+		}
+		// a response the client could not decode is transient from a server in trouble, not as a client error: a
+		// 404 page for an API group the server does not serve carries that cause too
+		if apierrors.IsUnexpectedServerError(err) && (code >= http.StatusInternalServerError || code == 0) {
 			return true
 		}
 		return code >= http.StatusInternalServerError

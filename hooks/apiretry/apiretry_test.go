@@ -56,13 +56,16 @@ func TestTransient(t *testing.T) {
 		}
 	}
 	for name, err := range map[string]error{
-		"forbidden":        apierrors.NewForbidden(nodes, "gpu-1", errors.New("no")),
-		"not found":        apierrors.NewNotFound(nodes, "gpu-1"),
-		"invalid":          apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, "gpu-1", nil),
-		"conflict":         apierrors.NewConflict(nodes, "gpu-1", errors.New("changed")),
-		"bad request":      apierrors.NewBadRequest("no"),
-		"unauthorized":     apierrors.NewUnauthorized("who"),
-		"501":              apierrors.NewGenericServerResponse(501, "patch", nodes, "gpu-1", "", 0, false),
+		"forbidden":    apierrors.NewForbidden(nodes, "gpu-1", errors.New("no")),
+		"not found":    apierrors.NewNotFound(nodes, "gpu-1"),
+		"invalid":      apierrors.NewInvalid(schema.GroupKind{Kind: "Node"}, "gpu-1", nil),
+		"conflict":     apierrors.NewConflict(nodes, "gpu-1", errors.New("changed")),
+		"bad request":  apierrors.NewBadRequest("no"),
+		"unauthorized": apierrors.NewUnauthorized("who"),
+		"501":          apierrors.NewGenericServerResponse(501, "patch", nodes, "gpu-1", "", 0, false),
+		// what client-go makes of the API server's plain 404 page for an API group it does not serve
+		"404 page": apierrors.NewGenericServerResponse(404, "list", schema.GroupResource{Group: "monitoring.coreos.com", Resource: "servicemonitors"},
+			"", "404 page not found", 0, true),
 		"own cancel":       &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: context.Canceled},
 		"plain":            errors.New("something else"),
 		"gave up, wrapped": &GaveUpError{Last: apierrors.NewServiceUnavailable("x"), Cause: context.DeadlineExceeded},
