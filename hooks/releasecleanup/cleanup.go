@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -45,6 +48,23 @@ var kinds = map[string]struct {
 	"clusterrole":        {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, false},
 	"clusterrolebinding": {schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterrolebindings"}, false},
 	"nodefeaturerule":    {schema.GroupVersionResource{Group: "nfd.k8s-sigs.io", Version: "v1alpha1", Resource: "nodefeaturerules"}, false},
+	// the release's cluster-scoped objects of any revision (kube-gpu-stack.clusterObjects)
+	"deviceclass":                      {schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "deviceclasses"}, false},
+	"runtimeclass":                     {schema.GroupVersionResource{Group: "node.k8s.io", Version: "v1", Resource: "runtimeclasses"}, false},
+	"validatingadmissionpolicy":        {schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicies"}, false},
+	"validatingadmissionpolicybinding": {schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicybindings"}, false},
+}
+
+// swept are the namespaced kinds Sweep deletes of the release, in the release namespace.
+var swept = []schema.GroupVersionResource{
+	{Version: "v1", Resource: "serviceaccounts"},
+	{Version: "v1", Resource: "configmaps"},
+	{Version: "v1", Resource: "services"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"},
+	{Group: "apps", Version: "v1", Resource: "deployments"},
+	{Group: "monitoring.coreos.com", Version: "v1", Resource: "servicemonitors"},
+	{Group: "monitoring.coreos.com", Version: "v1", Resource: "prometheusrules"},
 }
 
 // Object is a KIND/NAME to delete.
@@ -55,8 +75,7 @@ func ParseObject(s string) (Object, error) {
 	kind, name, ok := strings.Cut(s, "/")
 	kind = strings.ToLower(kind)
 	if _, known := kinds[kind]; !ok || !known || name == "" {
-		return Object{}, fmt.Errorf("--delete %q: want KIND/NAME with KIND one of job, pod, serviceaccount, configmap, role, "+
-			"rolebinding, clusterrole, clusterrolebinding, nodefeaturerule", s)
+		return Object{}, fmt.Errorf("--delete %q: want KIND/NAME with KIND one of %s", s, strings.Join(slices.Sorted(maps.Keys(kinds)), ", "))
 	}
 	return Object{kind, name}, nil
 }
@@ -71,14 +90,20 @@ type Options struct {
 	Release string
 	// OperandTimeout bounds the wait for the operand pods to go.
 	OperandTimeout time.Duration
-	// Delete names the hook-created objects to remove.
+	// Delete names the objects to remove: the hooks' (Helm never deletes them) and the release's cluster-scoped
+	// objects of any revision.
 	Delete []Object
+	// Sweep, last, deletes the release's objects of the swept kinds left in the namespace: Helm uninstalls the last
+	// revision's manifest only, and a refused upgrade's revision is the last, so an earlier revision's objects that
+	// it does not render would stay. Only objects Helm owns for this release (meta.helm.sh/release-name and
+	// -namespace), labelled with it, neither hooks nor kept (helm.sh/resource-policy: keep).
+	Sweep bool
 }
 
 // Validate rejects options Run cannot act on.
 func (o *Options) Validate() error {
 	switch {
-	case o.Client == nil || (o.Dynamic == nil && len(o.Delete) > 0):
+	case o.Client == nil || (o.Dynamic == nil && (len(o.Delete) > 0 || o.Sweep)):
 		return errors.New("no Kubernetes client")
 	case o.Namespace == "" || o.Release == "":
 		return errors.New("name the release and its namespace (--release, --namespace)")
@@ -213,9 +238,56 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 			errs = append(errs, fmt.Errorf("delete %s/%s: %w", obj.Kind, obj.Name, err))
 		}
 	}
+	sweptN := 0
+	if o.Sweep {
+		n, err := sweep(ctx, o)
+		sweptN = n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleanup incomplete (rerun `helm uninstall` once fixed): %w", err)
 	}
-	fmt.Fprintf(out, "cleanup: %d of %d nodes changed, %d hook objects and %d driver-manager leases deleted\n", changed, len(nodes.Items), deleted, leases)
+	fmt.Fprintf(out, "cleanup: %d of %d nodes changed, %d named objects, %d objects of earlier revisions and %d driver-manager leases deleted\n",
+		changed, len(nodes.Items), deleted, sweptN, leases)
 	return nil
+}
+
+// sweep deletes the release's objects of the swept kinds in the namespace (Options.Sweep) and returns how many.
+func sweep(ctx context.Context, o Options) (int, error) {
+	sel := labels.Set{"app.kubernetes.io/instance": o.Release}.String()
+	deleted := 0
+	var errs []error
+	for _, gvr := range swept {
+		res := o.Dynamic.Resource(gvr).Namespace(o.Namespace)
+		var list *unstructured.UnstructuredList
+		err := apiretry.Do(ctx, func(ctx context.Context) error {
+			var err error
+			list, err = res.List(ctx, metav1.ListOptions{LabelSelector: sel})
+			return err
+		})
+		switch {
+		case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+			continue // the API is not served (no Prometheus operator)
+		case err != nil:
+			errs = append(errs, fmt.Errorf("list %s: %w", gvr.Resource, err))
+			continue
+		}
+		for _, obj := range list.Items {
+			ann := obj.GetAnnotations()
+			if ann["helm.sh/hook"] != "" || ann["helm.sh/resource-policy"] == "keep" ||
+				ann["meta.helm.sh/release-name"] != o.Release || ann["meta.helm.sh/release-namespace"] != o.Namespace {
+				continue
+			}
+			err := apiretry.Do(ctx, func(ctx context.Context) error { return res.Delete(ctx, obj.GetName(), metav1.DeleteOptions{}) })
+			switch {
+			case err == nil:
+				deleted++
+			case !apierrors.IsNotFound(err):
+				errs = append(errs, fmt.Errorf("delete %s %s: %w", gvr.Resource, obj.GetName(), err))
+			}
+		}
+	}
+	return deleted, errors.Join(errs...)
 }

@@ -128,6 +128,7 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 
 func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	var del []string
+	var sweep bool
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove what the release put on nodes and the objects its hooks left (the pre-delete hook)",
@@ -136,7 +137,7 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 			if err != nil {
 				return err
 			}
-			o := releasecleanup.Options{Client: client, Namespace: ns, Release: *release}
+			o := releasecleanup.Options{Client: client, Namespace: ns, Release: *release, Sweep: sweep}
 			for _, d := range del {
 				obj, err := releasecleanup.ParseObject(d)
 				if err != nil {
@@ -153,7 +154,8 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 			return releasecleanup.Run(cmd.Context(), o, out)
 		},
 	}
-	cmd.Flags().StringArrayVar(&del, "delete", nil, "KIND/NAME of a hook-created object to delete (repeatable)")
+	cmd.Flags().StringArrayVar(&del, "delete", nil, "KIND/NAME of an object to delete (repeatable): the hooks' objects, and the release's cluster-scoped ones of any revision")
+	cmd.Flags().BoolVar(&sweep, "sweep", false, "last, delete the release's ServiceAccounts, ConfigMaps, Services, Roles, RoleBindings, Deployments and monitoring objects left in the namespace (Helm-owned for this release; not hooks, not kept)")
 	return cmd
 }
 

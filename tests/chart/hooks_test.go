@@ -457,16 +457,36 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 			if tc.name == "nfd-bundled" != slices.Contains(left, "nodefeaturerule/nvidia-gpu-present") {
 				t.Fatalf("the NodeFeatureRule hook is rendered=%v with %s", !slices.Contains(left, "nodefeaturerule/nvidia-gpu-present"), tc.name)
 			}
+			// the hooks' leftovers, and the release's cluster-scoped objects of any revision (an earlier revision's
+			// stay behind after a refused upgrade: TestCleanupNamesEveryClusterObject checks they are all named)
 			del := podOf(t, *cleanup).flags("--delete")
-			if got := slices.Sorted(slices.Values(del)); !slices.Equal(got, left) {
-				t.Errorf("cleanup --delete:\n got  %v\n want %v", got, left)
+			var hookDel []string
+			for _, d := range del {
+				kind, _, _ := strings.Cut(d, "/")
+				if !releaseClusterKinds[kind] || slices.Contains(left, d) {
+					hookDel = append(hookDel, d)
+				}
+			}
+			if got := slices.Sorted(slices.Values(hookDel)); !slices.Equal(got, left) {
+				t.Errorf("cleanup --delete of hook objects:\n got  %v\n want %v", got, left)
+			}
+			want := slices.Sorted(slices.Values(del))
+			if !slices.Contains(podOf(t, *cleanup).c.Args, "--sweep") {
+				t.Error("the cleanup does not sweep the namespace of an earlier revision's objects (--sweep)")
 			}
 
 			// what its roles allow deleting, as kind/name (resources named by the cleanup's --delete kinds)
 			kindOf := map[string]string{"jobs": "job", "pods": "pod", "serviceaccounts": "serviceaccount", "configmaps": "configmap",
 				"roles": "role", "rolebindings": "rolebinding", "clusterroles": "clusterrole",
-				"clusterrolebindings": "clusterrolebinding", "nodefeaturerules": "nodefeaturerule"}
-			clusterScoped := map[string]bool{"clusterrole": true, "clusterrolebinding": true, "nodefeaturerule": true}
+				"clusterrolebindings": "clusterrolebinding", "nodefeaturerules": "nodefeaturerule", "deviceclasses": "deviceclass",
+				"runtimeclasses": "runtimeclass", "validatingadmissionpolicies": "validatingadmissionpolicy",
+				"validatingadmissionpolicybindings": "validatingadmissionpolicybinding"}
+			clusterScoped := map[string]bool{"nodefeaturerule": true}
+			for k := range releaseClusterKinds {
+				clusterScoped[k] = true
+			}
+			// the sweep of the release namespace: list+delete of exactly these kinds, in the namespace only
+			sweepRules := map[string]bool{}
 			var deletable []string
 			nodePatch, stopRules, leaseRule := false, 0, false
 			for _, h := range hooks {
@@ -490,6 +510,12 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 					if h.kind() == "Role" && slices.Equal(r.APIGroups, []string{"coordination.k8s.io"}) &&
 						slices.Equal(r.Resources, []string{"leases"}) && slices.Equal(r.Verbs, []string{"list", "delete"}) && len(r.ResourceNames) == 0 {
 						leaseRule = true
+						continue
+					}
+					if h.kind() == "Role" && slices.Equal(r.Verbs, []string{"list", "delete"}) && len(r.ResourceNames) == 0 {
+						for _, res := range r.Resources {
+							sweepRules[strings.Join(r.APIGroups, ",")+"/"+res] = true
+						}
 						continue
 					}
 					if slices.Equal(r.Resources, []string{"nodes"}) && h.kind() == "ClusterRole" {
@@ -518,10 +544,57 @@ func TestCleanupDeletesExactlyWhatHooksLeave(t *testing.T) {
 			if stopRules != 2 {
 				t.Errorf("the cleanup's Role has %d of the 2 rules that stop the operands first", stopRules)
 			}
-			if got := slices.Sorted(slices.Values(deletable)); !slices.Equal(got, left) {
-				t.Errorf("the cleanup may delete:\n got  %v\n want %v", got, left)
+			if got := slices.Sorted(slices.Values(deletable)); !slices.Equal(got, want) {
+				t.Errorf("the cleanup may delete:\n got  %v\n want %v", got, want)
+			}
+			wantSweep := []string{"/configmaps", "/serviceaccounts", "/services", "apps/deployments", "monitoring.coreos.com/prometheusrules",
+				"monitoring.coreos.com/servicemonitors", "rbac.authorization.k8s.io/rolebindings", "rbac.authorization.k8s.io/roles"}
+			if got := slices.Sorted(maps.Keys(sweepRules)); !slices.Equal(got, wantSweep) {
+				t.Errorf("the cleanup's Role may list and delete %v in the namespace, want %v", got, wantSweep)
 			}
 		})
+	}
+}
+
+// releaseClusterKinds are the cluster-scoped kinds of the release's own objects that the cleanup names
+// (kube-gpu-stack.clusterObjects), by --delete kind.
+var releaseClusterKinds = map[string]bool{"clusterrole": true, "clusterrolebinding": true, "deviceclass": true, "runtimeclass": true,
+	"validatingadmissionpolicy": true, "validatingadmissionpolicybinding": true}
+
+// TestCleanupNamesEveryClusterObject: `helm uninstall` deletes the last revision's manifest, and after a refused
+// upgrade that is the refused one, so the cleanup names every cluster-scoped object any values render, whatever its
+// own values: for every profile, each cluster-scoped release object (not a hook, not kept) is in the --delete list
+// of the cleanup rendered with the smallest profile.
+func TestCleanupNamesEveryClusterObject(t *testing.T) {
+	t.Parallel()
+	minimal := render(t, newestKube, []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")})
+	var del []string
+	for _, h := range hookObjects(t, minimal) {
+		if h.kind() == "Job" && h.name() == cleanupName {
+			del = podOf(t, h).flags("--delete")
+		}
+	}
+	if len(del) == 0 {
+		t.Fatal("no cleanup Job rendered")
+	}
+	checked := 0
+	for _, p := range profiles(t) {
+		for _, o := range objects(t, render(t, newestKube, []string{p.file}, "draDriver.enabled=true")) {
+			kind := strings.ToLower(o.kind())
+			m, _ := o.Raw["metadata"].(map[string]any)
+			ann, _ := m["annotations"].(map[string]any)
+			if !releaseClusterKinds[kind] || ann["helm.sh/hook"] != nil || ann["helm.sh/resource-policy"] == "keep" {
+				continue
+			}
+			checked++
+			if !slices.Contains(del, kind+"/"+o.name()) {
+				t.Errorf("%s: %s %s is not named by the cleanup (kube-gpu-stack.clusterObjects): a refused upgrade that drops it would leave it behind on uninstall",
+					p.name, o.kind(), o.name())
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no cluster-scoped object checked")
 	}
 }
 

@@ -78,3 +78,37 @@ driver, also the ResourceSlices (cluster-scoped), to hold DRA nodes until theirs
     (dict "apiGroups" (list "apps") "resources" (list "daemonsets" "controllerrevisions") "verbs" $read)
     (dict "apiGroups" (list "events.k8s.io") "resources" (list "events") "verbs" $read))) -}}
 {{- end }}
+
+{{/*
+kube-gpu-stack.clusterObjects: every cluster-scoped object of the release that Helm deletes on uninstall (not the
+hooks, not the CRDs it keeps), for any values of this chart version, as JSON [[group, resource, kind, name], ...].
+`helm uninstall` deletes the last revision's manifest only, and a refused upgrade's revision is the last: objects
+of the revision before that it would not render (an operand switched off in the refused values) stay behind. So
+the pre-delete cleanup deletes all of these by name, whatever the current values. tests/chart checks that every
+profile's cluster-scoped objects are in it (TestCleanupNamesEveryClusterObject).
+*/}}
+{{- define "kube-gpu-stack.clusterObjects" -}}
+{{- $nfd := include "gpu-stack-lib.nfdFullname" . -}}
+{{- $rbac := list
+  "compute-domain-daemon-service-account" "kube-gpu-stack-validation-test" "nvidia-cc-manager" "nvidia-dcgm-exporter"
+  "nvidia-device-plugin" "nvidia-dra-driver-controller" "nvidia-dra-driver-kubelet-plugin" "nvidia-driver"
+  "nvidia-gpu-feature-discovery" "nvidia-kata-sandbox-device-plugin" "nvidia-mig-manager" "nvidia-node-status-exporter"
+  "nvidia-operator-validator" "nvidia-operator-validator-dra" "nvidia-sandbox-validator" "nvidia-vfio-manager"
+  "nvidia-vgpu-device-manager" "nvidia-vgpu-manager" (printf "%s-master" $nfd) (printf "%s-gc" $nfd) -}}
+{{- $out := list -}}
+{{- range $rbac -}}
+{{- $n := include "gpu-stack-lib.rbacClusterName" (dict "ctx" $ "name" .) -}}
+{{- $out = append $out (list "rbac.authorization.k8s.io" "clusterroles" "clusterrole" $n) -}}
+{{- $out = append $out (list "rbac.authorization.k8s.io" "clusterrolebindings" "clusterrolebinding" $n) -}}
+{{- end -}}
+{{- range list "gpu.nvidia.com" "mig.nvidia.com" "vfio.gpu.nvidia.com" "compute-domain-daemon.nvidia.com" "compute-domain-default-channel.nvidia.com" -}}
+{{- $out = append $out (list "resource.k8s.io" "deviceclasses" "deviceclass" .) -}}
+{{- end -}}
+{{- range uniq (list .Values.global.runtimeClassName "nvidia" "nvidia-cdi" "nvidia-legacy") -}}
+{{- $out = append $out (list "node.k8s.io" "runtimeclasses" "runtimeclass" .) -}}
+{{- end -}}
+{{- $policy := include "gpu-stack-lib.objectName" (printf "kube-gpu-stack-node-scope-%s" .Release.Namespace) -}}
+{{- $out = append $out (list "admissionregistration.k8s.io" "validatingadmissionpolicies" "validatingadmissionpolicy" $policy) -}}
+{{- $out = append $out (list "admissionregistration.k8s.io" "validatingadmissionpolicybindings" "validatingadmissionpolicybinding" $policy) -}}
+{{- toJson $out -}}
+{{- end }}

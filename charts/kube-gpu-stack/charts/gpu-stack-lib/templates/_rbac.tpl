@@ -125,3 +125,17 @@ metadata:
 data:
   {{- toYaml .data | nindent 2 }}
 {{- end }}
+
+{{/*
+gpu-stack-lib.nfdFullname: the name prefix of every bundled NFD object (nfd.fullname): the upstream NFD chart's,
+<release>-node-feature-discovery, or the release name alone when it already contains node-feature-discovery, cut
+to 40 characters. Here so that the umbrella's cleanup names NFD's objects also when NFD is not bundled any more.
+*/}}
+{{- define "gpu-stack-lib.nfdFullname" -}}
+{{- $name := "node-feature-discovery" -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end }}

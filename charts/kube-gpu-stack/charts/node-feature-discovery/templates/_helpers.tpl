@@ -5,12 +5,7 @@ Operator (which installs that chart as a subchart under the same release name) k
 contains node-feature-discovery). The prefix is cut to 40 characters so every suffixed name stays valid.
 */}}
 {{- define "nfd.fullname" -}}
-{{- $name := "node-feature-discovery" -}}
-{{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
-{{- end -}}
+{{- include "gpu-stack-lib.nfdFullname" . -}}
 {{- end }}
 
 {{/* nfd.port: the one HTTP port each NFD daemon serves /metrics and /healthz on (-port) */}}
