@@ -28,7 +28,7 @@ type invariants struct {
 	out    map[string]map[string]bool // pool -> its nodes out of service
 	broken []string
 	// last is each invariant's last breach (by pool or node), so that a breach lasting many events is told once
-	last   map[string]string
+	last map[string]string
 	// paused are, per node, the etcd revisions over which its device plugin was paused: [from, to), to 0 while it is
 	paused map[string][][2]int64
 	checks int
