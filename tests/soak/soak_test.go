@@ -221,7 +221,8 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 	var downMu sync.Mutex
 	down := map[string]bool{}
 	var timers sync.WaitGroup
-	rolledBack := false
+	// half the seeds roll the release back mid-way, at a time of their own (or as soon after as Helm is free)
+	rollback, rollbackAt := rng.IntN(2) == 1, time.Duration(3+rng.IntN(20))*time.Second
 	deadline := time.Now().Add(settle)
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(300+rng.IntN(1200)) * time.Millisecond)
@@ -232,6 +233,14 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 			if settled {
 				break
 			}
+		}
+		if rollback && time.Since(start) > rollbackAt && helmMu.TryLock() { // helm rollback mid-way
+			rollback = false
+			to := revision() - 1
+			e.tag = previousTag
+			ops.add("helm rollback to revision %d (driver %s)", to, previousTag)
+			helmOp(fmt.Sprintf("rollback to %d", to), func() error { return e.helm().Rollback(to) })
+			continue
 		}
 		switch op := rng.IntN(100); {
 		case op < 30: // a re-sync that changes no driver (an Argo CD sync, a chart-only upgrade)
@@ -267,14 +276,6 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				if err := latePod(ctx, n, seed, e.lateOwner); err != nil {
 					t.Error(err)
 				}
-			}
-		case op < 85 && !rolledBack && time.Since(start) > 5*time.Second: // helm rollback mid-way
-			if helmMu.TryLock() {
-				rolledBack = true
-				to := revision() - 1
-				e.tag = previousTag
-				ops.add("helm rollback to revision %d (driver %s)", to, previousTag)
-				helmOp(fmt.Sprintf("rollback to %d", to), func() error { return e.helm().Rollback(to) })
 			}
 		}
 	}
