@@ -96,7 +96,9 @@ func TestDRADriverChangeOrder(t *testing.T) {
 	start := time.Now()
 	ctx := t.Context()
 	profile := filepath.Join(chartrender.RepoRoot(), "values", "dra-mixed.yaml")
-	settings := []string{"driver.upgradePolicy.maxUnavailable=100%", "driver.pools[0].image.tag=" + legacyTag}
+	// no canary: the gate then waits for the whole pool (with one it passes once the canary validated), so its report
+	// shows every DRA node after its change
+	settings := []string{"driver.upgradePolicy.maxUnavailable=100%", "driver.upgradePolicy.canary=0", "driver.pools[0].image.tag=" + legacyTag}
 	hosts := map[string]*kmodtest.Fixture{}
 	for _, n := range nodes {
 		if _, gpu := n.Status.Capacity["nvidia.com/gpu"]; gpu {

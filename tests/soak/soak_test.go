@@ -50,11 +50,21 @@ var poolBounds = map[string]intstr.IntOrString{"": intstr.FromString("10%"), "a"
 // routine operations runs, and checks the invariants throughout.
 func TestSoak(t *testing.T) {
 	env := installOnce(t)
-	seeds := []uint64{*seedFlag}
-	if *seedFlag == 0 {
-		seeds = nil
+	var seeds []uint64
+	switch {
+	case *seedFlag != 0:
+		seeds = []uint64{*seedFlag}
+	case *seedsFlag > 0:
 		for i := 1; i <= *seedsFlag; i++ {
 			seeds = append(seeds, uint64(i))
+		}
+	default:
+		for _, f := range strings.Split(*seedListFlag, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil || n == 0 {
+				t.Fatalf("-seed-list %q: want seeds of 1 or more, comma-separated", *seedListFlag)
+			}
+			seeds = append(seeds, n)
 		}
 	}
 	var covered []string
@@ -236,7 +246,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 		}
 		if rollback && time.Since(start) > rollbackAt && helmMu.TryLock() { // helm rollback mid-way
 			rollback = false
-			to := revision() - 1
+			to := before // the revision before this seed's driver change
 			e.tag = previousTag
 			ops.add("helm rollback to revision %d (driver %s)", to, previousTag)
 			helmOp(fmt.Sprintf("rollback to %d", to), func() error { return e.helm().Rollback(to) })
