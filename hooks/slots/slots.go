@@ -193,7 +193,8 @@ func (p Pool) dropIdle(ctx context.Context, holders map[string]string, now time.
 
 // Out says whether a holder's node is out of service for its driver change: in one of the change's states
 // (cordon-required to uncordon-required), upgrade-failed, or cordoned by the upgrade; or it took its slot (at
-// claimed) less than ClaimGrace ago and its manager is about to write cordon-required. An unreadable claim time
+// claimed) less than ClaimGrace ago and its manager is about to write cordon-required (its node upgrade-required, or
+// upgrade-done when a new plan called it off meanwhile). An unreadable claim time
 // counts as a fresh claim: damage never frees a slot early.
 func Out(n *corev1.Node, claimed string, now time.Time) bool {
 	if nodestate.CordonedByUs(n) {
@@ -203,7 +204,9 @@ func Out(n *corev1.Node, claimed string, now time.Time) bool {
 	case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
 		nodestate.ValidationRequired, nodestate.UncordonRequired, nodestate.UpgradeFailed:
 		return true
-	case nodestate.UpgradeRequired:
+	case nodestate.UpgradeRequired, nodestate.UpgradeDone:
+		// a fresh claim whose cordon is not written yet counts, whatever the state says meanwhile: a new plan calls a
+		// waiting node off (upgrade-done) even right after its manager took the slot, and that manager cordons next
 		t, err := time.Parse(time.RFC3339, claimed)
 		return err != nil || now.Sub(t) < ClaimGrace
 	}

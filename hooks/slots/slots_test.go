@@ -185,12 +185,14 @@ func TestRaceToCreateTheLease(t *testing.T) {
 
 // A full pool drops the holders that are no longer out of service, reading their nodes: one upgrade-done (its
 // give-back was lost), one deleted, one whose claim is older than ClaimGrace with no change started. Holders still
-// out stay: failed, retried (upgrade-required but cordoned by the upgrade), mid-change, and a fresh claim.
+// out stay: failed, retried (upgrade-required but cordoned by the upgrade), mid-change, a fresh claim, and a fresh
+// claim on a node a new plan called off (upgrade-done) right after its manager took the slot: that manager cordons
+// next, so dropping it would put one node more out than the pool's slots.
 func TestFullPoolDropsHoldersNoLongerOut(t *testing.T) {
 	old := now.Add(-ClaimGrace - time.Second).Format(time.RFC3339)
 	fresh := now.Add(-time.Minute).Format(time.RFC3339)
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace, ResourceVersion: "5"}}
-	kept := map[string]string{"failed": old, "retried": old, "midchange": old, "fresh": fresh}
+	kept := map[string]string{"failed": old, "retried": old, "midchange": old, "fresh": fresh, "calledoff": fresh}
 	all := map[string]string{"done": old, "gone": old, "stale": old}
 	for k, v := range kept {
 		all[k] = v
@@ -201,18 +203,19 @@ func TestFullPoolDropsHoldersNoLongerOut(t *testing.T) {
 	c := newClient(lease, node("done", nodestate.UpgradeDone, false), node("stale", nodestate.UpgradeRequired, false),
 		node("failed", nodestate.UpgradeFailed, false), node("retried", nodestate.UpgradeRequired, true),
 		node("midchange", nodestate.ValidationRequired, true), node("fresh", nodestate.UpgradeRequired, false),
+		node("calledoff", nodestate.UpgradeDone, false),
 		node("new", nodestate.UpgradeRequired, false), node("another", nodestate.UpgradeRequired, false))
-	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 5}
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 6}
 	if got := take(t, p, "new"); !got.Taken {
 		t.Fatalf("new: %+v, want a slot once the idle holders are dropped", got)
 	}
 	h := holders(t, c, "a100")
-	for _, n := range []string{"failed", "retried", "midchange", "fresh", "new"} {
+	for _, n := range []string{"failed", "retried", "midchange", "fresh", "calledoff", "new"} {
 		if h[n] == "" {
 			t.Errorf("holder %s dropped", n)
 		}
 	}
-	if len(h) != 5 {
+	if len(h) != 6 {
 		t.Errorf("holders %v, want done, gone and stale dropped", h)
 	}
 	if got := take(t, p, "another"); got.Taken {
