@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
@@ -134,6 +135,8 @@ func TestDRAMixedAllocationPoolSwitchUninstall(t *testing.T) {
 		t.Errorf("the pre-upgrade plan does not say %q:\n%s", want, r.Output)
 	}
 	t.Logf("pre-upgrade plan:\n%s", r.Output)
+	// the release passes once the pool's canary validated; the rest of the pool switches after it, within its bound
+	waitForRollout(t, legacyNodes)
 	want := expected(t, rel)
 	for _, n := range legacyNodes {
 		if _, ok := want[n]["dra-driver"]; !ok {
@@ -246,6 +249,31 @@ func waitForPlacement(t *testing.T, want placement.Placement) {
 	})
 	if err != nil {
 		t.Fatalf("operand pods never matched the expected placement:\n%s", last)
+	}
+}
+
+// waitForRollout waits until every node named ended its change: upgrade-done, no operand switch left paused.
+func waitForRollout(t *testing.T, names []string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		var b strings.Builder
+		for _, name := range names {
+			n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			if s := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]); s != nodestate.UpgradeDone {
+				fmt.Fprintf(&b, "node %s: %s\n", name, s)
+			} else if p, ok := n.Annotations[nodestate.PausedLabelsAnnotation]; ok {
+				fmt.Fprintf(&b, "node %s: operands still paused %s\n", name, p)
+			}
+		}
+		last = b.String()
+		return last == "", nil
+	})
+	if err != nil {
+		t.Fatalf("the driver change never ended on %v:\n%s", names, last)
 	}
 }
 
