@@ -266,7 +266,7 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 // the Lease reads the node (and the host) again.
 func (o *Options) inTurns(ctx context.Context, log *slog.Logger, out io.Writer, agent bool, body func(*manager, context.Context) (string, error)) error {
 	for {
-		err := o.withLease(ctx, log, func(ctx context.Context) error { return o.onNode(ctx, log, out, agent, body) })
+		err := o.withLease(ctx, log, func(ctx context.Context, known bool) error { return o.onNode(ctx, log, out, agent, known, body) })
 		var held *heldError
 		if !errors.As(err, &held) {
 			return err
@@ -283,8 +283,8 @@ func (o *Options) inTurns(ctx context.Context, log *slog.Logger, out io.Writer, 
 
 // onNode reads the node and runs body on it; it ends body's outcome as a run ends: a refusal or a kill as is, a
 // stop (ctx ended) with nothing undone, a failure with the node restored (failed). A summary goes to out.
-func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, agent bool, body func(*manager, context.Context) (string, error)) error {
-	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out, agent: agent}
+func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, agent, known bool, body func(*manager, context.Context) (string, error)) error {
+	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out, agent: agent, known: known}
 	gctx, cancel := context.WithTimeout(ctx, o.APITimeout)
 	node, err := nodestate.Get(gctx, o.Client, o.NodeName)
 	cancel()
@@ -322,6 +322,8 @@ type manager struct {
 	// agent: the old driver pod's gate empties the node (replace.go); it has no host access, and the old driver
 	// is loaded and serving.
 	agent bool
+	// known: a driver manager of this release ran on the node before (its Lease was there).
+	known bool
 }
 
 // untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
@@ -599,6 +601,9 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		pending = "; validation of the new driver still pending (state and cordon kept)"
 		switch s := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]); {
 		case waitingForValidation(n):
+		case forgotten(n, m.known):
+			pending = "; the Node object lost the stack's record of this driver (deleted and registered again): it validates before the node returns to workloads (cordoned)"
+			return merge(nodestate.Cordon(n, reregisteredReason), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
 		case s == "" || s == nodestate.UpgradeDone:
 			pending = ""
 			return merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, "")), nil
@@ -612,6 +617,18 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
+}
+
+// reregisteredReason is the cordon's reason on a node whose Node object forgot its driver's record.
+const reregisteredReason = "its Node object was registered again and lost the record of its driver: it validates before workloads return"
+
+// forgotten: a driver manager of the release ran on the node before (known), yet the Node carries no state and no
+// driver record of ours: the Node object was deleted and registered again (the kubelet re-registers it), so
+// whether the loaded driver ever validated is lost with it. It may be one that failed validation; treated as
+// done, the node would return to workloads with it. A node the stack never saw (a first install over a loaded
+// driver, a reinstall after the pre-delete cleanup) has no Lease yet and keeps its driver in service.
+func forgotten(n *corev1.Node, known bool) bool {
+	return known && n.Labels[nodestate.UpgradeStateLabel] == "" && n.Annotations[nodestate.DriverDigestAnnotation] == ""
 }
 
 // notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; a cordon of

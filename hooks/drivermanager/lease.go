@@ -94,7 +94,9 @@ var errLeaseLost = errors.New("lost the node's driver-manager lease")
 
 // withLease runs body while holding the node's Lease. body's context ends when ctx does (the pod stops) or when
 // the Lease is lost, with that cause: both are stops, never failures. Waiting for the Lease ends only with ctx.
-func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(context.Context) error) error {
+// body learns whether the Lease was there before this run: a driver manager of the release ran on the node before
+// (the pre-delete cleanup removes the Leases, a Node's deletion does not).
+func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(ctx context.Context, known bool) error) error {
 	l := o.Lease
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: LeaseName(o.NodeName)},
@@ -103,6 +105,7 @@ func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(con
 		LockConfig: resourcelock.ResourceLockConfig{Identity: l.Identity},
 	}
 	rec, _, err := lock.Get(ctx)
+	known := err == nil
 	if apierrors.IsForbidden(err) {
 		// the elector would retry a refusal for ever: say at once what is missing
 		return fmt.Errorf("node %s: may not read the driver-manager lease %s/%s (the chart's Role grants leases get, create and update in the release namespace); nothing changed: %w",
@@ -142,7 +145,7 @@ func (o *Options) withLease(ctx context.Context, log *slog.Logger, body func(con
 					}
 					stop(fmt.Errorf("%w %s/%s (renewals failed for %s)", errLeaseLost, o.Namespace, lock.LeaseMeta.Name, l.RenewDeadline))
 				})
-				err = body(bctx)
+				err = body(bctx, known)
 				unwatch()
 				stop(nil)
 				release() // ends the renewals; ReleaseOnCancel gives the Lease up

@@ -148,6 +148,19 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		if node, err = o.waitNotFailed(ctx); err != nil {
 			return "", err
 		}
+		if forgotten(node, true) {
+			// the Node was deleted and registered again while its driver was failed: the driver still loaded here
+			// never validated, so it validates again before the node returns to workloads
+			log.Info("the node was registered again and lost its upgrade-failed record: its driver validates again before workloads return")
+			if node, err = nodestate.Update(ctx, o.Client, o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+				if !forgotten(n, true) {
+					return nodestate.Patch{}, nil
+				}
+				return merge(nodestate.Cordon(n, reregisteredReason), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
+			}); err != nil {
+				return "", err
+			}
+		}
 		state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
 		if restarts(state) {
 			// `upgrade retry`: the change starts over in the next driver pod (retry deletes this one). Turning
