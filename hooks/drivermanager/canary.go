@@ -39,7 +39,7 @@ import (
 // held by a full pool also watches the pool's slots Lease while it waits, and looks again after Options.SlotRecheck
 // however full the Lease shows the pool, so that a holder whose give-back was lost is dropped (slots.Pool.Take).
 func (m *manager) waitTurn(ctx context.Context, block bool) error {
-	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired || nodestate.CordonedByUs(m.node) {
+	if underWay(m.node) {
 		return nil // its change started (a later plan set it back to upgrade-required mid-change): it is out already
 	}
 	mark, err := canary.Read(m.node)
@@ -50,6 +50,14 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	if mark == nil {
 		m.log.Info("no plan mark on the node: its driver change does not wait for a canary", "annotation", canary.MarkAnnotation)
 		return nil
+	}
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
+		// a newer plan called the node off (upgrade-done: it judged the node by the driver it runs), yet this pod
+		// installs another driver: a change like any other, which waits for its turn and a slot
+		why := "its driver pod installs another driver than the one the node runs: waiting for its turn"
+		if err := m.apply(ctx, m.state(nodestate.UpgradeRequired, why)); err != nil {
+			return &untouchedError{err}
+		}
 	}
 	shown := m.node.Annotations[nodestate.UpgradeReasonAnnotation]
 	for {

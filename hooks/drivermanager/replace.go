@@ -113,7 +113,9 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 			}
 			// a failed emptying restored the node and marked it upgrade-failed, or the admin held it back: the old
 			// driver serves on
-			if errors.Is(err, errHeldMidChange) {
+			if errors.Is(err, errNoLongerOutdated) {
+				log.Info("the driver DaemonSet changed back before the node was emptied; the old driver stays in service", "err", err)
+			} else if errors.Is(err, errHeldMidChange) {
 				log.Info("the node was held back while it was emptied; the old driver stays in service", "err", err)
 			} else {
 				log.Info("emptying the node for the new driver failed; the old driver stays in service", "err", err)
@@ -171,7 +173,23 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 		return err
 	}
 	log.Info("the driver DaemonSet installs another driver: emptying the node before this driver pod stops", "change", why, "daemonSet", ds.Name)
-	if err := mo.empty(ctx, base, out, ds.Name, why); err != nil {
+	// the template may change back while the node waits for its turn (a rollback mid-rollout): each run under the
+	// node's Lease looks again, before it marks the node and after its turn came
+	outdated := func(ctx context.Context) (string, error) {
+		fresh, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSet, error) {
+			return o.Client.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{})
+		})
+		switch {
+		case apierrors.IsNotFound(err):
+			return "", nil
+		case err != nil:
+			return "", fmt.Errorf("read the driver DaemonSet %s/%s: %w", ds.Namespace, ds.Name, err)
+		case fresh.UID != ds.UID:
+			return "", nil
+		}
+		return upgradeplan.PodChange(pod, &fresh.Spec.Template), nil
+	}
+	if err := mo.empty(ctx, base, out, ds.Name, why, outdated); err != nil {
 		return err
 	}
 	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace}}
@@ -194,15 +212,44 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 // its operands paused and its slot held, for the new pod's manager. A node no plan marked (the pre-upgrade hook did
 // not run) is marked here, alone in a pool of its DaemonSet with one slot: without the plan, one node per DaemonSet
 // at a time. A failure restores the node (failed) and marks it upgrade-failed; a stop leaves it as it is.
-func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string) error {
+// outdated says how the pod's DaemonSet now changes its driver ("" when it no longer does).
+func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string, outdated func(context.Context) (string, error)) error {
 	return o.inTurns(ctx, log, out, true, func(m *manager, ctx context.Context) (string, error) {
-		return "", m.emptyForReplacement(ctx, daemonSet, why)
+		return "", m.emptyForReplacement(ctx, daemonSet, why, outdated)
 	})
 }
 
-func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string) error {
+// errNoLongerOutdated: the DaemonSet's template changed back to the pod's driver before the node was emptied.
+var errNoLongerOutdated = errors.New("the driver DaemonSet no longer installs another driver")
+
+// stillOutdated stands the emptying down when the pod's DaemonSet no longer changes its driver. A node whose change
+// has started goes on (the new pod's manager finds the driver it keeps); one that took its slot gives it back.
+func (m *manager) stillOutdated(ctx context.Context, outdated func(context.Context) (string, error), tookSlot bool) error {
+	if outdated == nil || underWay(m.node) {
+		return nil
+	}
+	why, err := outdated(ctx)
+	if err != nil || why != "" {
+		return err
+	}
+	if tookSlot {
+		if mark, err := canary.Read(m.node); err == nil && mark != nil && mark.MaxUnavailable > 0 {
+			pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+			if err := pool.Give(ctx, m.o.NodeName); err != nil {
+				m.log.Info("could not give the pool's slot back; it is dropped once the pool is full", "err", err)
+			}
+		}
+	}
+	m.log.Info("the driver DaemonSet changed back to this pod's driver before the node's turn: nothing to empty")
+	return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errNoLongerOutdated)}
+}
+
+func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string, outdated func(context.Context) (string, error)) error {
 	if _, err := nodestate.Resume(m.node); err != nil {
 		return &untouchedError{err}
+	}
+	if err := m.stillOutdated(ctx, outdated, false); err != nil {
+		return err
 	}
 	switch nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) {
 	case "", nodestate.UpgradeDone:
@@ -223,6 +270,9 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 		return &untouchedError{err}
 	}
 	if err := m.waitTurn(ctx, false); err != nil {
+		return err
+	}
+	if err := m.stillOutdated(ctx, outdated, true); err != nil {
 		return err
 	}
 	if err := m.step(ctx, "claim"); err != nil {

@@ -302,3 +302,39 @@ func TestRestartedGateCarriesAHalfEmptiedNodeOn(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// The old pod's gate waits for a slot of its pool; meanwhile the release rolls back, so its DaemonSet's template
+// installs the pod's own driver again, and the rollback's plan calls the node off. When the slot frees, the gate
+// looks again: nothing to empty. The node stays in service with its driver, no slot held, its pod in place.
+func TestGateWaitingForATurnStandsDownWhenTheTemplateChangesBack(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	e.withDriverPod(newDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, out := e.gate(ctx, false, time.Second)
+	assertHeld(t, e, "waiting for a slot of pool default")
+	e.setTemplate(oldDigest) // the rollback
+	e.setState(nodeName, nodestate.UpgradeDone)
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the gate standing down", func() bool { return strings.Contains(out.String(), "changed back") })
+	time.Sleep(200 * time.Millisecond)
+	n := e.node()
+	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
+		t.Fatalf("state=%q unschedulable=%v; want the node left in service, upgrade-done", state(n), n.Spec.Unschedulable)
+	}
+	if got := e.evictionsOf(); len(got) > 0 {
+		t.Fatalf("evictions %v for a driver that no longer changes", got)
+	}
+	if got := e.holders(); len(got) > 0 {
+		t.Fatalf("slot holders %v, want none", got)
+	}
+	cancel()
+	<-done
+}

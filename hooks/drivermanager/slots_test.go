@@ -215,3 +215,43 @@ func TestHeldNodeLooksAgainAndDropsAStaleClaim(t *testing.T) {
 		t.Fatalf("holders %v, want the node alone", got)
 	}
 }
+
+// A newer plan calls a waiting node off (upgrade-done: it judged the node by the driver it runs and validated), while
+// the node's driver pod that will install another one is already past its look at the turn, or starts only now (a
+// rollback mid-rollout leaves pods of both drivers). That manager's change is a change like any other: it takes a
+// turn and a slot, and a full pool holds it untouched. Treated as already under way, it cordoned at once, one node
+// more out than the pool's slots.
+func TestCalledOffNodeWhosePodChangesTheDriverWaitsForASlot(t *testing.T) {
+	for _, s := range []nodestate.UpgradeState{nodestate.UpgradeDone, ""} {
+		t.Run("state "+string(s)+"", func(t *testing.T) {
+			e := slotEnv(t, "gpu-7")
+			e.setState(nodeName, s)
+			e.setState("gpu-7", nodestate.PodRestartRequired)
+			if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+				t.Fatalf("gpu-7: %+v %v", c, err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := e.start(ctx)
+			assertHeld(t, e, "waiting for a slot of pool default")
+			if got := e.holders(); !slices.Equal(got, []string{"gpu-7"}) {
+				t.Fatalf("holders %v while the node waits", got)
+			}
+			e.setState("gpu-7", nodestate.UpgradeDone)
+			if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the node did not go once the slot was free")
+			}
+			if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+				t.Fatalf("holders %v after the change, want the node's own slot", got)
+			}
+		})
+	}
+}
