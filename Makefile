@@ -41,7 +41,7 @@ test: vet fmt-check prometheus
 bench-rollout:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) test ./tests/rolloutbench -run XXX -bench . -benchtime 1x -timeout 90m -v -args $(BENCH_ROLLOUT_ARGS)
 
-## soak: the fleet soak (tests/soak) over seeds 1 to SOAK_SEEDS (`make test` runs seeds 2 and 4): 99 simulated GPU nodes in
+## soak: the fleet soak (tests/soak) over seeds 1 to SOAK_SEEDS (`make test` runs seeds 1 and 2): 99 simulated GPU nodes in
 ## three driver pools, a driver change per seed under random re-syncs, NotReady nodes, GPU pods landing on nodes
 ## being emptied and a rollback, with the invariant checker; prints the seeds it covered. SOAK_SEED=N replays one
 SOAK_SEEDS ?= 20

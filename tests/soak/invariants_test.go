@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 )
 
 // invariants watches every Node for a seed's whole run and records each moment an invariant breaks:
@@ -32,14 +35,20 @@ type invariants struct {
 	// paused are, per node, the etcd revisions over which its device plugin was paused: [from, to), to 0 while it is
 	paused map[string][][2]int64
 	checks int
-	cancel context.CancelFunc
-	done   chan struct{}
+	// seen is each node's last (state, cordon, plan) as history shows it; history each pool's changes of them, the
+	// last historyLines, printed with the pool's first bound breach
+	seen    map[string]string
+	history map[string][]string
+	told    map[string]bool
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 func watchInvariants(t *testing.T, e *soakEnv) *invariants {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	inv := &invariants{e: e, out: map[string]map[string]bool{}, last: map[string]string{}, paused: map[string][][2]int64{}, cancel: cancel, done: make(chan struct{})}
+	inv := &invariants{e: e, out: map[string]map[string]bool{}, last: map[string]string{}, paused: map[string][][2]int64{},
+		seen: map[string]string{}, history: map[string][]string{}, told: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -51,12 +60,30 @@ func watchInvariants(t *testing.T, e *soakEnv) *invariants {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the pools' slots Leases go into every pool's history: a bound breach then shows who held the slots
+	lw, err := kube.Client.CoordinationV1().Leases(namespace).Watch(ctx, metav1.ListOptions{LabelSelector: nodestate.DriverManagerLeaseLabel + "=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		defer close(inv.done)
 		defer w.Stop()
-		for ev := range w.ResultChan() {
-			if n, ok := ev.Object.(*corev1.Node); ok && ev.Type != watch.Deleted {
-				inv.observe(n)
+		defer lw.Stop()
+		nodes, leases := w.ResultChan(), lw.ResultChan()
+		for nodes != nil || leases != nil {
+			select {
+			case ev, ok := <-nodes:
+				if !ok {
+					nodes = nil
+				} else if n, isNode := ev.Object.(*corev1.Node); isNode && ev.Type != watch.Deleted {
+					inv.observe(n)
+				}
+			case ev, ok := <-leases:
+				if !ok {
+					leases = nil
+				} else if l, isLease := ev.Object.(*coordinationv1.Lease); isLease && strings.HasPrefix(l.Name, slots.Prefix) {
+					inv.slots(l, ev.Type)
+				}
 			}
 		}
 	}()
@@ -89,10 +116,15 @@ func (inv *invariants) observe(n *corev1.Node) {
 	} else {
 		delete(inv.out[pool], n.Name)
 	}
+	inv.record(pool, n, state)
 	bound := ""
 	if len(inv.out[pool]) > inv.e.bound[pool] {
 		bound = fmt.Sprintf("pool %q: %d nodes out (%s), its bound is %d", pool,
 			len(inv.out[pool]), strings.Join(slices.Sorted(maps.Keys(inv.out[pool])), ", "), inv.e.bound[pool])
+		if !inv.told[pool] {
+			inv.told[pool] = true
+			bound += "; the pool's changes before it:\n    " + strings.Join(inv.history[pool], "\n    ")
+		}
 	}
 	inv.breach("pool "+pool, bound)
 	unvalidated := ""
@@ -105,6 +137,31 @@ func (inv *invariants) observe(n *corev1.Node) {
 		failed = fmt.Sprintf("node %s failed its driver change: %s", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation])
 	}
 	inv.breach("failed "+n.Name, failed)
+}
+
+// historyLines is how many of a pool's last changes a bound breach shows.
+const historyLines = 60
+
+// record adds to the pool's history the node's change of state, cordon or plan mark, if any.
+func (inv *invariants) record(pool string, n *corev1.Node, state nodestate.UpgradeState) {
+	now := fmt.Sprintf("%-24s cordoned-by-us=%-5v plan %s", state, nodestate.CordonedByUs(n), n.Annotations[canary.MarkAnnotation])
+	if inv.seen[n.Name] == now {
+		return
+	}
+	inv.seen[n.Name] = now
+	h := append(inv.history[pool], time.Now().Format("15:04:05.000")+" "+n.Name+" "+now)
+	inv.history[pool] = h[max(0, len(h)-historyLines):]
+}
+
+// slots adds a slots Lease's holders to every pool's history.
+func (inv *invariants) slots(l *coordinationv1.Lease, ev watch.EventType) {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	line := fmt.Sprintf("%s %s %s holders %s", time.Now().Format("15:04:05.000"), l.Name, ev, l.Annotations[slots.HoldersAnnotation])
+	for pool := range inv.e.bound {
+		h := append(inv.history[pool], line)
+		inv.history[pool] = h[max(0, len(h)-historyLines):]
+	}
 }
 
 // breach records what (a breach of the invariant on key, "" for none) when it differs from the last one recorded.
