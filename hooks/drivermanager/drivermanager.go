@@ -603,7 +603,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		case waitingForValidation(n):
 		case forgotten(n, m.known):
 			pending = "; the Node object lost the stack's record of this driver (deleted and registered again): it validates before the node returns to workloads (cordoned)"
-			return merge(nodestate.Cordon(n, reregisteredReason), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
+			return merge(nodestate.Cordon(n, ReregisteredCordon), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
 		case s == "" || s == nodestate.UpgradeDone:
 			pending = ""
 			return merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, "")), nil
@@ -619,8 +619,9 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }
 
-// reregisteredReason is the cordon's reason on a node whose Node object forgot its driver's record.
-const reregisteredReason = "its Node object was registered again and lost the record of its driver: it validates before workloads return"
+// ReregisteredCordon is the cordon's reason (nodestate.CordonedAnnotation) on a node whose Node object forgot its
+// driver's record. Such a node takes no slot of its pool: no driver change took it out, its registration did.
+const ReregisteredCordon = "its Node object was registered again and lost the record of its driver: it validates before workloads return"
 
 // forgotten: a driver manager of the release ran on the node before (known), yet the Node carries no state and no
 // driver record of ours: the Node object was deleted and registered again (the kubelet re-registers it), so
@@ -649,7 +650,14 @@ func (m *manager) notLoaded(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("switch to %s: evict GPU pods: %w", m.o.Allocation, err)
 		}
 	}
-	if err := m.apply(ctx, nodestate.Resume, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation(), m.recordDigest()); err != nil {
+	// a node registered again mid-change (its driver unloaded) is held as one that kept its driver is (keep)
+	cordonForgotten := func(n *corev1.Node) (nodestate.Patch, error) {
+		if !forgotten(n, m.known) {
+			return nodestate.Patch{}, nil
+		}
+		return nodestate.Cordon(n, ReregisteredCordon), nil
+	}
+	if err := m.apply(ctx, nodestate.Resume, cordonForgotten, m.state(nodestate.ValidationRequired, ""), fixed(nodestate.DriverInstalls(m.now())), m.allocation(), m.recordDigest()); err != nil {
 		return "", err
 	}
 	kept := ""

@@ -3,6 +3,7 @@ package drivermanager
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +12,9 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -152,5 +155,27 @@ func TestFailedNodesGateHoldsThroughARegistration(t *testing.T) {
 	}
 	if n := e.node(); state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable {
 		t.Fatalf("state=%q unschedulable=%v; want upgrade-done and schedulable", state(n), n.Spec.Unschedulable)
+	}
+}
+
+// Registered again mid-change, after its driver was unloaded: the node is held as one that kept its driver is,
+// cordoned until the driver that installs next validates. A node the release never saw is not (a first install:
+// its GPUs are advertised only once the stack's device plugin runs on a validated driver).
+func TestNodeRegisteredAgainWithoutADriverIsCordonedUntilItValidates(t *testing.T) {
+	for _, known := range []bool{true, false} {
+		t.Run(fmt.Sprintf("known=%v", known), func(t *testing.T) {
+			f := kmodtest.New(t)
+			e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+			if known {
+				e.knownNode()
+			}
+			if _, err := e.run(e.options(newDigest)); err != nil {
+				t.Fatal(err)
+			}
+			n := e.node()
+			if state(n) != nodestate.ValidationRequired || nodestate.CordonedByUs(n) != known || n.Spec.Unschedulable != known {
+				t.Fatalf("state=%q cordoned by us=%v; want validation-required, cordoned %v", state(n), nodestate.CordonedByUs(n), known)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package drivermanager
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
@@ -12,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
@@ -253,5 +255,90 @@ func TestCalledOffNodeWhosePodChangesTheDriverWaitsForASlot(t *testing.T) {
 				t.Fatalf("holders %v after the change, want the node's own slot", got)
 			}
 		})
+	}
+}
+
+// A node no plan marked (its Node object registered again, or added to the pool after the plan) whose driver pod
+// installs another driver takes the latest mark of its DaemonSet's other nodes: it waits for its pool's slots
+// instead of going at once, one node more out than the pool's bound.
+func TestUnmarkedNodeTakesItsPoolsPlanFromItsDaemonSet(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	e.withDriverPod(newDigest)
+	peer := planned("gpu-7", nodestate.PodRestartRequired, slotMark)
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sibling = sibling.DeepCopy()
+	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		o := e.options(newDigest)
+		o.Lease.Identity = driverPod
+		done <- o.Run(ctx, &bytes.Buffer{})
+	}()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" || mark.MaxUnavailable != 1 {
+		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
+	}
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the node did not go once the slot was free")
+	}
+}
+
+// A waiting node held by its pool's failure threshold, moved by the admin to another pool (its new pool's
+// DaemonSet runs its driver pod now): the old pool's failures no longer hold it. It follows its new pool's plan, as
+// the other nodes of its DaemonSet carry it, and goes once that pool lets it.
+func TestNodeMovedToAnotherPoolIsGovernedByItsNewPool(t *testing.T) {
+	oldPool := canary.Mark{Pool: "old", Plan: planID, Seq: 3, Canary: map[string]string{}, MaxFailures: 1, MaxUnavailable: 1}.Format()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, oldPool))
+	e.withDriverPod(newDigest)
+	for _, n := range []*corev1.Node{planned("gpu-9", nodestate.UpgradeFailed, oldPool), planned("gpu-7", nodestate.UpgradeDone, slotMark)} {
+		if _, err := e.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sibling = sibling.DeepCopy()
+	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o := e.options(newDigest)
+	o.Lease.Identity = driverPod
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := o.Run(ctx, &bytes.Buffer{}); err != nil {
+		t.Fatalf("the moved node was held: %v (reason %q)", err, e.node().Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	mark, err := canary.Read(e.node())
+	if err != nil || mark == nil || mark.Pool != "default" {
+		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("pool default's holders %v, want the moved node", got)
 	}
 }

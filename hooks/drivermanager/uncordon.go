@@ -156,7 +156,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 				if !forgotten(n, true) {
 					return nodestate.Patch{}, nil
 				}
-				return merge(nodestate.Cordon(n, reregisteredReason), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
+				return merge(nodestate.Cordon(n, ReregisteredCordon), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
 			}); err != nil {
 				return "", err
 			}
