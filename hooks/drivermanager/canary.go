@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -297,15 +298,28 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 	if store == nil || graceOver {
 		return canary.Turn{Go: true}, nil
 	}
-	lease, ok := store.Get(m.o.Namespace, slots.Name(mark.Pool))
-	if !ok {
-		return canary.Turn{Go: true}, nil // the pool's slots were reset
+	look := func() ([]string, bool) {
+		lease, ok := store.Get(m.o.Namespace, slots.Name(mark.Pool))
+		if !ok {
+			return nil, true // the pool's slots were reset
+		}
+		holders, err := slots.Holders(lease)
+		return slices.Sorted(maps.Keys(holders)), err != nil || len(holders) < mark.MaxUnavailable // a fresh run's Take says what is wrong, or takes the free slot
 	}
-	holders, err := slots.Holders(lease)
-	if err != nil || len(holders) < mark.MaxUnavailable {
-		return canary.Turn{Go: true}, nil // a fresh run's Take says what is wrong, or takes the free slot
+	holders, free := look()
+	if free && m.o.SlotJitter > 0 {
+		// the pool's other waiters saw the slot freed too: one of them may take it first (the watch shows it)
+		select {
+		case <-ctx.Done():
+			return canary.Turn{}, ctx.Err()
+		case <-time.After(rand.N(m.o.SlotJitter)):
+		}
+		holders, free = look()
 	}
-	return full(slices.Sorted(maps.Keys(holders))), nil
+	if free {
+		return canary.Turn{Go: true}, nil
+	}
+	return full(holders), nil
 }
 
 // errTurnHeld ends waitTurn's look under the Lease at a node whose turn has not come.

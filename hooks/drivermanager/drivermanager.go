@@ -170,6 +170,11 @@ type Options struct {
 	// take a slot again however full the Lease shows the pool, so that a holder whose give-back was lost (or whose
 	// manager stopped between its claim and its cordon) is dropped (default slots.ClaimGrace).
 	SlotRecheck time.Duration
+	// SlotJitter bounds the random pause of a node held by a full pool between seeing a slot freed and going for
+	// it (default DefaultSlotJitter): every waiting node of the pool watches the slots Lease, and without it each
+	// freed slot would send them all at once to take their node's Lease, read their node and try the slots Lease,
+	// one of them to win. After the pause the node goes only if the slot is still free. Negative: no pause.
+	SlotJitter time.Duration
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
@@ -179,6 +184,7 @@ type Options struct {
 const (
 	DefaultMOFEDTimeout   = 10 * time.Minute
 	DefaultHostDriverHold = time.Minute
+	DefaultSlotJitter     = time.Second
 )
 
 // Steps are the points a run can be stopped at through Options.AfterStep, in order.
@@ -201,6 +207,9 @@ func (o *Options) Complete() {
 	}
 	if o.SlotRecheck <= 0 {
 		o.SlotRecheck = slots.ClaimGrace
+	}
+	if o.SlotJitter == 0 {
+		o.SlotJitter = DefaultSlotJitter
 	}
 	if o.MOFEDTimeout <= 0 {
 		o.MOFEDTimeout = DefaultMOFEDTimeout

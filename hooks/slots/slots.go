@@ -175,9 +175,15 @@ func (p Pool) read(ctx context.Context) (*coordinationv1.Lease, map[string]strin
 	return lease, holders, err
 }
 
-// dropIdle removes from holders each one whose node is no longer out of service (Out), reading each node.
+// dropIdle removes from holders each one whose node is no longer out of service (Out), reading each node. A claim
+// younger than ClaimGrace counts without a read: its node is about to change, or changing, or (a give-back lost)
+// done a moment ago; the read would only free that slot up to ClaimGrace early, at a read of every holder's node
+// for each waiting node that looks.
 func (p Pool) dropIdle(ctx context.Context, holders map[string]string, now time.Time) error {
 	for _, name := range slices.Sorted(maps.Keys(holders)) {
+		if t, err := time.Parse(time.RFC3339, holders[name]); err == nil && now.Sub(t) < ClaimGrace {
+			continue
+		}
 		n, err := p.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
