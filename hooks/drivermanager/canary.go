@@ -279,9 +279,14 @@ func (m *manager) siblingMark(ctx context.Context) (*canary.Mark, string, error)
 // slot, or Options.SlotRecheck after the wait began, to take it in a fresh run.
 func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, store *kwatch.Store[*coordinationv1.Lease], graceOver bool) (canary.Turn, error) {
 	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	// the reason names the pool's bound, not its holders: the holders change with every slot given back, and each
+	// waiting node of the pool would write its reason again each time (the slots Lease names them)
 	full := func(holders []string) canary.Turn {
-		return canary.Turn{Waiting: fmt.Sprintf("waiting for a slot of pool %s: %d of its nodes are out of service (%s), its maxUnavailable is %d",
-			mark.Pool, len(holders), strings.Join(holders, ", "), mark.MaxUnavailable)}
+		if !block {
+			m.log.Info("the pool's slots are all held", "pool", mark.Pool, "holders", strings.Join(holders, ", "))
+		}
+		return canary.Turn{Waiting: fmt.Sprintf("waiting for a slot of pool %s: %d of its nodes, its maxUnavailable, are out of service (the holders: kubectl get lease -n %s %s)",
+			mark.Pool, mark.MaxUnavailable, m.o.Namespace, slots.Name(mark.Pool))}
 	}
 	if !block {
 		claim, err := pool.Take(ctx, m.o.NodeName, m.o.Now())

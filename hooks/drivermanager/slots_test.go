@@ -65,7 +65,7 @@ func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 		t.Fatalf("gpu-7: %+v %v", c, err)
 	}
 	done := e.start(context.Background())
-	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes are out of service (gpu-7), its maxUnavailable is 1")
+	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes, its maxUnavailable, are out of service (the holders: kubectl get lease -n gpu-system kube-gpu-stack-slots-default)")
 	time.Sleep(300 * time.Millisecond)
 	assertHeld(t, e, "waiting for a slot")
 	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
@@ -197,7 +197,7 @@ func TestHeldNodeLooksAgainAndDropsAStaleClaim(t *testing.T) {
 	o.SlotRecheck = 300 * time.Millisecond
 	done := make(chan error, 1)
 	go func() { done <- o.Run(context.Background(), &strings.Builder{}) }()
-	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes are out of service (gpu-7)")
+	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes, its maxUnavailable, are out of service")
 
 	// gpu-7 never cordoned: once its claim is past the grace, the next look drops it
 	later := start.Add(slots.ClaimGrace + time.Second)
