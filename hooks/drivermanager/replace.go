@@ -253,10 +253,23 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 	}
 	switch nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) {
 	case "", nodestate.UpgradeDone:
-		// no plan marked the node: it goes bounded by a pool of its own DaemonSet with one slot
+		// no plan marked the node (registered again, added after the plan, no plan hook): it follows its pool's
+		// plan as the other nodes of its DaemonSet carry it, and without one goes bounded by a pool of its own
+		// DaemonSet with one slot
 		mark := canary.Mark{Pool: daemonSet, Plan: m.o.Now().UTC().Format(time.RFC3339Nano), Canary: map[string]string{}, MaxUnavailable: 1}
+		reason := "its driver pod is out of date (" + why + ") and no upgrade plan marked it: one node of " + daemonSet + " at a time"
+		if _, ok := m.node.Annotations[canary.MarkAnnotation]; !ok {
+			sibling, _, err := m.siblingMark(ctx)
+			if err != nil {
+				return &untouchedError{err}
+			}
+			if sibling != nil {
+				mark = *sibling
+				reason = "its driver pod is out of date (" + why + ") and no upgrade plan marked it: it follows pool " + mark.Pool + "'s plan"
+			}
+		}
 		if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
-			p := m.setState(n, nodestate.UpgradeRequired, "its driver pod is out of date ("+why+") and no upgrade plan marked it: one node of "+daemonSet+" at a time")
+			p := m.setState(n, nodestate.UpgradeRequired, reason)
 			if _, ok := n.Annotations[canary.MarkAnnotation]; !ok {
 				v := mark.Format()
 				p = merge(p, nodestate.Patch{Annotations: map[string]*string{canary.MarkAnnotation: &v}})

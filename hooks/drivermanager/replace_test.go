@@ -338,3 +338,34 @@ func TestGateWaitingForATurnStandsDownWhenTheTemplateChangesBack(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// An old driver pod's gate on a node no plan marked (its Node registered again) whose DaemonSet's other nodes carry
+// their pool's plan follows that plan, its slots and bound, not a pool of its own DaemonSet.
+func TestUnmarkedNodesGateFollowsItsPoolsPlan(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+	e.withDriverPod(newDigest)
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned("gpu-7", nodestate.PodRestartRequired, slotMark), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sibling = sibling.DeepCopy()
+	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, _ := e.gate(ctx, false, time.Second)
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" {
+		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
+	}
+	cancel()
+	<-done
+}
