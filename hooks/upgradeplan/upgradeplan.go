@@ -21,6 +21,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -650,7 +651,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 				p.Annotations[canary.MarkAnnotation] = nil // an earlier plan's mark says nothing about this one
 			}
 			return p, nil
-		}); err != nil {
+		}); apierrors.IsNotFound(err) {
+			// deleted since the plan read it (to be registered again): its next driver pod takes the pool's plan
+			// from its DaemonSet's other nodes
+			fmt.Fprintf(out, "pre-upgrade: node %s is gone since the plan read it: not marked\n", np.Node)
+			continue
+		} else if err != nil {
 			return plan, unmark(ctx, o.Client, marked, err)
 		}
 		marked = append(marked, before)
@@ -662,7 +668,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 				return nodestate.Patch{}, nil
 			}
 			return nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now), nil
-		}); err != nil {
+		}); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
 			return plan, err
 		}
 		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)

@@ -343,3 +343,30 @@ func TestPlanRidesOutPassingAPIErrors(t *testing.T) {
 		t.Fatalf("plan %+v after failed lists %v\n%s", plan, failed, out.String())
 	}
 }
+
+// A node deleted between the plan's read of the pool and its mark (its Node object deleted, to be registered again)
+// is skipped, not a failure of the whole plan: registered again, its new driver pod takes its pool's plan from its
+// DaemonSet's other nodes.
+func TestNodeDeletedMidPlanIsSkipped(t *testing.T) {
+	client := fake.NewClientset(readyNode("a", nil), readyNode("b", nil), driverPod("a", "old"), driverPod("b", "old"))
+	client.PrependReactor("get", "nodes", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if action.(k8stesting.GetAction).GetName() == "b" {
+			return true, nil, apierrors.NewNotFound(corev1.Resource("nodes"), "b")
+		}
+		return false, nil, nil
+	})
+	var out bytes.Buffer
+	if _, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pool("new", intstr.FromInt32(1)), Evict: true,
+		Now: func() time.Time { return time.Unix(0, 0) }}, &out); err != nil {
+		t.Fatalf("the plan failed on a node deleted meanwhile: %v\n%s", err, out.String())
+	}
+	n, _ := client.CoreV1().Nodes().List(t.Context(), metav1.ListOptions{})
+	for _, node := range n.Items {
+		if node.Name == "a" && node.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
+			t.Errorf("node a: %q, want upgrade-required", node.Labels[nodestate.UpgradeStateLabel])
+		}
+	}
+	if !strings.Contains(out.String(), "node b is gone since the plan read it") {
+		t.Errorf("the plan does not say it skipped node b:\n%s", out.String())
+	}
+}
