@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 )
@@ -111,7 +112,10 @@ func (inv *invariants) observe(n *corev1.Node) {
 	if inv.out[pool] == nil {
 		inv.out[pool] = map[string]bool{}
 	}
-	if nodestate.CordonedByUs(n) || state == nodestate.UpgradeFailed {
+	// a node registered again is cordoned until its driver validates, outside its pool's slots: its registration
+	// took it out, not a driver change (the schedulable check below still holds it to validation)
+	revalidating := n.Annotations[nodestate.CordonedAnnotation] == drivermanager.ReregisteredCordon
+	if (nodestate.CordonedByUs(n) && !revalidating) || state == nodestate.UpgradeFailed {
 		inv.out[pool][n.Name] = true
 	} else {
 		delete(inv.out[pool], n.Name)

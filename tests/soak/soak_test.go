@@ -15,10 +15,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
@@ -287,6 +289,24 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 					t.Error(err)
 				}
 			}
+		case op < 84: // a Node object deleted and registered again, its pods gone with it
+			n := e.gpuNodes[rng.IntN(len(e.gpuNodes))]
+			downMu.Lock()
+			if !down[n] {
+				down[n] = true
+				ops.add("Node %s deleted and registered again (%s)", n, nodeState(ctx, n))
+				timers.Add(1)
+				go func() {
+					defer timers.Done()
+					if err := registerAgain(context.WithoutCancel(ctx), n); err != nil {
+						t.Error(err)
+					}
+					downMu.Lock()
+					delete(down, n)
+					downMu.Unlock()
+				}()
+			}
+			downMu.Unlock()
 		}
 	}
 	timers.Wait()
@@ -302,6 +322,9 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 	})
 	if err != nil {
 		t.Errorf("the rollout did not end within %s: %s", settle, why)
+		if stuck, _, ok := strings.Cut(strings.TrimPrefix(why, "node "), ":"); ok {
+			logRuns(t, func(r kubelet.Run) bool { return r.Node == stuck })
+		}
 	}
 	// the release's result matches: a final re-sync passes its plan and its gate
 	if _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); err != nil {
@@ -322,6 +345,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 		// a re-sync the plan refuses while too many of a pool's nodes are NotReady is the plan doing its job
 		if !strings.Contains(h, "are already unavailable") {
 			t.Errorf("helm: %s", h)
+			logRuns(t, func(r kubelet.Run) bool { return r.ExitCode != 0 && r.Node == "" })
 		}
 	}
 	if err := kube.Client.CoreV1().Pods(lateNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
@@ -440,6 +464,47 @@ func setReady(ctx context.Context, name string, ready bool) error {
 	})
 }
 
+// registerAgain deletes the Node object and registers it again as its kubelet would, with the labels it was first
+// registered with: the pod garbage collector deletes a gone node's pods (forced here, at once: the workloads
+// first, so that no driver stops under a GPU pod the test itself left there), and the kubelet kills them.
+func registerAgain(ctx context.Context, name string) error {
+	i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name })
+	if i < 0 {
+		return fmt.Errorf("no fixture for node %s", name)
+	}
+	if err := kube.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("delete node %s: %w", name, err)
+	}
+	pods, err := kube.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+	if err != nil {
+		return err
+	}
+	slices.SortStableFunc(pods.Items, func(a, b corev1.Pod) int {
+		return strings.Compare(fmt.Sprint(a.Namespace == namespace), fmt.Sprint(b.Namespace == namespace))
+	})
+	for _, p := range pods.Items {
+		err := kube.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s/%s of the gone node: %w", p.Namespace, p.Name, err)
+		}
+	}
+	return kube.AddNodes(ctx, nodes[i])
+}
+
+// logRuns logs the last three runs (hooks, driver managers, gates) the stand-in recorded that match, each output's
+// last 3,000 characters.
+func logRuns(t *testing.T, match func(kubelet.Run) bool) {
+	t.Helper()
+	runs := slices.DeleteFunc(stand.Runs(), func(r kubelet.Run) bool { return !match(r) })
+	for _, r := range runs[max(0, len(runs)-3):] {
+		out := r.Output
+		if len(out) > 3000 {
+			out = "..." + out[len(out)-3000:]
+		}
+		t.Logf("%s %s on %q (exit %d, %s to %s):\n%s", r.Component, r.Pod, r.Node, r.ExitCode, r.Started.Format("15:04:05.000"), r.Ended.Format("15:04:05.000"), out)
+	}
+}
+
 func nodeState(ctx context.Context, name string) string {
 	n, err := kube.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -495,6 +560,8 @@ func (l *opLog) summary() string {
 			kinds["NotReady"]++
 		case len(f) > 2 && f[1] == "GPU":
 			kinds["GPU pod on a node being emptied"]++
+		case len(f) > 2 && f[1] == "Node":
+			kinds["Node registered again"]++
 		case len(f) > 2 && f[1] == "helm":
 			kinds["rollback"]++
 		case len(f) > 1:
