@@ -19,7 +19,6 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
@@ -106,7 +105,7 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 			}
 		}
 		if why != "" {
-			err := o.replace(ctx, base, out, pod, ds, why)
+			err := o.replace(ctx, base, out, pod, ds, why, func() (*appsv1.DaemonSet, bool) { return dss.Get(pod.Namespace, owner.Name) })
 			if err == nil || ctx.Err() != nil {
 				<-ctx.Done()
 				return nil
@@ -157,7 +156,9 @@ func (o *UncordonOptions) ownPod(ctx context.Context) (*corev1.Pod, error) {
 
 // replace empties the node under the new template's driver-manager settings, then evicts the gate's own pod.
 // base is the gate's logger before it names the node (the driver manager's run names it, as in the init container).
-func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod, ds *appsv1.DaemonSet, why string) error {
+// current is the DaemonSet as the gate's watch has it now.
+func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod, ds *appsv1.DaemonSet, why string,
+	current func() (*appsv1.DaemonSet, bool)) error {
 	log := base.With("node", o.NodeName)
 	if o.ManagerOptions == nil {
 		return errors.New("no driver-manager settings reader: cannot empty the node")
@@ -175,19 +176,12 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 	log.Info("the driver DaemonSet installs another driver: emptying the node before this driver pod stops", "change", why, "daemonSet", ds.Name)
 	// the template may change back while the node waits for its turn (a rollback mid-rollout): each run under the
 	// node's Lease looks again, before it marks the node and after its turn came
-	outdated := func(ctx context.Context) (string, error) {
-		fresh, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSet, error) {
-			return o.Client.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{})
-		})
-		switch {
-		case apierrors.IsNotFound(err):
-			return "", nil
-		case err != nil:
-			return "", fmt.Errorf("read the driver DaemonSet %s/%s: %w", ds.Namespace, ds.Name, err)
-		case fresh.UID != ds.UID:
-			return "", nil
+	outdated := func() string {
+		fresh, ok := current()
+		if !ok || fresh.UID != ds.UID {
+			return "" // the DaemonSet is going (an uninstall): nothing to replace
 		}
-		return upgradeplan.PodChange(pod, &fresh.Spec.Template), nil
+		return upgradeplan.PodChange(pod, &fresh.Spec.Template)
 	}
 	if err := mo.empty(ctx, base, out, ds.Name, why, outdated); err != nil {
 		return err
@@ -213,7 +207,7 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 // not run) is marked here, alone in a pool of its DaemonSet with one slot: without the plan, one node per DaemonSet
 // at a time. A failure restores the node (failed) and marks it upgrade-failed; a stop leaves it as it is.
 // outdated says how the pod's DaemonSet now changes its driver ("" when it no longer does).
-func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string, outdated func(context.Context) (string, error)) error {
+func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string, outdated func() string) error {
 	return o.inTurns(ctx, log, out, true, func(m *manager, ctx context.Context) (string, error) {
 		return "", m.emptyForReplacement(ctx, daemonSet, why, outdated)
 	})
@@ -224,58 +218,38 @@ var errNoLongerOutdated = errors.New("the driver DaemonSet no longer installs an
 
 // stillOutdated stands the emptying down when the pod's DaemonSet no longer changes its driver. A node whose change
 // has started goes on (the new pod's manager finds the driver it keeps); one that took its slot gives it back.
-func (m *manager) stillOutdated(ctx context.Context, outdated func(context.Context) (string, error), tookSlot bool) error {
-	if outdated == nil || underWay(m.node) {
+func (m *manager) stillOutdated(ctx context.Context, outdated func() string, tookSlot bool) error {
+	if underWay(m.node) || outdated() != "" {
 		return nil
 	}
-	why, err := outdated(ctx)
-	if err != nil || why != "" {
-		return err
-	}
 	if tookSlot {
-		if mark, err := canary.Read(m.node); err == nil && mark != nil && mark.MaxUnavailable > 0 {
-			pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
-			if err := pool.Give(ctx, m.o.NodeName); err != nil {
-				m.log.Info("could not give the pool's slot back; it is dropped once the pool is full", "err", err)
-			}
-		}
+		giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
 	}
 	m.log.Info("the driver DaemonSet changed back to this pod's driver before the node's turn: nothing to empty")
 	return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errNoLongerOutdated)}
 }
 
-func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string, outdated func(context.Context) (string, error)) error {
+func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string, outdated func() string) error {
 	if _, err := nodestate.Resume(m.node); err != nil {
 		return &untouchedError{err}
 	}
 	if err := m.stillOutdated(ctx, outdated, false); err != nil {
 		return err
 	}
-	switch nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) {
-	case "", nodestate.UpgradeDone:
+	if _, marked := m.node.Annotations[canary.MarkAnnotation]; !marked && !underWay(m.node) {
 		// no plan marked the node (registered again, added after the plan, no plan hook): it follows its pool's
 		// plan as the other nodes of its DaemonSet carry it, and without one goes bounded by a pool of its own
-		// DaemonSet with one slot
-		mark := canary.Mark{Pool: daemonSet, Plan: m.o.Now().UTC().Format(time.RFC3339Nano), Canary: map[string]string{}, MaxUnavailable: 1}
-		reason := "its driver pod is out of date (" + why + ") and no upgrade plan marked it: one node of " + daemonSet + " at a time"
-		if _, ok := m.node.Annotations[canary.MarkAnnotation]; !ok {
-			sibling, _, err := m.siblingMark(ctx)
-			if err != nil {
-				return &untouchedError{err}
-			}
-			if sibling != nil {
-				mark = *sibling
-				reason = "its driver pod is out of date (" + why + ") and no upgrade plan marked it: it follows pool " + mark.Pool + "'s plan"
-			}
+		// DaemonSet with one slot. A marked node the plan called off (upgrade-done) waits again in waitTurn.
+		mark, _, err := m.siblingMark(ctx)
+		if err != nil {
+			return &untouchedError{err}
 		}
-		if err := m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
-			p := m.setState(n, nodestate.UpgradeRequired, reason)
-			if _, ok := n.Annotations[canary.MarkAnnotation]; !ok {
-				v := mark.Format()
-				p = merge(p, nodestate.Patch{Annotations: map[string]*string{canary.MarkAnnotation: &v}})
-			}
-			return p, nil
-		}); err != nil {
+		reason := "its driver pod is out of date (" + why + ") and no upgrade plan marked it: it follows its pool's plan"
+		if mark == nil {
+			mark = &canary.Mark{Pool: daemonSet, Plan: m.o.Now().UTC().Format(time.RFC3339Nano), Canary: map[string]string{}, MaxUnavailable: 1}
+			reason = "its driver pod is out of date (" + why + ") and no upgrade plan marked it: one node of " + daemonSet + " at a time"
+		}
+		if err := m.remark(ctx, mark, reason); err != nil {
 			return &untouchedError{err}
 		}
 	}
@@ -332,12 +306,7 @@ func (m *manager) putBackIfHeld(ctx context.Context) error {
 	if err := m.apply(ctx, nodestate.Resume, pure(nodestate.Uncordon), m.state(nodestate.UpgradeRequired, reason)); err != nil {
 		return err
 	}
-	if mark, err := canary.Read(m.node); err == nil && mark != nil && mark.MaxUnavailable > 0 {
-		pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
-		if err := pool.Give(ctx, m.o.NodeName); err != nil {
-			m.log.Info("could not give the pool's slot back; it is dropped once the pool is full", "err", err)
-		}
-	}
+	giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
 	m.log.Info("node labelled to skip driver changes while it was emptied: back in service with its old driver", "label", nodestate.UpgradeSkipLabel)
 	return &untouchedError{fmt.Errorf("node %s: %w: %s", m.o.NodeName, errHeldMidChange, reason)}
 }

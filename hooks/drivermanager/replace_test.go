@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
@@ -55,6 +56,20 @@ func (e *env) withDriverPod(template string) {
 		if err != nil {
 			e.t.Fatal(err)
 		}
+	}
+}
+
+// withSiblingDriverPod adds a pod of the driver DaemonSet (withDriverPod's) on node other.
+func (e *env) withSiblingDriverPod(other string) {
+	e.t.Helper()
+	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sibling = sibling.DeepCopy()
+	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-"+other, types.UID("driver-uid-"+other), other, ""
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
@@ -347,15 +362,7 @@ func TestUnmarkedNodesGateFollowsItsPoolsPlan(t *testing.T) {
 	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned("gpu-7", nodestate.PodRestartRequired, slotMark), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sibling = sibling.DeepCopy()
-	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
-	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.withSiblingDriverPod("gpu-7")
 	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
 		t.Fatalf("gpu-7: %+v %v", c, err)
 	}

@@ -41,6 +41,24 @@ func pool(e *env) slots.Pool {
 	return slots.Pool{Client: e.client, Namespace: namespace, Name: "default", Max: 1}
 }
 
+// freeSlotOf frees holder's slot as its gate does (upgrade-done, the slot given back) and waits for the run that
+// waited for it (done) to end well.
+func (e *env) freeSlotOf(holder string, done <-chan error) {
+	e.t.Helper()
+	e.setState(holder, nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), holder); err != nil {
+		e.t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		e.t.Fatal("the node did not go once the slot was free")
+	}
+}
+
 // holders are the pool's slot holders, sorted.
 func (e *env) holders() []string {
 	e.t.Helper()
@@ -239,18 +257,7 @@ func TestCalledOffNodeWhosePodChangesTheDriverWaitsForASlot(t *testing.T) {
 			if got := e.holders(); !slices.Equal(got, []string{"gpu-7"}) {
 				t.Fatalf("holders %v while the node waits", got)
 			}
-			e.setState("gpu-7", nodestate.UpgradeDone)
-			if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("the node did not go once the slot was free")
-			}
+			e.freeSlotOf("gpu-7", done)
 			if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
 				t.Fatalf("holders %v after the change, want the node's own slot", got)
 			}
@@ -268,15 +275,7 @@ func TestUnmarkedNodeTakesItsPoolsPlanFromItsDaemonSet(t *testing.T) {
 	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sibling = sibling.DeepCopy()
-	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
-	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.withSiblingDriverPod("gpu-7")
 	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
 		t.Fatalf("gpu-7: %+v %v", c, err)
 	}
@@ -292,18 +291,7 @@ func TestUnmarkedNodeTakesItsPoolsPlanFromItsDaemonSet(t *testing.T) {
 	if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" || mark.MaxUnavailable != 1 {
 		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
 	}
-	e.setState("gpu-7", nodestate.UpgradeDone)
-	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the node did not go once the slot was free")
-	}
+	e.freeSlotOf("gpu-7", done)
 }
 
 // A waiting node held by its pool's failure threshold, moved by the admin to another pool (its new pool's
@@ -318,15 +306,7 @@ func TestNodeMovedToAnotherPoolIsGovernedByItsNewPool(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sibling, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sibling = sibling.DeepCopy()
-	sibling.Name, sibling.UID, sibling.Spec.NodeName, sibling.ResourceVersion = driverPod+"-7", "driver-uid-7", "gpu-7", ""
-	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), sibling, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.withSiblingDriverPod("gpu-7")
 	o := e.options(newDigest)
 	o.Lease.Identity = driverPod
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

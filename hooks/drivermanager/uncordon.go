@@ -217,7 +217,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	if state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); state != nodestate.UpgradeDone {
 		return o.notOurs(ctx, log, node, state)
 	}
-	o.giveSlotBack(ctx, log, node)
+	giveSlotBack(ctx, o.Client, o.Namespace, node, log)
 	if ours {
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
@@ -371,16 +371,16 @@ func driverStarted(p *corev1.Pod) bool {
 	return n > 0
 }
 
-// giveSlotBack gives the node's slot of its pool back (package slots) once the node is upgrade-done, before the pod
-// turns Ready and lets the DaemonSet go on. A failed give-back is logged, not fatal: the node is back in service,
-// and a full pool's next claim drops the holder when it finds it so (slots.Out).
-func (o *UncordonOptions) giveSlotBack(ctx context.Context, log *slog.Logger, node *corev1.Node) {
+// giveSlotBack gives the node's slot of its pool back (package slots), as its plan mark names the pool: once the
+// node is upgrade-done, before the pod turns Ready, or when the change stops short of its cordon. A failed give-back
+// only logs: the pool's next claim that finds it full drops a holder no longer out of service.
+func giveSlotBack(ctx context.Context, client kubernetes.Interface, namespace string, node *corev1.Node, log *slog.Logger) {
 	mark, err := canary.Read(node)
 	if err != nil || mark == nil || mark.MaxUnavailable == 0 {
 		return
 	}
-	pool := slots.Pool{Client: o.Client, Namespace: o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
-	if err := pool.Give(ctx, o.NodeName); err != nil {
+	pool := slots.Pool{Client: client, Namespace: namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	if err := pool.Give(ctx, node.Name); err != nil {
 		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
 	}
 }

@@ -479,9 +479,13 @@ func registerAgain(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	slices.SortStableFunc(pods.Items, func(a, b corev1.Pod) int {
-		return strings.Compare(fmt.Sprint(a.Namespace == namespace), fmt.Sprint(b.Namespace == namespace))
-	})
+	stack := func(p corev1.Pod) int { // the stack's own pods last
+		if p.Namespace == namespace {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(pods.Items, func(a, b corev1.Pod) int { return stack(a) - stack(b) })
 	for _, p := range pods.Items {
 		err := kube.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		if err != nil && !apierrors.IsNotFound(err) {
