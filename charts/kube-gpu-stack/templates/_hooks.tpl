@@ -112,3 +112,27 @@ profile's cluster-scoped objects are in it (TestCleanupNamesEveryClusterObject).
 {{- $out = append $out (list "admissionregistration.k8s.io" "validatingadmissionpolicybindings" "validatingadmissionpolicybinding" $policy) -}}
 {{- toJson $out -}}
 {{- end }}
+
+{{/*
+kube-gpu-stack.deleteByName: the RBAC rules that let the cleanup delete exactly the named objects: one rule per
+group and resource, naming each of its objects, in the order first met. Takes [[group, resource, kind, name], ...];
+renders JSON rules.
+*/}}
+{{- define "kube-gpu-stack.deleteByName" -}}
+{{- $names := dict -}}
+{{- $kinds := list -}}
+{{- range . -}}
+{{- $key := printf "%s/%s" (index . 0) (index . 1) -}}
+{{- if not (hasKey $names $key) -}}
+{{- $kinds = append $kinds (list (index . 0) (index . 1)) -}}
+{{- $_ := set $names $key list -}}
+{{- end -}}
+{{- $_ := set $names $key (append (get $names $key) (index . 3) | uniq) -}}
+{{- end -}}
+{{- $rules := list -}}
+{{- range $kinds -}}
+{{- $rules = append $rules (dict "apiGroups" (list (index . 0)) "resources" (list (index . 1))
+  "resourceNames" (get $names (printf "%s/%s" (index . 0) (index . 1))) "verbs" (list "delete")) -}}
+{{- end -}}
+{{- toJson $rules -}}
+{{- end }}
