@@ -267,6 +267,12 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(out, nil))
 	}
+	if err := o.waitForOlderDriverPods(ctx, log); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("node %s: stopped (%w) while another driver pod was still on it; nothing changed", o.NodeName, context.Cause(ctx))
+		}
+		return err
+	}
 	return o.inTurns(ctx, log, out, false, (*manager).run)
 }
 

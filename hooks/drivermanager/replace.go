@@ -65,6 +65,9 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 	log := base.With("node", o.NodeName)
 	pod, err := o.ownPod(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	owner := metav1.GetControllerOf(pod)
@@ -75,10 +78,16 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 	}
 	dss, err := kwatch.Start(ctx, kwatch.DaemonSet(o.Client, pod.Namespace, owner.Name), &appsv1.DaemonSet{})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while it started: no failure
+		}
 		return fmt.Errorf("watch the driver DaemonSet %s/%s: %w", pod.Namespace, owner.Name, err)
 	}
 	nodes, err := kwatch.Start(ctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("watch node %s: %w", o.NodeName, err)
 	}
 	shown := ""
@@ -151,7 +160,7 @@ func (o *UncordonOptions) ownPod(ctx context.Context) (*corev1.Pod, error) {
 			return p, nil
 		}
 	}
-	return nil, fmt.Errorf("driver pod %s/%s not found on node %s", o.Namespace, o.PodName, o.NodeName)
+	return nil, &podGoneError{fmt.Errorf("driver pod %s/%s not found on node %s", o.Namespace, o.PodName, o.NodeName)}
 }
 
 // replace empties the node under the new template's driver-manager settings, then evicts the gate's own pod.

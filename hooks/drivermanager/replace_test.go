@@ -41,10 +41,7 @@ func (e *env) withDriverPod(template string) {
 	e.t.Helper()
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: driverDS, Namespace: namespace, UID: "ds-uid"},
 		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: driverSpec(template)}}}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: driverPod, Namespace: namespace, UID: "driver-uid",
-		Labels:          map[string]string{ComponentLabel: "driver"},
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: driverDS, UID: "ds-uid", Controller: ptrTo(true)}}},
-		Spec: driverSpec(oldDigest)}
+	pod := driverPodObject()
 	for _, obj := range []interface{ GetName() string }{ds, pod} {
 		var err error
 		switch o := obj.(type) {
@@ -57,6 +54,14 @@ func (e *env) withDriverPod(template string) {
 			e.t.Fatal(err)
 		}
 	}
+}
+
+// driverPodObject is the node's driver pod, of withDriverPod's DaemonSet, running the old config.
+func driverPodObject() *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: driverPod, Namespace: namespace, UID: "driver-uid",
+		Labels:          map[string]string{ComponentLabel: "driver"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: driverDS, UID: "ds-uid", Controller: ptrTo(true)}}},
+		Spec: driverSpec(oldDigest)}
 }
 
 // withSiblingDriverPod adds a pod of the driver DaemonSet (withDriverPod's) on node other.
@@ -93,12 +98,21 @@ func (e *env) gate(ctx context.Context, onRequest bool, evictionTimeout time.Dur
 
 // gateWith is gate with the emptying's AfterStep.
 func (e *env) gateWith(ctx context.Context, onRequest bool, evictionTimeout time.Duration, afterStep func(string) error) (<-chan error, *syncbuffer.Buffer) {
-	o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, PodName: driverPod, Replace: true, OnRequest: onRequest,
+	return e.runGate(ctx, e.gateOptions(onRequest, evictionTimeout, afterStep))
+}
+
+// gateOptions are the old driver pod's upgrade gate's options with Replace, as gateWith runs it.
+func (e *env) gateOptions(onRequest bool, evictionTimeout time.Duration, afterStep func(string) error) UncordonOptions {
+	return UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, PodName: driverPod, Replace: true, OnRequest: onRequest,
 		Now: e.clock, Timeout: time.Second,
 		ManagerOptions: func(getenv func(string) string) (Options, error) {
 			return Options{NodeName: getenv("NODE_NAME"), Namespace: namespace, Eviction: Eviction{Enabled: true, Timeout: evictionTimeout},
 				OperandTimeout: 2 * time.Second, Now: e.clock, AfterStep: afterStep}, nil
 		}}
+}
+
+// runGate runs an upgrade gate in the background until ctx ends.
+func (e *env) runGate(ctx context.Context, o UncordonOptions) (<-chan error, *syncbuffer.Buffer) {
 	o.Complete()
 	if err := o.Validate(); err != nil {
 		e.t.Fatal(err)

@@ -59,6 +59,9 @@ type UncordonOptions struct {
 	// next one (replace.go): when its DaemonSet's template installs another driver, it empties the node and then
 	// evicts its own pod, so the old driver stops on a node without GPU pods. Implies Hold.
 	Replace bool
+	// StopFile, with Replace, is the file the driver container's preStop waits for: when the pod is deleted
+	// (`kubectl delete pod`, a pool change), the gate empties the node first and then writes it (stopguard.go).
+	StopFile string
 	// OnRequest (a pool with autoUpgrade=false) makes Replace wait for the admin's UpgradeRequestedAnnotation.
 	OnRequest bool
 	// PodName is the gate's own pod (POD_NAME), which Replace compares with its DaemonSet.
@@ -102,6 +105,16 @@ func (o *UncordonOptions) Run(ctx context.Context, out io.Writer) error {
 	if base == nil {
 		base = slog.New(slog.NewTextHandler(out, nil))
 	}
+	err := o.serve(ctx, base, out)
+	if ctx.Err() != nil && o.Replace && o.StopFile != "" {
+		// the pod stops: its driver container's preStop waits for this gate's word
+		return errors.Join(err, o.letDriverStop(ctx, base, out))
+	}
+	return err
+}
+
+// serve is Run until the pod stops: the node's own change, then (Replace) the agent for the next one.
+func (o *UncordonOptions) serve(ctx context.Context, base *slog.Logger, out io.Writer) error {
 	summary, err := o.run(ctx, base.With("node", o.NodeName))
 	if errors.Is(err, errToAgent) {
 		return o.replaceWhenOutdated(ctx, base, out)

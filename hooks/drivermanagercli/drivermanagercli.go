@@ -152,6 +152,7 @@ func uncordonFlags(o *drivermanager.UncordonOptions) *pflag.FlagSet {
 	fs.BoolVar(&o.Hold, "hold", false, "keep running after success until stopped (for a sidecar container)")
 	fs.StringVar(&o.ReadyFile, "ready-file", "", "write this file once the node validated (the sidecar's startup probe waits for it)")
 	fs.BoolVar(&o.Replace, "replace-outdated", false, "then, when the pod's DaemonSet installs another driver, empty the node (canary, slots, cordon, evict, pause) and evict this pod (an OnDelete DaemonSet)")
+	fs.StringVar(&o.StopFile, "stop-file", "", "with --replace-outdated, write this file when the pod is deleted, once the node was emptied for the DaemonSet's next pod (the driver container's preStop waits for it)")
 	fs.BoolVar(&o.OnRequest, "on-request", false, "with --replace-outdated, wait for the node's "+drivermanager.UpgradeRequestedAnnotation+"=true annotation (autoUpgrade=false)")
 	return fs
 }

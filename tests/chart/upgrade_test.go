@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -58,10 +59,11 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 					// of the old pod empties its node before it evicts that pod (everythingOn keeps autoUpgrade on); the
 					// validation clock starts once the driver container started, within its startup probe's budget
 					// (driver.startupProbe: 60 + 10 x 120 s)
-					want = append(want, "--timeout", "600s", "--replace-outdated", "--driver-startup-timeout", "1260s")
+					want = append(want, "--timeout", "600s", "--replace-outdated", "--stop-file", dir+"/driver-may-stop", "--driver-startup-timeout", "1260s")
 					if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
 						t.Errorf("%s: update strategy %s, want OnDelete", where, ds.Spec.UpdateStrategy.Type)
 					}
+					assertDriverStopWaitsForTheGate(t, where, spec, dir+"/driver-may-stop")
 				}
 				if got := append(slices.Clone(gate.Command), gate.Args...); !slices.Equal(got, want) {
 					t.Errorf("%s: the sidecar runs %v, want %v", where, got, want)
@@ -140,5 +142,31 @@ func TestUpgradeGateProbeOutlastsALongValidationTimeout(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no driver-upgrade-gate sidecar rendered")
+	}
+}
+
+// assertDriverStopWaitsForTheGate: a driver pod deleted outside a driver change stops its driver only once its gate
+// wrote stopFile (the node emptied first): the driver container mounts the gate's directory and its preStop waits
+// for the file, within a grace period of driver.upgradePolicy.stopTimeoutSeconds (1800 by default).
+func assertDriverStopWaitsForTheGate(t *testing.T, where string, spec corev1.PodSpec, stopFile string) {
+	t.Helper()
+	i := slices.IndexFunc(spec.Containers, func(c corev1.Container) bool { return c.Name == "nvidia-driver-ctr" })
+	if i < 0 {
+		t.Errorf("%s: no nvidia-driver-ctr", where)
+		return
+	}
+	driver := spec.Containers[i]
+	if !slices.ContainsFunc(driver.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "driver-upgrade-gate" && m.MountPath == filepath.Dir(stopFile) && m.ReadOnly
+	}) {
+		t.Errorf("%s: the driver container does not mount the gate's directory %s read-only: %v", where, filepath.Dir(stopFile), driver.VolumeMounts)
+	}
+	pre := driver.Lifecycle
+	if pre == nil || pre.PreStop == nil || pre.PreStop.Exec == nil || len(pre.PreStop.Exec.Command) != 3 ||
+		!strings.HasPrefix(pre.PreStop.Exec.Command[2], "until [ -e "+stopFile+" ]; do sleep 1; done; ") {
+		t.Errorf("%s: the driver container's preStop %+v does not wait for %s", where, pre, stopFile)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g != 1800 {
+		t.Errorf("%s: terminationGracePeriodSeconds %v, want driver.upgradePolicy.stopTimeoutSeconds (1800)", where, g)
 	}
 }

@@ -341,3 +341,15 @@ in both (the GPU Operator's state-driver DaemonSet and its DTK transform). dict 
 {{- end -}}
 {{- toJson (dict "env" $env "mounts" $mounts "volumes" $volumes "containers" $containers) -}}
 {{- end }}
+
+{{/*
+driver.stopTimeoutSeconds: the driver pod's grace period, the pool's upgradePolicy.stopTimeoutSeconds, checked here
+for a pool (the schema checks the top-level value only). dict "ctx" POOL_CONTEXT "key" VALUES_PATH_OF_THE_POOL
+*/}}
+{{- define "driver.stopTimeoutSeconds" -}}
+{{- $t := .ctx.Values.upgradePolicy.stopTimeoutSeconds -}}
+{{- if not (and (or (kindIs "int" $t) (kindIs "int64" $t) (kindIs "float64" $t)) (ge (float64 $t) 30.0) (eq (float64 $t) (float64 (int $t)))) -}}
+{{- fail (printf "%s.upgradePolicy.stopTimeoutSeconds: %v is not a whole number of seconds of at least 30" .key $t) -}}
+{{- end -}}
+{{- int $t -}}
+{{- end }}

@@ -97,6 +97,11 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
                       nvidia.com/gpu-driver-upgrade-requested=true annotation
   driverStartupSeconds optional, with replace: the driver container's startup budget (its startup probe). The
                       validation timeout then counts from the driver container's start, within that budget
+With replace the result also has "stopFile" and "stopMount": when the pod is deleted outside the agent's own
+replacement (`kubectl delete pod`, a node moved to another pool, a pool renamed), the gate empties the node for the
+DaemonSet's next pod and then writes stopFile; the driver container mounts stopMount and its preStop waits for
+that file, so the driver's stop finds no GPU pod. With no driver DaemonSet left for the node (an uninstall) the gate
+writes it at once.
 */}}
 {{- define "gpu-stack-lib.uncordonSidecar" -}}
 {{- $image := include "gpu-stack-lib.driverManagerImage" . | fromJson -}}
@@ -107,6 +112,7 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
 {{- with .validatorComponent }}{{ $args = concat $args (list "--validator-component" .) }}{{ end -}}
 {{- with .timeoutSeconds }}{{ $args = concat $args (list "--timeout" (printf "%ds" (int .))) }}{{ end -}}
 {{- if .replace }}{{ $args = concat $args (list "--replace-outdated") }}{{ end -}}
+{{- if .replace }}{{ $args = concat $args (list "--stop-file" (printf "%s/driver-may-stop" $dir)) }}{{ end -}}
 {{- if and .replace .onRequest }}{{ $args = concat $args (list "--on-request") }}{{ end -}}
 {{- if and .replace .driverStartupSeconds }}{{ $args = concat $args (list "--driver-startup-timeout" (printf "%ds" (int .driverStartupSeconds))) }}{{ end -}}
 {{- $env := dict "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName")) "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")) -}}
@@ -130,7 +136,12 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
       "failureThreshold" $probeSeconds)
     "resources" (dict "requests" (dict "cpu" "5m" "memory" "32Mi") "limits" (dict "memory" "128Mi")))
 ) | fromYaml -}}
-{{- toJson (dict "container" $container "volume" (dict "name" "driver-upgrade-gate" "emptyDir" (dict "sizeLimit" "1Mi"))) -}}
+{{- $out := dict "container" $container "volume" (dict "name" "driver-upgrade-gate" "emptyDir" (dict "sizeLimit" "1Mi")) -}}
+{{- if .replace }}
+{{- $_ := set $out "stopFile" (printf "%s/driver-may-stop" $dir) -}}
+{{- $_ = set $out "stopMount" (dict "name" "driver-upgrade-gate" "mountPath" $dir "readOnly" true) -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end }}
 
 {{/*

@@ -1,0 +1,255 @@
+package drivermanager
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
+)
+
+// deletePodGracefully marks a pod deleted with a grace period, as the API server does before its kubelet stops it.
+func (e *env) deletePodGracefully(name string, grace time.Duration) {
+	e.t.Helper()
+	pod, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	at := metav1.NewTime(time.Now().Add(grace))
+	seconds := int64(grace.Seconds())
+	pod.DeletionTimestamp, pod.DeletionGracePeriodSeconds = &at, &seconds
+	if err := e.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), pod, namespace); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// setNodeSelector gives the driver DaemonSet's template a node selector.
+func (e *env) setNodeSelector(sel map[string]string) {
+	e.t.Helper()
+	ds, err := e.client.AppsV1().DaemonSets(namespace).Get(context.Background(), driverDS, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ds.Spec.Template.Spec.NodeSelector = sel
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Update(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// withDriverDaemonSet adds another driver DaemonSet (a pool's) whose template selects nodes by sel.
+func (e *env) withDriverDaemonSet(name string, sel map[string]string) {
+	e.t.Helper()
+	spec := driverSpec(oldDigest)
+	spec.NodeName, spec.NodeSelector = "", sel
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, UID: types.UID(name + "-uid")},
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(context.Background(), ds, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// stopGate runs the driver pod's gate with a stop file; stopFileAt says, for each of the emptying's steps, whether
+// the stop file was already there (the driver container's preStop would have ended).
+func (e *env) stopGate(ctx context.Context) (done <-chan error, stopFile string, stopFileAt map[string]bool, out interface{ String() string }) {
+	stopFile = filepath.Join(e.t.TempDir(), "driver-may-stop")
+	stopFileAt = map[string]bool{}
+	o := e.gateOptions(false, 3*time.Second, func(step string) error {
+		_, err := os.Stat(stopFile)
+		stopFileAt[step] = err == nil
+		return nil
+	})
+	o.StopFile = stopFile
+	done, buf := e.runGate(ctx, o)
+	return done, stopFile, stopFileAt, buf
+}
+
+// A driver pod deleted outside a driver change, by hand (its DaemonSet still runs a pod on the node) or because its
+// node moved to another pool (another driver DaemonSet of the release selects it now): its gate empties the node as
+// for a driver change (cordon, GPU pods evicted, operands paused) before it lets the driver container's preStop end,
+// so the upstream driver's stop (daemons first) finds no GPU pod. The next pod's manager carries the change on.
+func TestDriverPodDeletedOutsideAChangeEmptiesItsNodeBeforeTheDriverStops(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// moved: the pod's own DaemonSet no longer selects the node; another driver DaemonSet does
+		moved bool
+	}{{"kubectl delete pod", false}, {"node moved to another pool", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone), "pool": "b"}))
+			e.withGPUPod(nil)
+			e.withDriverPod(oldDigest)
+			next := driverDS
+			if tc.moved {
+				e.setNodeSelector(map[string]string{"pool": "a"})
+				next = "nvidia-driver-b-ubuntu2204"
+				e.withDriverDaemonSet(next, map[string]string{"pool": "b"})
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done, stopFile, stopFileAt, out := e.stopGate(ctx)
+			defer func() {
+				if t.Failed() {
+					t.Log(out.String())
+				}
+			}()
+			e.deletePodGracefully(driverPod, time.Minute)
+			cancel() // the kubelet's SIGTERM to the sidecar
+			if err := <-done; err != nil {
+				t.Fatalf("gate: %v", err)
+			}
+			raw, err := os.ReadFile(stopFile)
+			if err != nil {
+				t.Fatalf("the gate never let the driver stop: %v", err)
+			}
+			if !strings.Contains(string(raw), "emptied for "+next) {
+				t.Errorf("stop file says %q, want the node emptied for %s", raw, next)
+			}
+			for _, step := range []string{"cordon", "evict", "pause"} {
+				if at, ok := stopFileAt[step]; !ok || at {
+					t.Errorf("step %s: ran %v, stop file already written %v; want it run before the driver may stop", step, ok, at)
+				}
+			}
+			if got := e.evictionsOf(); !slices.Equal(got, []string{"train"}) {
+				t.Errorf("evictions %v, want the GPU pod only (the driver pod is already being deleted)", got)
+			}
+			n := e.node()
+			if state(n) != nodestate.PodRestartRequired || !nodestate.CordonedByUs(n) || n.Labels[nodestate.DeployLabelPrefix+"device-plugin"] != nodestate.Paused {
+				t.Errorf("node: state %q, cordoned by us %v, device plugin %q; want it emptied for the next pod",
+					state(n), nodestate.CordonedByUs(n), n.Labels[nodestate.DeployLabelPrefix+"device-plugin"])
+			}
+			if mods := e.host.LoadedModules(); len(mods) != 4 {
+				t.Errorf("modules %v: the unload is the driver's stop's and the next manager's", mods)
+			}
+		})
+	}
+}
+
+// An uninstall (no driver DaemonSet of the release left for the node) lets the driver stop at once: nothing will
+// take the node over, and the pre-delete cleanup waits for the driver pods to go.
+func TestDriverPodDeletedWithItsReleaseStopsAtOnce(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	if err := e.client.AppsV1().DaemonSets(namespace).Delete(context.Background(), driverDS, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v\n%s", err, out)
+	}
+	if raw, err := os.ReadFile(stopFile); err != nil || !strings.Contains(string(raw), "no driver DaemonSet of the release runs on the node") {
+		t.Fatalf("stop file %q (%v), want the driver let go at once", raw, err)
+	}
+	if got := e.evictionsOf(); len(got) > 0 {
+		t.Errorf("evictions %v on an uninstall", got)
+	}
+	if n := e.node(); n.Spec.Unschedulable || state(n) != nodestate.UpgradeDone {
+		t.Errorf("node: unschedulable %v, state %q; want it untouched", n.Spec.Unschedulable, state(n))
+	}
+}
+
+// A gate container that stops while its pod stays (the container alone restarts) lets nothing go: the driver
+// container is not stopping.
+func TestGateStoppedWithoutItsPodWritesNoStopFile(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(stopFile); err == nil {
+		t.Fatal("stop file written although the pod is not being deleted")
+	}
+	if got := e.evictionsOf(); len(got) > 0 {
+		t.Errorf("evictions %v", got)
+	}
+}
+
+// The gate's own replacement already emptied the node: its pod's deletion lets the driver stop at once, evicting
+// nothing more.
+func TestReplacedDriverPodLetsItsDriverStopOnceEmptied(t *testing.T) {
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, slotMark))
+	e.withGPUPod(nil)
+	e.withDriverPod(newDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	waitUntil(t, "the driver pod's eviction", func() bool { return slices.Contains(e.evictionsOf(), driverPod) })
+	if _, err := os.Stat(stopFile); err == nil {
+		t.Fatal("stop file written before the pod's deletion")
+	}
+	// the fake API removes an evicted pod at once; the API server marks it deleted with its grace period
+	pod, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), driverPod, metav1.GetOptions{})
+	if err == nil {
+		t.Fatalf("the fake API kept the evicted pod: %v", pod.DeletionTimestamp)
+	}
+	restored := driverPodObject()
+	if err := e.client.Tracker().Add(restored); err != nil {
+		t.Fatal(err)
+	}
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v\n%s", err, out)
+	}
+	if raw, err := os.ReadFile(stopFile); err != nil || !strings.Contains(string(raw), "its node is emptied") {
+		t.Fatalf("stop file %q (%v)", raw, err)
+	}
+	if got := e.evictionsOf(); !slices.Equal(got, []string{"train", driverPod}) {
+		t.Errorf("evictions %v, want the GPU pod and the driver pod once each", got)
+	}
+}
+
+// A new driver pod's manager waits while an older driver pod is still on the node (its gate empties the node, its
+// driver unloads), changing nothing, and starts once it is gone.
+func TestNewDriverPodWaitsForTheOlderOneToGo(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+	e.withDriverPod(oldDigest)
+	e.deletePodGracefully(driverPod, time.Minute)
+	newer := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: driverPod + "-next", Namespace: namespace, UID: "driver-uid-next",
+		CreationTimestamp: metav1.NewTime(time.Now().Add(time.Second)),
+		OwnerReferences:   []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: driverDS, UID: "ds-uid", Controller: ptrTo(true)}}},
+		Spec: driverSpec(oldDigest)}
+	if err := e.client.Tracker().Add(newer); err != nil {
+		t.Fatal(err)
+	}
+	o := e.options(oldDigest)
+	o.Lease.Identity = newer.Name
+	out := &syncbuffer.Buffer{}
+	done := make(chan error, 1)
+	go func() { done <- o.Run(context.Background(), out) }()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("the manager ran while the older driver pod was on the node: %v", err)
+	default:
+	}
+	if _, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), "kube-gpu-stack-driver-"+nodeName, metav1.GetOptions{}); err == nil {
+		t.Fatal("the manager took the node's Lease while the older driver pod was on the node")
+	}
+	if err := e.client.CoreV1().Pods(namespace).Delete(context.Background(), driverPod, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("manager: %v\n%s", err, out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager did not start after the older pod went")
+	}
+}
