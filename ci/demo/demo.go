@@ -56,7 +56,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{HarnessComponents: kubelet.Components(), ControllerManagerArgs: cluster.TolerateLateHeartbeats})
+	c, err := cluster.Start(ctx, cluster.Options{HarnessComponents: kubelet.Components(), HarnessTerminates: kubelet.Terminates(), ControllerManagerArgs: cluster.TolerateLateHeartbeats})
 	if err != nil {
 		return err
 	}

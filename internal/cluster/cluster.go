@@ -102,6 +102,10 @@ type Options struct {
 	// HarnessComponents are pod components (label app.kubernetes.io/component) that kwok leaves alone: the tests
 	// play the kubelet for them (internal/kubelet), running the project's own code instead of faking success.
 	HarnessComponents []string
+	// HarnessTerminates are harness components whose deleted pods the harness removes itself, once their
+	// containers stopped (a preStop hook, the grace period), as a kubelet does; kwok removes every other deleted pod
+	// at once.
+	HarnessTerminates []string
 	// APIServerAddress and APIServerPort, when both set, are where the API server listens (and the address its serving
 	// certificate names) instead of a free port on 127.0.0.1: a real kubelet's pods must reach it (tests/node).
 	APIServerAddress string
@@ -176,7 +180,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
-	stages, err := c.writeKwokStages(opts.HarnessComponents)
+	stages, err := c.writeKwokStages(opts.HarnessComponents, opts.HarnessTerminates)
 	if err != nil {
 		c.Stop()
 		return nil, err
@@ -229,8 +233,8 @@ func (c *Cluster) writeKubeconfig() error {
 
 // writeKwokStages writes kwok's own fast stages: nodes become Ready at once and keep a lease; pods become Ready,
 // Jobs' pods complete, and deleted pods go away. Pods of the harness components are left out of "ready" and
-// "complete", so only the harness decides how they end.
-func (c *Cluster) writeKwokStages(harness []string) (string, error) {
+// "complete", so only the harness decides how they end, and those of terminates out of "delete" too.
+func (c *Cluster) writeKwokStages(harness, terminates []string) (string, error) {
 	docs := []string{nodefast.DefaultNodeInit, nodelease.DefaultNodeHeartbeatWithLease}
 	for _, stage := range []string{podfast.DefaultPodReady, podfast.DefaultPodComplete} {
 		if len(harness) > 0 {
@@ -244,6 +248,11 @@ func (c *Cluster) writeKwokStages(harness []string) (string, error) {
 	podDelete, err := withMatchExpression(podfast.DefaultPodDelete, notYetDeletedAtOnce)
 	if err != nil {
 		return "", err
+	}
+	if len(terminates) > 0 {
+		if podDelete, err = withMatchExpression(podDelete, excludeComponents(terminates)); err != nil {
+			return "", err
+		}
 	}
 	docs = append(docs, podDelete)
 	path := filepath.Join(c.dir, "kwok-stages.yaml")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -247,6 +248,39 @@ func (k *Kubelet) runDriver(ctx context.Context, pod *corev1.Pod) {
 	}
 }
 
+// terminateDriver stops a deleted driver pod as a kubelet does: SIGTERM to its containers (their context ends); the
+// driver container's preStop holds its stop until the upgrade gate, stopping too, has let it go (the gate's Run
+// returned: it empties the node first when another driver pod takes the node over), within the pod's grace
+// period; then the driver's stop (recorded) and the pod's removal.
+func (k *Kubelet) terminateDriver(ctx context.Context, pod *corev1.Pod) {
+	k.mu.Lock()
+	done := k.driverDone[pod.UID]
+	k.mu.Unlock()
+	k.stop(pod.UID)
+	if done != nil {
+		grace := 30 * time.Second
+		if s := pod.DeletionGracePeriodSeconds; s != nil {
+			grace = time.Duration(*s) * time.Second
+		}
+		select {
+		case <-done:
+		case <-time.After(grace):
+		case <-ctx.Done():
+			return
+		}
+	}
+	k.recordDriverStop(ctx, pod)
+	now := int64(0)
+	err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &now,
+		Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
+		slog.Warn("kubelet stand-in: remove a stopped driver pod", "pod", pod.Name, "err", err)
+	}
+	k.mu.Lock()
+	delete(k.driverDone, pod.UID)
+	k.mu.Unlock()
+}
+
 // DriverStop is the moment a driver container got its stop (its pod deleted while the driver container ran): the
 // upstream driver's shutdown then stops nvidia-persistenced and the fabric manager, whatever uses the GPUs.
 // GPUPods are the GPU pods (gpupods.RequestsGPU) still on the node then, namespace/name: each one lost those
@@ -304,6 +338,9 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 		} else {
 			defer os.RemoveAll(dir)
 			o.Client, o.Hold, o.ReadyFile = k.apiFor(UncordonRun), false, filepath.Join(dir, filepath.Base(o.ReadyFile))
+			if o.StopFile != "" {
+				o.StopFile = filepath.Join(dir, filepath.Base(o.StopFile))
+			}
 			o.Log = slog.New(slog.NewTextHandler(&out, nil))
 			o.Complete()
 			if err = o.Validate(); err == nil {

@@ -45,6 +45,10 @@ func Components() []string {
 	return append(append(append([]string{}, Validators...), HookComponents...), DriverComponent)
 }
 
+// Terminates are the components whose deleted pods this package removes itself once their containers stopped
+// (cluster.Options.HarnessTerminates): a driver pod's driver container waits in its preStop for its upgrade gate.
+func Terminates() []string { return []string{DriverComponent} }
+
 // Run records one hook pod's run.
 type Run struct {
 	Pod, Component, Node string
@@ -84,6 +88,9 @@ type Kubelet struct {
 	loaded        map[string]string                // node -> image of the driver its host has loaded
 	faults        map[string]string                // driver image tag prefix -> why its validation fails
 	stops         map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
+	// driverDone: closed when a driver pod's containers all returned; terminating: driver pods being stopped
+	driverDone  map[types.UID]chan struct{}
+	terminating map[types.UID]bool
 	// validating serializes the runs of one validator pod's checks
 	validating map[types.UID]*sync.Mutex
 	// statuses counts each pod's status writes asked for: a write still retrying gives way to a newer one
@@ -95,7 +102,8 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
 		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{},
-		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}, driverRunning: map[types.UID]bool{}, apiChanged: make(chan struct{})}
+		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}, driverRunning: map[types.UID]bool{}, apiChanged: make(chan struct{}),
+		driverDone: map[types.UID]chan struct{}{}, terminating: map[types.UID]bool{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
 		lo.LabelSelector = ComponentLabel + " in (" + strings.Join(Components(), ",") + ")"
 	}))
@@ -112,6 +120,10 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 		if pod, ok := obj.(*corev1.Pod); ok {
 			if pod.Labels[ComponentLabel] == DriverComponent {
 				k.recordDriverStop(ctx, pod) // deleted at once (no grace period): the stop came now
+				k.mu.Lock()
+				delete(k.terminating, pod.UID)
+				delete(k.driverDone, pod.UID)
+				k.mu.Unlock()
 			}
 			k.stop(pod.UID)
 		}
@@ -288,7 +300,14 @@ func (k *Kubelet) LastRun(component string, since time.Time) (Run, bool) {
 func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 	if pod.DeletionTimestamp != nil {
 		if pod.Labels[ComponentLabel] == DriverComponent {
-			k.recordDriverStop(ctx, pod)
+			k.mu.Lock()
+			started := !k.terminating[pod.UID]
+			k.terminating[pod.UID] = true
+			k.mu.Unlock()
+			if started {
+				go k.terminateDriver(ctx, pod)
+			}
+			return
 		}
 		k.stop(pod.UID)
 		return
@@ -305,10 +324,15 @@ func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 	}
 	if pod.Labels[ComponentLabel] == DriverComponent {
 		podCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
 		k.mu.Lock()
 		k.stops[pod.UID] = cancel
+		k.driverDone[pod.UID] = done
 		k.mu.Unlock()
-		go k.runDriver(podCtx, pod)
+		go func() {
+			defer close(done)
+			k.runDriver(podCtx, pod)
+		}()
 		return
 	}
 	if isValidator(pod) {

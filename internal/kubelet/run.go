@@ -76,7 +76,7 @@ func (e *Env) Stop() {
 }
 
 func options() cluster.Options {
-	return cluster.Options{Log: cluster.LogSink(), HarnessComponents: Components(), ControllerManagerArgs: cluster.TolerateLateHeartbeats}
+	return cluster.Options{Log: cluster.LogSink(), HarnessComponents: Components(), HarnessTerminates: Terminates(), ControllerManagerArgs: cluster.TolerateLateHeartbeats}
 }
 
 // standIn starts the stand-in on c (until ctx ends) and registers nodes.

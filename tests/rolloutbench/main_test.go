@@ -54,7 +54,7 @@ func run(m *testing.M) int {
 	for _, n := range nodefixtures.Rollout(*nodeCount) {
 		nodes = append(nodes, n.Object())
 	}
-	opts := cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), ControllerManagerArgs: cluster.TolerateLateHeartbeats}
+	opts := cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), HarnessTerminates: kubelet.Terminates(), ControllerManagerArgs: cluster.TolerateLateHeartbeats}
 	var err error
 	if auditDir, err = os.MkdirTemp("", "rolloutbench-audit-"); err != nil {
 		fmt.Println("rolloutbench:", err)

@@ -109,7 +109,7 @@ func open() (*env, error) {
 	e.stop = stop
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if e.c, err = cluster.Start(startCtx, cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), APIServerArgs: args,
+	if e.c, err = cluster.Start(startCtx, cluster.Options{Log: cluster.LogSink(), HarnessComponents: kubelet.Components(), HarnessTerminates: kubelet.Terminates(), APIServerArgs: args,
 		ControllerManagerArgs: cluster.TolerateLateHeartbeats}); err != nil {
 		return nil, err
 	}
