@@ -164,6 +164,11 @@ func chartOnNode(t *testing.T, hostRoot string, loaded bool, changes []string) {
 		}
 	}
 
+	if !loaded {
+		t.Run("driver pod deleted by hand", func(t *testing.T) { driverStopsOnAnEmptiedNode(t, ctx) })
+		afterInstall = treeSnapshot(t, hostRoot) // what the uninstall must leave: the node as the takeover left it
+	}
+
 	start = time.Now()
 	if err := target.Uninstall(); err != nil {
 		t.Errorf("uninstall: %v", err)
