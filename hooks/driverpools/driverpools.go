@@ -32,6 +32,10 @@ type Pool struct {
 	// DefaultMaxFailures; 0: no threshold). The pre-upgrade plan marks them on the nodes (package canary).
 	Canary      *int `json:"canary,omitempty"`
 	MaxFailures *int `json:"maxFailures,omitempty"`
+	// Hold names nodes of the pool kept on their current driver (upgradePolicy.hold): the pre-upgrade plan labels
+	// them nodestate.UpgradeSkipLabel, as the release's own (nodestate.Seed), and takes that label back once a node
+	// leaves the list.
+	Hold []string `json:"hold,omitempty"`
 	// Allocation is how the pool's nodes hand GPUs to pods (device-plugin or dra): its driver manager labels them
 	// so (nodestate.AllocationLabel), moving their GPU pods off first when they were labelled the other way.
 	Allocation string `json:"gpuAllocation,omitempty"`

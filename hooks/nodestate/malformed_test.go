@@ -20,6 +20,8 @@ var readers = map[string]func(*corev1.Node) error{
 		return err
 	},
 	"Seed":            func(n *corev1.Node) error { _, err := Seed(n, "nvidia.com/mig.config", "all-disabled"); return err },
+	"Unseed":          func(n *corev1.Node) error { _, err := Unseed(n, UpgradeSkipLabel); return err },
+	"Seeded":          func(n *corev1.Node) error { _, err := Seeded(n, UpgradeSkipLabel); return err },
 	"ValidationSince": func(n *corev1.Node) error { _, err := ValidationSince(n); return err },
 }
 

@@ -316,6 +316,43 @@ func Seed(node *corev1.Node, key, value string) (Patch, error) {
 	return p, nil
 }
 
+// Unseed returns the patch that takes back a label Seed set: removed, with its record, while it still has the
+// seeded value; a label someone changed since only loses its record. A label never seeded is left alone.
+func Unseed(node *corev1.Node, key string) (Patch, error) {
+	var p Patch
+	record, err := seededRecord(node)
+	if err != nil {
+		return Patch{}, err
+	}
+	v, ok := record[key]
+	if !ok {
+		return p, nil
+	}
+	if node.Labels[key] == v {
+		p.label(key, nil)
+	}
+	delete(record, key)
+	b, _ := json.Marshal(record)
+	p.annotation(SeededLabelsAnnotation, ptr(string(b)))
+	return p, nil
+}
+
+// Seeded reports whether label key holds the value the stack seeded (Seed) and nobody changed since.
+func Seeded(node *corev1.Node, key string) (bool, error) {
+	v, recorded, err := SeedOf(node, key)
+	return recorded && node.Labels[key] == v, err
+}
+
+// SeedOf is the value the stack seeded label key with, and whether it has a record of one (changed since or not).
+func SeedOf(node *corev1.Node, key string) (string, bool, error) {
+	record, err := seededRecord(node)
+	if err != nil {
+		return "", false, err
+	}
+	v, ok := record[key]
+	return v, ok, nil
+}
+
 // SetAllocation returns the patch that sets AllocationLabel to mode, recorded in SeededLabelsAnnotation like a
 // seeded default, so Cleanup removes it unless someone changed it since. Its caller has moved the pods that held the
 // node's GPUs the other way.

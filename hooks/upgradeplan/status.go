@@ -75,7 +75,11 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 			}
 		}
 		if n.Labels[nodestate.UpgradeSkipLabel] == "true" {
-			state += " (held: skip label)"
+			by := HeldByLabel
+			if seeded, err := nodestate.Seeded(&n, nodestate.UpgradeSkipLabel); err == nil && seeded {
+				by = HeldByValues
+			}
+			state += " (held: " + by + ")"
 		}
 		since := "-"
 		if t, err := time.Parse(time.RFC3339, n.Annotations[nodestate.UpgradeSinceAnnotation]); err == nil {

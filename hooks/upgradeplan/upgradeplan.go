@@ -83,11 +83,47 @@ type NodePlan struct {
 	Node, Pool, DaemonSet, From, To string
 	// Kind is KindDriver or KindVGPUManager: which kind of pool Pool is (a name is unique within its kind only).
 	Kind string
+	// HeldBy says, for a held node, what holds it: HeldByLabel (the admin's label) or HeldByValues.
+	HeldBy string
 	// Allocation is "<from> -> <to>" when the node also switches between the device plugin and DRA (its
 	// nvidia.com/gpu.allocation label against the pool's mode), else empty.
 	Allocation string
 	// Moves are the GPU pods the switch evicts (namespace/name), listed for an allocation switch.
 	Moves []string
+}
+
+// What holds a node on its current driver (NodePlan.HeldBy).
+const (
+	HeldByLabel  = "skip label"
+	HeldByValues = "driver.upgradePolicy.hold"
+)
+
+// heldBy says what holds node on its driver ("" when nothing): its pool's upgradePolicy.hold, or the skip label
+// when the admin set it; a label the release seeded for a node no longer listed is about to go (Run takes it back).
+func heldBy(node *corev1.Node, listed map[string]bool) string {
+	switch {
+	case listed[node.Name]:
+		return HeldByValues
+	case node.Labels[nodestate.UpgradeSkipLabel] != "true":
+		return ""
+	}
+	if seeded, err := nodestate.Seeded(node, nodestate.UpgradeSkipLabel); err == nil && seeded {
+		return ""
+	}
+	return HeldByLabel
+}
+
+// holdList is every node some pool's upgradePolicy.hold names.
+func holdList(pools ...[]driverpools.Pool) map[string]bool {
+	out := map[string]bool{}
+	for _, ps := range pools {
+		for _, p := range ps {
+			for _, n := range p.Hold {
+				out[n] = true
+			}
+		}
+	}
+	return out
 }
 
 // Plan is what the upgrade will do.
@@ -138,6 +174,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	dsPool := map[string]driverpools.Pool{}
 	dsKind := map[string]string{}
 	owner := map[string]NodePlan{} // node -> the pool of the first kind whose pod runs there
+	listed := holdList(o.Pools, o.VGPUPools)
 	for _, k := range []struct {
 		kind  string
 		pools []driverpools.Pool
@@ -208,8 +245,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			if from == ds.Digest && switching == "" {
 				continue
 			}
-			if node.Labels[nodestate.UpgradeSkipLabel] == "true" {
-				plan.Held = append(plan.Held, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
+			if by := heldBy(node, listed); by != "" {
+				plan.Held = append(plan.Held, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching, HeldBy: by})
 				continue
 			}
 			plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
@@ -244,7 +281,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	}
 	inCanary := planCanary(plan, pools, poolMax, now(), marks, unfit)
 	for _, n := range nodes {
-		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && n.Labels[nodestate.UpgradeSkipLabel] != "true" {
+		if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && heldBy(n, listed) == "" {
 			plan.Refusals = append(plan.Refusals, fmt.Sprintf("node %s is in upgrade-failed (%s): fix it, then run "+
 				"`kube-gpu-stack upgrade retry %s`", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation], n.Name))
 		}
@@ -614,6 +651,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if len(plan.Refusals) > 0 {
 		return plan, fmt.Errorf("%w: %s", ErrUnsafe, strings.Join(plan.Refusals, "; "))
 	}
+	if err := syncHolds(ctx, o, out); err != nil {
+		return plan, err
+	}
 	now := o.Now().UTC().Format(time.RFC3339)
 	var marked []*corev1.Node // as they were before their mark
 	kept := 0                 // planned nodes that already carry their mark
@@ -680,6 +720,64 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		fmt.Fprintf(out, "pre-upgrade: %d GPU nodes already planned so, left as they are\n", kept)
 	}
 	return plan, nil
+}
+
+// syncHolds makes the skip label follow the pools' upgradePolicy.hold: each listed node gets it (recorded as the
+// release's, nodestate.Seed; a node already labelled keeps its label, and it stays the admin's), and a node the
+// release labelled that no list names any more loses it (nodestate.Unseed). Nodes first, so that no driver pod of a
+// listed node sees this plan's DaemonSets without its hold. A failed write takes back the labels written.
+func syncHolds(ctx context.Context, o Options, out io.Writer) error {
+	listed := holdList(o.Pools, o.VGPUPools)
+	nodes, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.NodeList, error) {
+		return o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	})
+	if err != nil {
+		return fmt.Errorf("list nodes: %w", err)
+	}
+	var held []string
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		seed := listed[n.Name]
+		if _, recorded, err := nodestate.SeedOf(n, nodestate.UpgradeSkipLabel); !seed && (err != nil || !recorded) {
+			continue // neither listed nor ever labelled by the release (a malformed record is the cleanup's to report)
+		}
+		changed := false
+		if _, err := nodestate.Update(ctx, o.Client, n.Name, func(n *corev1.Node) (nodestate.Patch, error) {
+			var p nodestate.Patch
+			var err error
+			if seed {
+				p, err = nodestate.Seed(n, nodestate.UpgradeSkipLabel, "true")
+			} else {
+				p, err = nodestate.Unseed(n, nodestate.UpgradeSkipLabel)
+			}
+			changed = len(p.Labels) > 0
+			return p, err
+		}); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			undoHolds(ctx, o.Client, held)
+			return fmt.Errorf("hold node %s (%s): %w", n.Name, HeldByValues, err)
+		}
+		switch {
+		case seed && changed:
+			held = append(held, n.Name)
+			fmt.Fprintf(out, "pre-upgrade: node %s held (%s): labelled %s=true\n", n.Name, HeldByValues, nodestate.UpgradeSkipLabel)
+		case !seed && changed:
+			fmt.Fprintf(out, "pre-upgrade: node %s no longer held (%s): its %s label removed\n", n.Name, HeldByValues, nodestate.UpgradeSkipLabel)
+		}
+	}
+	return nil
+}
+
+// undoHolds takes back the skip labels syncHolds wrote before it failed.
+func undoHolds(ctx context.Context, client kubernetes.Interface, names []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for _, name := range names {
+		_, _ = nodestate.Update(ctx, client, name, func(n *corev1.Node) (nodestate.Patch, error) {
+			return nodestate.Unseed(n, nodestate.UpgradeSkipLabel)
+		})
+	}
 }
 
 // unmark takes back the marks of a plan that failed half way: Helm applies nothing after a failed pre-upgrade hook,
@@ -752,6 +850,11 @@ func (p *Plan) Write(out io.Writer) {
 		}
 	}
 	for _, np := range p.Held {
+		if np.HeldBy == HeldByValues {
+			fmt.Fprintf(out, "node %s (%s %s) held: %s lists it, so it keeps its driver (config %s) in service; take it off the list to let it change to %s\n",
+				np.Node, poolNoun(np.Kind), np.Pool, HeldByValues, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
+			continue
+		}
 		fmt.Fprintf(out, "node %s (%s %s) held: %s=true keeps its driver (config %s) in service; remove the label to let it change to %s\n",
 			np.Node, poolNoun(np.Kind), np.Pool, nodestate.UpgradeSkipLabel, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))
 	}

@@ -963,3 +963,32 @@ func operandPlacements(t *testing.T, stream, operand string) []placement.DaemonS
 	}
 	return out
 }
+
+// upgradePolicy.hold reaches the hooks' DRIVER_POOLS per pool: driver.upgradePolicy.hold in every pool without a list
+// of its own, a pool's own list in place of it, and no "hold" at all where nothing is held (the JSON, and so every
+// profile's render, unchanged). A node listed twice is a schema error.
+func TestHoldReachesEachPoolsPlan(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(chartrender.RepoRoot(), "values", "driver-pools.yaml")
+	pools := gatePools(t, render(t, newestKube, []string{file}, "driver.upgradePolicy.hold={gpu-7,gpu-9}",
+		"driver.pools[0].upgradePolicy.hold={gpu-3}"))
+	got := map[string][]string{}
+	for _, p := range pools {
+		got[p.Name] = p.Hold
+	}
+	if !slices.Equal(got["default"], []string{"gpu-7", "gpu-9"}) || !slices.Equal(got["r570"], []string{"gpu-3"}) {
+		t.Fatalf("hold per pool %v, want default [gpu-7 gpu-9] and r570 [gpu-3]", got)
+	}
+	if !slices.Equal(got["precompiled"], got["default"]) {
+		t.Errorf("hold per pool %v: a pool without its own list takes driver.upgradePolicy.hold", got)
+	}
+	for _, p := range gatePools(t, render(t, newestKube, []string{file})) {
+		if p.Hold != nil {
+			t.Errorf("pool %s holds %v with no hold in values", p.Name, p.Hold)
+		}
+	}
+	if _, err := renderErr(t, newestKube, []string{file}, "driver.upgradePolicy.hold={gpu-7,gpu-7}"); err == nil ||
+		!strings.Contains(err.Error(), "hold") {
+		t.Errorf("a node held twice rendered (%v), want a schema error naming hold", err)
+	}
+}

@@ -182,8 +182,8 @@ the pre-upgrade plan), as a JSON list in pool order (the default pool first, the
 driver DaemonSets use it, OR'ed terms, without the GPU, role, gpu.deploy.* and per-OS/kernel requirements the
 DaemonSets add: a named pool's selector as one term; the default pool's exclusion of the other pools, one term per
 alternative. The default pool alone selects every GPU node; as an empty term selects no node in the Kubernetes API,
-that is written as the one term nvidia.com/gpu.present In [true]. maxUnavailable, autoUpgrade, canary and
-maxFailures are the pool's upgradePolicy. daemonSets (container pools) are its driver DaemonSets, [{"name",
+that is written as the one term nvidia.com/gpu.present In [true]. maxUnavailable, autoUpgrade, canary,
+maxFailures and hold (only when it names nodes) are the pool's upgradePolicy. daemonSets (container pools) are its driver DaemonSets, [{"name",
 "nodeSelectorTerms", "digest"}]: each one's own node selection (gpu-stack-lib.poolVariants' nodeSelectorTerms) and
 its DRIVER_CONFIG_DIGEST. Built from the same pools and variants the driver chart renders its DaemonSets from, so
 the two cannot disagree. The vGPU manager's pools (VGPU_MANAGER_POOLS) take the same shape, with a policy of their
@@ -212,6 +212,7 @@ own. dict:
 {{- else -}}
 {{- $policy := $v.upgradePolicy -}}
 {{- $fields = dict "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
+{{- with $policy.hold }}{{ $_ := set $fields "hold" . }}{{ end -}}
 {{- end -}}
 {{- range $k, $x := $fields }}{{ $_ := set $entry $k $x }}{{ end -}}
 {{- $dss := list -}}
