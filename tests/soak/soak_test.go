@@ -282,10 +282,18 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				})
 			}
 			downMu.Unlock()
-		case op < 80: // a GPU pod lands on a node being emptied (it names the node, or tolerates the cordon)
+		case op < 76: // a GPU pod lands on a node being emptied (it names the node, or tolerates the cordon)
 			if n := e.beingEmptied(ctx, rng); n != "" {
 				ops.add("GPU pod lands on node %s (%s)", n, nodeState(ctx, n))
 				if err := latePod(ctx, n, seed, e.lateOwner); err != nil {
+					t.Error(err)
+				}
+			}
+		case op < 80: // a driver pod deleted by hand: its gate empties the node before its driver stops
+			n := e.gpuNodes[rng.IntN(len(e.gpuNodes))]
+			if p := liveDriverPod(ctx, n); p != nil {
+				ops.add("driver pod %s on %s deleted by hand (%s)", p.Name, n, nodeState(ctx, n))
+				if err := kube.Client.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 					t.Error(err)
 				}
 			}
@@ -464,6 +472,21 @@ func setReady(ctx context.Context, name string, ready bool) error {
 	})
 }
 
+// liveDriverPod is node's driver pod not being deleted (nil when none).
+func liveDriverPod(ctx context.Context, node string) *corev1.Pod {
+	pods, err := kube.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: kubelet.ComponentLabel + "=" + kubelet.DriverComponent,
+		FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return nil
+	}
+	for i := range pods.Items {
+		if pods.Items[i].DeletionTimestamp == nil {
+			return &pods.Items[i]
+		}
+	}
+	return nil
+}
+
 // registerAgain deletes the Node object and registers it again as its kubelet would, with the labels it was first
 // registered with: the pod garbage collector deletes a gone node's pods (forced here, at once: the workloads
 // first, so that no driver stops under a GPU pod the test itself left there), and the kubelet kills them.
@@ -568,6 +591,10 @@ func (l *opLog) summary() string {
 			kinds["Node registered again"]++
 		case len(f) > 2 && f[1] == "helm":
 			kinds["rollback"]++
+		case strings.Contains(line, " deleted by hand "):
+			kinds["driver pod deleted by hand"]++
+		case len(f) > 2 && f[1] == "driver":
+			kinds["driver change"]++
 		case len(f) > 1:
 			kinds[f[1]]++
 		}
