@@ -65,6 +65,7 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -113,6 +114,10 @@ type Drain struct {
 
 // Options configure one run of the driver manager on one node.
 type Options struct {
+	// PoolDaemonSet, when set, is the DaemonSet whose other nodes carry this node's pool's plan (poolmark.go), in
+	// place of its driver pod's own: a driver pod deleted after its node moved to another pool is emptied under the
+	// pool whose DaemonSet takes the node over.
+	PoolDaemonSet *appsv1.DaemonSet
 	// Client talks to the API server.
 	Client kubernetes.Interface
 	// NodeName is this node (NODE_NAME).

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
@@ -64,6 +65,9 @@ func (m *manager) remark(ctx context.Context, mark *canary.Mark, why string) err
 // siblingMark is the latest plan mark (by canary.NotBefore) on the other nodes whose pods its driver pod's
 // DaemonSet runs, and that DaemonSet's name; nil when none carries one, or the pod is no DaemonSet's.
 func (m *manager) siblingMark(ctx context.Context) (*canary.Mark, string, error) {
+	if ds := m.o.PoolDaemonSet; ds != nil {
+		return m.markOfPeers(ctx, ds.Name, ds.UID, ds.Spec.Template.Labels)
+	}
 	pods := m.o.Client.CoreV1().Pods(m.o.Namespace)
 	own, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
 		return pods.List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", m.o.Lease.Identity).String()})
@@ -80,22 +84,32 @@ func (m *manager) siblingMark(ctx context.Context) (*canary.Mark, string, error)
 	if owner == nil || owner.Kind != "DaemonSet" {
 		return nil, "", nil
 	}
-	// the DaemonSet's pods: its template's labels (the pod's, less those of its revision), then its own by owner
+	return m.markOfPeers(ctx, owner.Name, owner.UID, self.Labels)
+}
+
+// markOfPeers is the latest plan mark on the nodes other than this one that DaemonSet name (uid) runs pods on; its
+// pods are found by podLabels (a pod's or the template's: the revision's own labels are left out), then by owner.
+func (m *manager) markOfPeers(ctx context.Context, name string, uid types.UID, podLabels map[string]string) (*canary.Mark, string, error) {
+	pods := m.o.Client.CoreV1().Pods(m.o.Namespace)
 	labels := map[string]string{}
-	for k, v := range self.Labels {
+	for k, v := range podLabels {
 		if k != appsv1.DefaultDaemonSetUniqueLabelKey && k != "pod-template-generation" {
 			labels[k] = v
 		}
 	}
+	var list metav1.ListOptions // no labels (a template without any): every pod of the namespace, then by owner
+	if len(labels) > 0 {
+		list.LabelSelector = metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})
+	}
 	siblings, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
-		return pods.List(ctx, metav1.ListOptions{LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: labels})})
+		return pods.List(ctx, list)
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("node %s: list the pods of its driver DaemonSet %s/%s for its pool's plan: %w", m.o.NodeName, m.o.Namespace, owner.Name, err)
+		return nil, "", fmt.Errorf("node %s: list the pods of its driver DaemonSet %s/%s for its pool's plan: %w", m.o.NodeName, m.o.Namespace, name, err)
 	}
 	peers := map[string]bool{}
 	for _, p := range siblings.Items {
-		if c := metav1.GetControllerOf(&p); c != nil && c.UID == owner.UID && p.Spec.NodeName != m.o.NodeName {
+		if c := metav1.GetControllerOf(&p); c != nil && c.UID == uid && p.Spec.NodeName != m.o.NodeName {
 			peers[p.Spec.NodeName] = true
 		}
 	}
@@ -118,5 +132,27 @@ func (m *manager) siblingMark(ctx context.Context) (*canary.Mark, string, error)
 			latest = mk
 		}
 	}
-	return latest, owner.Name, nil
+	return latest, name, nil
+}
+
+// followNewPool re-marks a node, not yet under way, that moved to another pool (Options.PoolDaemonSet: the DaemonSet
+// that takes the node over) and still carries its old pool's mark: it waits for its new pool's turn and slot.
+func (m *manager) followNewPool(ctx context.Context) error {
+	if m.o.PoolDaemonSet == nil || underWay(m.node) {
+		return nil
+	}
+	mark, err := canary.Read(m.node)
+	if err != nil || mark == nil {
+		return err
+	}
+	latest, ds, err := m.siblingMark(ctx)
+	if err != nil || latest == nil || latest.Pool == mark.Pool {
+		return err
+	}
+	why := fmt.Sprintf("moved from pool %s to pool %s (its DaemonSet %s): emptied under pool %s's plan", mark.Pool, latest.Pool, ds, latest.Pool)
+	if err := m.remark(ctx, latest, why); err != nil {
+		return err
+	}
+	m.log.Info("the node moved to another pool: its emptying follows the new pool's plan", "from", mark.Pool, "to", latest.Pool, "daemonSet", ds)
+	return nil
 }

@@ -245,6 +245,9 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 	if err := m.stillOutdated(ctx, outdated, false); err != nil {
 		return err
 	}
+	if err := m.followNewPool(ctx); err != nil {
+		return &untouchedError{err}
+	}
 	if _, marked := m.node.Annotations[canary.MarkAnnotation]; !marked && !underWay(m.node) {
 		// no plan marked the node (registered again, added after the plan, no plan hook): it follows its pool's
 		// plan as the other nodes of its DaemonSet carry it, and without one goes bounded by a pool of its own

@@ -85,9 +85,11 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 		return "no driver DaemonSet of the release runs on the node any more (an uninstall, or the node left every driver pool): nothing to empty it for", nil
 	}
 	why := "its driver pod " + pod.Name + " is being deleted"
-	daemonSet := next.Name
-	if owner := metav1.GetControllerOf(pod); owner != nil && owner.Kind == "DaemonSet" {
-		daemonSet = owner.Name // a node no plan marked goes one at a time among its own DaemonSet's
+	// the node goes under the pool of the DaemonSet that takes it over: its plan's mark as the other nodes of that
+	// DaemonSet carry it, or without one one node of that DaemonSet at a time
+	moved := true
+	if owner := metav1.GetControllerOf(pod); owner != nil && owner.UID == next.UID {
+		moved = false
 	}
 	if o.ManagerOptions == nil {
 		return "", errors.New("no driver-manager settings reader: cannot empty the node")
@@ -98,13 +100,16 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 	}
 	mo.Client, mo.Log, mo.Now, mo.Lease.Identity = o.Client, base, o.Now, pod.Name
 	mo.NodeName, mo.Namespace = o.NodeName, o.Namespace
+	if moved {
+		mo.PoolDaemonSet = next
+	}
 	mo.Complete()
 	if err := errors.Join(append(scopeErrors(mo.Client, mo.NodeName, mo.Namespace), mo.Lease.validate())...); err != nil {
 		return "", err
 	}
 	base.With("node", o.NodeName).Info("the driver pod is being deleted while its node has a driver DaemonSet: emptying the node before the driver stops",
 		"pod", pod.Name, "next", next.Name, "deadline", deadlineOf(ctx))
-	if err := mo.empty(ctx, base, out, daemonSet, why, func() string { return why }); err != nil {
+	if err := mo.empty(ctx, base, out, next.Name, why, func() string { return why }); err != nil {
 		return "", err
 	}
 	fmt.Fprintf(out, "node %s emptied before its driver pod %s stops; the DaemonSet %s's next pod takes the node over\n", o.NodeName, pod.Name, next.Name)

@@ -14,7 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
@@ -251,5 +253,64 @@ func TestNewDriverPodWaitsForTheOlderOneToGo(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the manager did not start after the older pod went")
+	}
+}
+
+// A node moved from pool a to pool b (relabelled by the admin) still carries pool a's mark when its old driver pod is
+// deleted (its DaemonSet no longer selects it): its gate empties it under pool b's plan, as the other nodes of pool
+// b's DaemonSet carry it, and takes a slot of pool b, whose bound it now counts against.
+func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
+	markA := canary.Mark{Pool: "a", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
+	markB := canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 2}.Format()
+	moved := planned(nodeName, nodestate.UpgradeDone, markA)
+	moved.Labels["pool"] = "b"
+	e := newEnv(t, moved)
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	e.setNodeSelector(map[string]string{"pool": "a"})
+	const next = "nvidia-driver-b-ubuntu2204"
+	e.withDriverDaemonSet(next, map[string]string{"pool": "b"})
+	peer := planned("gpu-2", nodestate.UpgradeDone, markB)
+	peer.Labels["pool"] = "b"
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := e.client.AppsV1().DaemonSets(namespace).Get(context.Background(), next, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: next + "-gpu-2", Namespace: namespace, UID: "b-pod-gpu-2",
+		Labels:          map[string]string{ComponentLabel: "driver", "pool": "b"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: next, UID: ds.UID, Controller: ptrTo(true)}}},
+		Spec: ds.Spec.Template.Spec}
+	peerPod.Spec.NodeName = "gpu-2"
+	if err := e.client.Tracker().Add(peerPod); err != nil {
+		t.Fatal(err)
+	}
+	ds.Spec.Template.Labels = map[string]string{ComponentLabel: "driver", "pool": "b"}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Update(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(stopFile); err != nil {
+		t.Fatalf("the driver was never let go: %v\n%s", err, out)
+	}
+	n := e.node()
+	if mk, err := canary.Read(n); err != nil || mk == nil || mk.Pool != "b" {
+		t.Fatalf("the moved node's mark %+v (%v): want pool b's plan\n%s", mk, err, out)
+	}
+	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Prefix+"b", metav1.GetOptions{})
+	if err != nil || !strings.Contains(lease.Annotations[slots.HoldersAnnotation], nodeName) {
+		t.Fatalf("pool b's slots %v (%v): want %s among their holders\n%s", lease, err, nodeName, out)
+	}
+	if state(n) != nodestate.PodRestartRequired || !slices.Equal(e.evictionsOf(), []string{"train"}) {
+		t.Errorf("state %q, evictions %v: want the node emptied", state(n), e.evictionsOf())
 	}
 }
