@@ -164,6 +164,20 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		m.log.Info("the node's turn came: starting over under the node's lease", "pool", mark.Pool, "canary", mark.Canary)
 		return nil
 	}
+	if !m.agent {
+		// the wait also ends when the node is no longer upgrade-required: a newer plan may have called it off
+		// (upgrade-done) after this run read it, judging it by this pod's config while the host runs another
+		// driver. That is no turn: it waits for one again, as a node found called off does
+		fresh, err := nodestate.Get(ctx, m.o.Client, m.o.NodeName)
+		if err != nil {
+			return &untouchedError{err}
+		}
+		if st := nodestate.UpgradeState(fresh.Labels[nodestate.UpgradeStateLabel]); st == nodestate.UpgradeDone || st == "" {
+			m.node = fresh
+			m.log.Info("a newer plan called the node off while it waited, yet this pod installs another driver: waiting for its turn again")
+			return m.waitTurn(ctx, block)
+		}
+	}
 	m.log.Info("the pool's canary validated: the driver change goes ahead", "pool", mark.Pool, "canary", mark.Canary)
 	return nil
 }

@@ -322,3 +322,37 @@ func TestNodeMovedToAnotherPoolIsGovernedByItsNewPool(t *testing.T) {
 		t.Fatalf("pool default's holders %v, want the moved node", got)
 	}
 }
+
+// A newer plan calls the node off (upgrade-done: its driver pod already has the release's config) in the moment
+// between the manager's read of the node and its wait for a turn, while this pod installs another driver than the
+// node runs (its old pod was deleted, the host kept the other driver). The wait's watch then shows a node that is
+// no longer upgrade-required: that is no turn. The node waits for a slot again instead of going out beyond the
+// pool's bound (the soak caught it: pool a with 4 nodes out against 3).
+func TestNodeCalledOffWhileItsManagerStartsToWaitWaitsForASlot(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	o := e.options(newDigest)
+	calledOff := false
+	o.AfterStep = func(step string) error {
+		if step == "detect" && !calledOff {
+			calledOff = true
+			e.setState(nodeName, nodestate.UpgradeDone) // the plan's CalledOff, after the run read the node
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if got := e.holders(); !slices.Equal(got, []string{"gpu-7"}) {
+		t.Fatalf("holders %v while the node waits", got)
+	}
+	e.freeSlotOf("gpu-7", done)
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v after the change, want the node's own slot", got)
+	}
+}
