@@ -30,6 +30,9 @@ const DefaultReportConfigMap = "kube-gpu-stack-validation-report"
 type Scope struct {
 	Flags   *genericclioptions.ConfigFlags
 	Release *string
+	// Now is the clock the commands stamp their writes with (the pre-upgrade plan's name): time.Now, or a node's
+	// skewed clock where a harness plays one.
+	Now *func() time.Time
 }
 
 // NewCommand returns the root command writing its output to out.
@@ -50,9 +53,10 @@ func NewRoot(out io.Writer) (*cobra.Command, Scope) {
 	flags.AddFlags(root.PersistentFlags())
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
+	now := time.Now
 	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out))
-	return root, Scope{Flags: flags, Release: &release}
+		preUpgradeCommand(flags, &release, out, &now), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out))
+	return root, Scope{Flags: flags, Release: &release, Now: &now}
 }
 
 // Clients returns the REST config, a clientset and the namespace the kubeconfig flags select.

@@ -13,7 +13,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
-func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
+func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer, now *func() time.Time) *cobra.Command {
 	o := upgradeplan.Options{}
 	var pools, vgpuPools string
 	cmd := &cobra.Command{
@@ -27,7 +27,7 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 			if o.VGPUPools, err = driverpools.Parse(vgpuPools); err != nil {
 				return fmt.Errorf("vGPU manager pools: %w", err)
 			}
-			o.Release = *release
+			o.Release, o.Now = *release, *now
 			if err := o.Validate(); err != nil {
 				return err
 			}

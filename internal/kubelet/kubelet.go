@@ -91,6 +91,8 @@ type Kubelet struct {
 	// driverDone: closed when a driver pod's containers all returned; terminating: driver pods being stopped
 	driverDone  map[types.UID]chan struct{}
 	terminating map[types.UID]bool
+	// skew: how far the hook pods' clock is off (SetClockSkew)
+	skew time.Duration
 	// validating serializes the runs of one validator pod's checks
 	validating map[types.UID]*sync.Mutex
 	// statuses counts each pod's status writes asked for: a write still retrying gives way to a newer one
@@ -157,6 +159,20 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 func isValidator(pod *corev1.Pod) bool {
 	c := pod.Labels[ComponentLabel]
 	return c == Validators[0] || c == Validators[1]
+}
+
+// SetClockSkew sets how far the clock of the nodes that run hook pods from now on is off (0: right), as on nodes
+// whose clocks drift: the pre-upgrade plan stamps its plan with it.
+func (k *Kubelet) SetClockSkew(d time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.skew = d
+}
+
+func (k *Kubelet) clockSkew() time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.skew
 }
 
 // poke re-runs node's validators.
@@ -366,6 +382,9 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 		}
 	}
 	cmd, scope := stackcli.NewRoot(&out)
+	if skew := k.clockSkew(); skew != 0 {
+		*scope.Now = func() time.Time { return time.Now().Add(skew) } // the hook pod's node's clock
+	}
 	// the command's client gets the pace of the stand-in's others (the driver manager's, the validators', envtest's
 	// 1000 requests/s), not client-go's default 5/s: cleaning 28 nodes took 10 s of that pace alone
 	scope.Flags.WrapConfigFn = func(c *rest.Config) *rest.Config { c.QPS, c.Burst = 1000, 2000; return c }

@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
@@ -191,6 +192,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 	rng := rand.New(rand.NewPCG(seed, 0x50a4))
 	start := time.Now()
 	check := watchInvariants(t, e)
+	stopHolding := holdEvictedPods(t)
 	ops := &opLog{start: start}
 	defer func() {
 		if t.Failed() {
@@ -250,8 +252,18 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 			rollback = false
 			to := before // the revision before this seed's driver change
 			e.tag = previousTag
-			ops.add("helm rollback to revision %d (driver %s)", to, previousTag)
-			helmOp(fmt.Sprintf("rollback to %d", to), func() error { return e.helm().Rollback(to) })
+			// half the rollbacks plan on a node whose clock is minutes behind: the rollback's plan then carries an
+			// earlier time than the plan it replaces, and the nodes must follow it all the same
+			skew := time.Duration(0)
+			if rng.IntN(2) == 0 {
+				skew = -time.Duration(1+rng.IntN(10)) * time.Minute
+			}
+			ops.add("helm rollback to revision %d (driver %s), its hooks' clock off by %s", to, previousTag, skew)
+			helmOp(fmt.Sprintf("rollback to %d", to), func() error {
+				stand.SetClockSkew(skew)
+				defer stand.SetClockSkew(0)
+				return e.helm().Rollback(to)
+			})
 			continue
 		}
 		switch op := rng.IntN(100); {
@@ -284,8 +296,15 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 			downMu.Unlock()
 		case op < 76: // a GPU pod lands on a node being emptied (it names the node, or tolerates the cordon)
 			if n := e.beingEmptied(ctx, rng); n != "" {
-				ops.add("GPU pod lands on node %s (%s)", n, nodeState(ctx, n))
-				if err := latePod(ctx, n, seed, e.lateOwner); err != nil {
+				// one in three is held by a finalizer once evicted, its containers ended (phase Failed), until the
+				// seed's end: it no longer uses the GPU, and the emptying must not wait for it
+				held := rng.IntN(3) == 0
+				if held {
+					ops.add("GPU pod held by a finalizer lands on node %s (%s)", n, nodeState(ctx, n))
+				} else {
+					ops.add("GPU pod lands on node %s (%s)", n, nodeState(ctx, n))
+				}
+				if err := latePod(ctx, n, seed, e.lateOwner, held); err != nil {
 					t.Error(err)
 				}
 			}
@@ -339,6 +358,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 		t.Errorf("the re-sync after the rollout failed: %v", err)
 	}
 	checks := check.stop(t)
+	stopHolding()
 	for _, s := range stand.DriverStops() {
 		// a pod created while the node's device plugin was paused never got a GPU on a real node
 		using := slices.DeleteFunc(slices.Clone(s.GPUPods), func(p string) bool {
@@ -428,7 +448,7 @@ func (e *soakEnv) beingEmptied(ctx context.Context, rng *rand.Rand) string {
 // latePod puts a GPU pod on node, naming it and tolerating every taint, as a pod that bypasses the scheduler or
 // tolerates the cordon does. Its controller is owner, an object no controller acts for: an eviction is accepted (the
 // drain moves only pods something owns) and nothing recreates the pod.
-func latePod(ctx context.Context, node string, seed uint64, owner *corev1.ConfigMap) error {
+func latePod(ctx context.Context, node string, seed uint64, owner *corev1.ConfigMap, held bool) error {
 	gpu := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
 	yes := true
 	pod := &corev1.Pod{
@@ -438,6 +458,9 @@ func latePod(ctx context.Context, node string, seed uint64, owner *corev1.Config
 			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
 			Containers:  []corev1.Container{{Name: "c", Image: "registry.example/late", Resources: corev1.ResourceRequirements{Requests: gpu, Limits: gpu}}}},
 	}
+	if held {
+		pod.Finalizers = []string{holdFinalizer}
+	}
 	created, err := kube.Client.CoreV1().Pods(lateNS).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return err
@@ -445,6 +468,55 @@ func latePod(ctx context.Context, node string, seed uint64, owner *corev1.Config
 	rv, err := strconv.ParseInt(created.ResourceVersion, 10, 64)
 	lateRV.Store(lateNS+"/"+created.Name, rv)
 	return err
+}
+
+// holdFinalizer keeps an evicted late pod on the API server (a finalizer whose controller is slow or gone).
+const holdFinalizer = "soak.kube-gpu-stack.io/hold"
+
+// holdEvictedPods plays the kubelet for late pods held by holdFinalizer: once deleted, their containers end (phase
+// Failed), while the finalizer keeps them. The returned func removes every such finalizer and stops.
+func holdEvictedPods(t *testing.T) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	w, err := kube.Client.CoreV1().Pods(lateNS).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || p.DeletionTimestamp == nil || !slices.Contains(p.Finalizers, holdFinalizer) || p.Status.Phase == corev1.PodFailed {
+				continue
+			}
+			p = p.DeepCopy()
+			p.Status.Phase = corev1.PodFailed
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "c", State: corev1.ContainerState{
+				Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "Killed"}}}}
+			if _, err := kube.Client.CoreV1().Pods(lateNS).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				t.Errorf("end the containers of evicted pod %s: %v", p.Name, err)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		w.Stop()
+		<-done
+		pods, err := kube.Client.CoreV1().Pods(lateNS).List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, p := range pods.Items {
+			if slices.Contains(p.Finalizers, holdFinalizer) {
+				patch := []byte(`{"metadata":{"finalizers":null}}`)
+				if _, err := kube.Client.CoreV1().Pods(lateNS).Patch(t.Context(), p.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					t.Error(err)
+				}
+			}
+		}
+	}
 }
 
 // lateRV is the etcd revision at which each late pod (namespace/name) was created.
@@ -585,6 +657,8 @@ func (l *opLog) summary() string {
 		case strings.Contains(line, " ended: "):
 		case len(f) > 2 && f[1] == "node":
 			kinds["NotReady"]++
+		case len(f) > 2 && f[1] == "GPU" && strings.Contains(line, "finalizer"):
+			kinds["GPU pod held by a finalizer on a node being emptied"]++
 		case len(f) > 2 && f[1] == "GPU":
 			kinds["GPU pod on a node being emptied"]++
 		case len(f) > 2 && f[1] == "Node":
