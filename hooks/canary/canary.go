@@ -49,6 +49,18 @@ type Mark struct {
 	// one of that many slots (package slots) before they cordon, so that no more of the pool's nodes are out at once,
 	// whatever replaces their driver pods. 0 (a mark from before it): the DaemonSet's bound alone.
 	MaxUnavailable int `json:"maxUnavailable,omitempty"`
+	// Slots names the pool's slots (package slots) by its node selection, not its name, so that the bound holds
+	// across a pool renamed mid-rollout: the nodes out under the old name hold slots of the same Lease. Empty (a mark
+	// from before it, or of a pool no plan named): the slots are named after Pool.
+	Slots string `json:"slots,omitempty"`
+}
+
+// SlotsName is what names the pool's slots Lease (package slots): Slots, or Pool for a mark without it.
+func (m Mark) SlotsName() string {
+	if m.Slots != "" {
+		return m.Slots
+	}
+	return m.Pool
 }
 
 // Format renders the mark for MarkAnnotation.

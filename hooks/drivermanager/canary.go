@@ -82,7 +82,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		var slotsStore *kwatch.Store[*coordinationv1.Lease]
 		var graceOver atomic.Bool // Options.SlotRecheck passed since the wait began
 		if block && m.slotsFull && mark.MaxUnavailable > 0 {
-			if slotsStore, err = kwatch.Start(rctx, kwatch.Lease(m.o.Client, m.o.Namespace, slots.Name(mark.Pool)), &coordinationv1.Lease{}); err != nil {
+			if slotsStore, err = kwatch.Start(rctx, kwatch.Lease(m.o.Client, m.o.Namespace, slots.Name(mark.SlotsName())), &coordinationv1.Lease{}); err != nil {
 				cancel()
 				return &untouchedError{fmt.Errorf("node %s: watch the slots of pool %s: %w", m.o.NodeName, mark.Pool, err)}
 			}
@@ -186,7 +186,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 // pool's slots, or says who holds them all; while it waits (block true) it goes once the slots Lease shows a free
 // slot, or Options.SlotRecheck after the wait began, to take it in a fresh run.
 func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, store *kwatch.Store[*coordinationv1.Lease], graceOver bool) (canary.Turn, error) {
-	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
 	// the reason names the pool's bound, not its holders: the holders change with every slot given back, and each
 	// waiting node of the pool would write its reason again each time (the slots Lease names them)
 	full := func(holders []string) canary.Turn {
@@ -194,7 +194,7 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 			m.log.Info("the pool's slots are all held", "pool", mark.Pool, "holders", strings.Join(holders, ", "))
 		}
 		return canary.Turn{Waiting: fmt.Sprintf("waiting for a slot of pool %s: %d of its nodes, its maxUnavailable, are out of service (the holders: kubectl get lease -n %s %s)",
-			mark.Pool, mark.MaxUnavailable, m.o.Namespace, slots.Name(mark.Pool))}
+			mark.Pool, mark.MaxUnavailable, m.o.Namespace, slots.Name(mark.SlotsName()))}
 	}
 	if !block {
 		claim, err := pool.Take(ctx, m.o.NodeName, m.o.Now())
@@ -212,7 +212,7 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 		return canary.Turn{Go: true}, nil
 	}
 	look := func() ([]string, bool) {
-		lease, ok := store.Get(m.o.Namespace, slots.Name(mark.Pool))
+		lease, ok := store.Get(m.o.Namespace, slots.Name(mark.SlotsName()))
 		if !ok {
 			return nil, true // the pool's slots were reset
 		}

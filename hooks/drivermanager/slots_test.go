@@ -356,3 +356,36 @@ func TestNodeCalledOffWhileItsManagerStartsToWaitWaitsForASlot(t *testing.T) {
 		t.Fatalf("holders %v after the change, want the node's own slot", got)
 	}
 }
+
+// A pool renamed mid-rollout (the same nodes, the same selector): the renamed pool's plan names its slots by the
+// pool's node selection, as the old plan's did, so a node of the renamed pool waits behind the node still out under
+// the old name instead of taking a slot of a new, empty Lease: the bound survives the rename.
+func TestRenamedPoolKeepsItsSlots(t *testing.T) {
+	const key = "pool-0123456789ab"
+	oldMark := canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1, Slots: key}
+	newMark := canary.Mark{Pool: "b-renamed", Plan: "2026-09-01T12:00:30Z", Seq: 2, Canary: map[string]string{}, MaxUnavailable: 1, Slots: key}
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, newMark.Format()))
+	out := planned("gpu-7", nodestate.PodRestartRequired, newMark.Format()) // re-marked by the new plan, still out
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), out, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	old := slots.Pool{Client: e.client, Namespace: namespace, Name: oldMark.SlotsName(), Max: 1}
+	if c, err := old.Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7 under the old name: %+v %v", c, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := e.start(ctx)
+	assertHeld(t, e, "waiting for a slot of pool b-renamed")
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := old.Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait(t, done); err != nil {
+		t.Fatal(err)
+	}
+	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name(key), metav1.GetOptions{})
+	if err != nil || !strings.Contains(l.Annotations[slots.HoldersAnnotation], nodeName) {
+		t.Fatalf("the pool's slots %v (%v): want %s holding one", l, err, nodeName)
+	}
+}

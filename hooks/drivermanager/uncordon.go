@@ -392,7 +392,7 @@ func giveSlotBack(ctx context.Context, client kubernetes.Interface, namespace st
 	if err != nil || mark == nil || mark.MaxUnavailable == 0 {
 		return
 	}
-	pool := slots.Pool{Client: client, Namespace: namespace, Name: mark.Pool, Max: mark.MaxUnavailable}
+	pool := slots.Pool{Client: client, Namespace: namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
 	if err := pool.Give(ctx, node.Name); err != nil {
 		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
 	}

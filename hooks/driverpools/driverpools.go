@@ -4,6 +4,8 @@
 package driverpools
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -50,6 +52,15 @@ type DaemonSet struct {
 	NodeSelectorTerms []corev1.NodeSelectorTerm `json:"nodeSelectorTerms"`
 	// Digest is its DRIVER_CONFIG_DIGEST: what the driver on its nodes will be after the release.
 	Digest string `json:"digest"`
+}
+
+// SlotsKey names the pool's slots by its node selection: the same nodes are the same pool, whatever its name, so a
+// pool renamed mid-rollout keeps the slots its nodes out already hold (canary.Mark.Slots). "pool-" and 12 hex
+// digits of the SHA-256 of its node selector terms as JSON.
+func (p Pool) SlotsKey() string {
+	b, _ := json.Marshal(p.NodeSelectorTerms) // selector terms always marshal
+	sum := sha256.Sum256(b)
+	return "pool-" + hex.EncodeToString(sum[:6])
 }
 
 // Parse reads the DRIVER_POOLS JSON; empty means no pools (the driver is disabled).

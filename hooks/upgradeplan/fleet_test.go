@@ -214,3 +214,32 @@ func TestPlanShowsHeldNodes(t *testing.T) {
 		t.Errorf("held node b was marked: %v %v", n.Labels, n.Annotations)
 	}
 }
+
+// A pool's plan names its slots by its node selection: the same pool renamed gets the same slots (the nodes out
+// under the old name keep counting against it), another selection other slots.
+func TestPlanNamesSlotsByTheNodeSelection(t *testing.T) {
+	slotsOf := func(pools []driverpools.Pool) string {
+		t.Helper()
+		client := fake.NewClientset(readyNode("a", nil), driverPod("a", "old"))
+		if out, err := runAt(t, client, pools, time.Unix(100, 0)); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		m, err := canary.Read(node(t, client, "a"))
+		if err != nil || m == nil || m.Slots == "" {
+			t.Fatalf("mark %+v (%v): want slots named", m, err)
+		}
+		return m.Slots
+	}
+	pools := pool("new", intstr.FromInt32(1))
+	before := slotsOf(pools)
+	pools[0].Name = "renamed"
+	if got := slotsOf(pools); got != before {
+		t.Errorf("renamed pool's slots %s, want the same as before the rename (%s)", got, before)
+	}
+	pools[0].NodeSelectorTerms = []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+		{Key: "nvidia.com/gpu.present", Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}},
+		{Key: "nvidia.com/driver.pool", Operator: corev1.NodeSelectorOpDoesNotExist}}}}
+	if got := slotsOf(pools); got == before {
+		t.Errorf("a pool of another node selection shares the slots %s", got)
+	}
+}

@@ -362,7 +362,7 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[strin
 		}
 		target := Target(pool)
 		if running := marks.running[name]; running != nil && running.Target == target && canariesStand(running, planned, unfit) {
-			mark := *running
+			mark := *running // its slots too: the nodes out hold them (a running plan from before Mark.Slots keeps the pool's name)
 			mark.MaxFailures, mark.MaxUnavailable = pool.FailureThreshold(), poolMax[name]
 			for _, np := range planned {
 				if mark.IsCanary(np.Node) {
@@ -374,7 +374,7 @@ func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[strin
 			continue
 		}
 		mark := canary.Mark{Pool: name, Plan: id, Seq: marks.maxSeq + 1, Target: target, Canary: map[string]string{},
-			MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name]}
+			MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name], Slots: pool.SlotsKey()}
 		var why []string
 		for _, np := range planned {
 			if len(plan.Canary[name]) >= pool.CanaryNodes() {
