@@ -89,7 +89,10 @@ type soakEnv struct {
 	pool     map[string]string // node -> its pool's label value
 	bound    map[string]int    // pool label value -> its bound in nodes
 	hosts    map[string]*kmodtest.Fixture
-	values   string
+	// values are the release's values files: pool b under its first name, and renamed (the same nodes)
+	values, renamedValues string
+	// renamed: the release renders pool b under its second name now
+	renamed bool
 	// lateOwner owns the GPU pods that land on nodes being emptied
 	lateOwner *corev1.ConfigMap
 	// tag is the driver tag the release renders now
@@ -130,27 +133,13 @@ func installOnce(t *testing.T) *soakEnv {
 		}
 		e.bound[p] = b
 	}
-	e.values = filepath.Join(t.TempDir(), "soak.yaml")
-	var pools strings.Builder
-	for _, p := range []string{"a", "b"} {
-		fmt.Fprintf(&pools, "    - name: %s\n      upgradePolicy:\n        maxUnavailable: %s\n", p, yamlValue(poolBounds[p]))
-	}
-	values := fmt.Sprintf(`driver:
-  upgradePolicy:
-    maxUnavailable: %s
-    canary: 1
-    maxFailures: 1
-  pools:
-%shooks:
-  validation:
-    timeoutSeconds: %d
-nfd:
-  mode: none
-gfd:
-  useNodeFeatureAPI: false
-`, yamlValue(poolBounds[""]), pools.String(), int(gateTimeout.Seconds()))
-	if err := os.WriteFile(e.values, []byte(values), 0o644); err != nil {
-		t.Fatal(err)
+	e.values, e.renamedValues = filepath.Join(t.TempDir(), "soak.yaml"), filepath.Join(t.TempDir(), "soak-renamed.yaml")
+	for _, v := range []struct {
+		path, nameOfB string
+	}{{e.values, "b"}, {e.renamedValues, renamedB}} {
+		if err := os.WriteFile(v.path, []byte(soakValues(v.nameOfB)), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := workloads.Deploy(ctx, kube.Client, workloadNS, e.gpuNodes); err != nil {
 		t.Fatal(err)
@@ -176,12 +165,41 @@ gfd:
 	return e
 }
 
+// renamedB is pool b's second name: the same nodes (its selector names the label value b), another pool name.
+const renamedB = "b-renamed"
+
+// soakValues are the release's values with pool b named nameOfB.
+func soakValues(nameOfB string) string {
+	var pools strings.Builder
+	fmt.Fprintf(&pools, "    - name: a\n      upgradePolicy:\n        maxUnavailable: %s\n", yamlValue(poolBounds["a"]))
+	fmt.Fprintf(&pools, "    - name: %s\n      nodeSelector:\n        matchLabels: {%s: b}\n      upgradePolicy:\n        maxUnavailable: %s\n",
+		nameOfB, nodefixtures.DriverPoolLabel, yamlValue(poolBounds["b"]))
+	return fmt.Sprintf(`driver:
+  upgradePolicy:
+    maxUnavailable: %s
+    canary: 1
+    maxFailures: 1
+  pools:
+%shooks:
+  validation:
+    timeoutSeconds: %d
+nfd:
+  mode: none
+gfd:
+  useNodeFeatureAPI: false
+`, yamlValue(poolBounds[""]), pools.String(), int(gateTimeout.Seconds()))
+}
+
 func (e *soakEnv) helm() install.Target {
 	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: gateTimeout + time.Minute, NoWait: true}
 }
 
 func (e *soakEnv) files() []string {
-	return []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml"), e.values}
+	values := e.values
+	if e.renamed {
+		values = e.renamedValues
+	}
+	return []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml"), values}
 }
 
 func (e *soakEnv) set() []string { return []string{"driver.image.tag=" + e.tag} }
@@ -227,7 +245,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 
 	helmMu.Lock()
 	before := revision()
-	previousTag := e.tag
+	previousTag, renamedBefore := e.tag, e.renamed
 	e.tag = tag
 	ops.add("driver change to %s (revision %d)", tag, before+1)
 	helmOp("upgrade to "+tag, func() error { _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); return err })
@@ -251,7 +269,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 		if rollback && time.Since(start) > rollbackAt && helmMu.TryLock() { // helm rollback mid-way
 			rollback = false
 			to := before // the revision before this seed's driver change
-			e.tag = previousTag
+			e.tag, e.renamed = previousTag, renamedBefore
 			// half the rollbacks plan on a node whose clock is minutes behind: the rollback's plan then carries an
 			// earlier time than the plan it replaces, and the nodes must follow it all the same
 			skew := time.Duration(0)
@@ -334,6 +352,13 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				}()
 			}
 			downMu.Unlock()
+		case op < 87: // pool b renamed (the same nodes): its driver DaemonSets replaced, their pods deleted
+			if helmMu.TryLock() {
+				e.renamed = !e.renamed
+				name := map[bool]string{false: "b", true: renamedB}[e.renamed]
+				ops.add("pool b renamed to %s", name)
+				helmOp("rename to "+name, func() error { _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); return err })
+			}
 		}
 	}
 	timers.Wait()
@@ -665,6 +690,8 @@ func (l *opLog) summary() string {
 			kinds["Node registered again"]++
 		case len(f) > 2 && f[1] == "helm":
 			kinds["rollback"]++
+		case len(f) > 2 && f[1] == "pool" && strings.Contains(line, "renamed"):
+			kinds["pool renamed"]++
 		case strings.Contains(line, " deleted by hand "):
 			kinds["driver pod deleted by hand"]++
 		case len(f) > 2 && f[1] == "driver":
