@@ -165,8 +165,23 @@ func chartOnNode(t *testing.T, hostRoot string, loaded bool, changes []string) {
 	}
 
 	if !loaded {
-		t.Run("driver pod deleted by hand", func(t *testing.T) { driverStopsOnAnEmptiedNode(t, ctx) })
-		afterInstall = treeSnapshot(t, hostRoot) // what the uninstall must leave: the node as the takeover left it
+		c := testNode.Cluster.Client
+		t.Run("driver pod deleted by hand", func(t *testing.T) {
+			driverStopsOnAnEmptiedNode(t, ctx, "", func(old *corev1.Pod) {
+				if err := c.CoreV1().Pods(namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+		t.Run("driver changed by helm upgrade", func(t *testing.T) {
+			driverStopsOnAnEmptiedNode(t, ctx, nextDriverImage, func(*corev1.Pod) {
+				// the post-upgrade gate waits for the change (a node of its own pool is its canary)
+				if _, err := target.Upgrade(ctx, []string{nodeValues(t, hostRoot)}, "driver.image.tag="+nextDriverTag); err != nil {
+					t.Errorf("helm upgrade: %v", err)
+				}
+			})
+		})
+		afterInstall = treeSnapshot(t, hostRoot) // what the uninstall must leave: the node as the takeovers left it
 	}
 
 	start = time.Now()

@@ -12,9 +12,12 @@ import (
 
 // Stand-in images for the third-party operands the suite runs, tagged with the references the chart renders.
 const (
-	driverImage  = "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
-	toolkitImage = "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"
-	probeImage   = "kube-gpu-stack.test/apiprobe:1"
+	driverImage = "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
+	// nextDriverTag is the driver a `helm upgrade` changes to: the same stand-in under the tag the chart renders
+	nextDriverTag   = "600.20.01"
+	nextDriverImage = "nvcr.io/nvidia/driver:" + nextDriverTag + "-ubuntu22.04"
+	toolkitImage    = "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"
+	probeImage      = "kube-gpu-stack.test/apiprobe:1"
 )
 
 // projectTag is the project image's tag (the chart's appVersion).
@@ -55,6 +58,7 @@ func importImages(ctx context.Context, n *Node, runtimeBin string) error {
 		}
 		images[g.Ref] = img
 	}
+	images[nextDriverImage] = images[driverImage]
 	archive := filepath.Join(n.Dir, "images.tar")
 	if err := WriteArchive(archive, images); err != nil {
 		return err

@@ -53,16 +53,12 @@ func readShutdownLog(t *testing.T) []shutdownEvent {
 	return out
 }
 
-// driverStopsOnAnEmptiedNode deletes the node's driver pod by hand (`kubectl delete pod`) while a GPU pod runs
-// there, in real containers: the driver container's preStop (the image's sh) holds its stop until the pod's upgrade
-// gate emptied the node, so the stand-in's upstream shutdown order (daemons, unload, unmount) starts only after
-// the GPU pod ended; the DaemonSet's next pod then takes the node over, and it validates and returns to service.
-func driverStopsOnAnEmptiedNode(t *testing.T, ctx context.Context) {
+// gpuJob runs a GPU pod on the node (a ReplicaSet of one, so an eviction is allowed and the pod comes back once the
+// node is in service again); the node advertises one GPU as an extended resource (no device plugin runs in this
+// tier). ended receives the moment the API server shows the pod ended (deleted, or its containers done).
+func gpuJob(t *testing.T, ctx context.Context) (ended <-chan time.Time) {
+	t.Helper()
 	c := testNode.Cluster.Client
-	if err := os.Remove(shutdownLog); err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	// the node advertises one GPU as an extended resource (no device plugin runs in this tier)
 	patch := []byte(`{"status":{"capacity":{"nvidia.com/gpu":"1"},"allocatable":{"nvidia.com/gpu":"1"}}}`)
 	if _, err := c.CoreV1().Nodes().Patch(ctx, testNode.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatal(err)
@@ -80,7 +76,9 @@ func driverStopsOnAnEmptiedNode(t *testing.T, ctx context.Context) {
 	if _, err := c.AppsV1().ReplicaSets("default").Create(ctx, rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	defer c.AppsV1().ReplicaSets("default").Delete(context.Background(), rs.Name, metav1.DeleteOptions{})
+	t.Cleanup(func() {
+		_ = c.AppsV1().ReplicaSets("default").Delete(context.Background(), rs.Name, metav1.DeleteOptions{})
+	})
 	var job *corev1.Pod
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := c.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=gpu-job"})
@@ -92,31 +90,44 @@ func driverStopsOnAnEmptiedNode(t *testing.T, ctx context.Context) {
 	}); err != nil {
 		t.Fatalf("the GPU job never ran on the node: %v", err)
 	}
-	// the job's end, as the API server tells it
 	w, err := c.CoreV1().Pods("default").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + job.Name, ResourceVersion: job.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Stop()
-	jobEnded := make(chan time.Time, 1)
+	t.Cleanup(w.Stop)
+	out := make(chan time.Time, 1)
 	go func() {
 		for ev := range w.ResultChan() {
 			p, ok := ev.Object.(*corev1.Pod)
 			if ev.Type == watch.Deleted || (ok && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed)) {
-				jobEnded <- time.Now()
+				out <- time.Now()
 				return
 			}
 		}
 	}()
+	return out
+}
 
-	old := driverPod(t, ctx)
-	start := time.Now()
-	if err := c.CoreV1().Pods(namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+// driverStopsOnAnEmptiedNode replaces the node's driver pod (replace: a `kubectl delete pod`, or a driver change by
+// `helm upgrade`) while a GPU pod runs there, in real containers, and checks that the old driver's stop (the
+// stand-in plays the upstream order: daemons, unload, unmount) started only after the GPU pod ended: the driver
+// container's preStop (the image's sh) held it until the upgrade gate emptied the node. The DaemonSet's next pod
+// (of image, when set) then takes the node over, and it validates and returns to service.
+func driverStopsOnAnEmptiedNode(t *testing.T, ctx context.Context, image string, replace func(old *corev1.Pod)) {
+	c := testNode.Cluster.Client
+	if err := os.Remove(shutdownLog); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
+	jobEnded := gpuJob(t, ctx)
+	old := driverPod(t, ctx)
+	if old == nil {
+		t.Fatal("no driver pod on the node")
+	}
+	start := time.Now()
+	replace(old)
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 		p := driverPod(t, ctx)
-		if p == nil || p.UID == old.UID || !podReady(p) {
+		if p == nil || p.UID == old.UID || !podReady(p) || (image != "" && p.Spec.Containers[0].Image != image) {
 			return false, nil
 		}
 		n, err := c.CoreV1().Nodes().Get(ctx, testNode.Name, metav1.GetOptions{})
@@ -125,7 +136,7 @@ func driverStopsOnAnEmptiedNode(t *testing.T, ctx context.Context) {
 		describePods(t, ctx)
 		t.Fatalf("the node was not taken over by a new driver pod, validated and uncordoned: %v", err)
 	}
-	t.Logf("driver pod deleted by hand: node emptied, taken over and back in service in %s", time.Since(start).Round(time.Second))
+	t.Logf("node emptied, taken over by the next driver pod and back in service in %s", time.Since(start).Round(time.Second))
 
 	var ended time.Time
 	select {
