@@ -40,7 +40,8 @@ func driverSpec(digest string) corev1.PodSpec {
 func (e *env) withDriverPod(template string) {
 	e.t.Helper()
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: driverDS, Namespace: namespace, UID: "ds-uid"},
-		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: driverSpec(template)}}}
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ComponentLabel: "driver"}},
+			Spec: driverSpec(template)}}}
 	pod := driverPodObject()
 	for _, obj := range []interface{ GetName() string }{ds, pod} {
 		var err error

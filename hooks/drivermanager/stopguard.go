@@ -117,8 +117,8 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 }
 
 // nextDriverDaemonSet is the driver DaemonSet of the release that runs a pod on node after pod: the pod's own while
-// it still selects the node, else another one (same namespace, a driver-manager init container, not being deleted)
-// that does; nil when none does.
+// it still selects the node, else another one (same namespace and component, a driver-manager init container, not
+// being deleted) that does; nil when none does.
 func (o *UncordonOptions) nextDriverDaemonSet(ctx context.Context, pod *corev1.Pod, node *corev1.Node) (*appsv1.DaemonSet, error) {
 	dss, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSetList, error) {
 		return o.Client.AppsV1().DaemonSets(o.Namespace).List(ctx, metav1.ListOptions{})
@@ -133,7 +133,10 @@ func (o *UncordonOptions) nextDriverDaemonSet(ctx context.Context, pod *corev1.P
 	var next *appsv1.DaemonSet
 	for i := range dss.Items {
 		ds := &dss.Items[i]
-		if ds.DeletionTimestamp != nil || upgradeplan.ManagerContainer(ds.Spec.Template.Spec.InitContainers) == nil {
+		// a driver pod's node is taken over by a driver DaemonSet only: a node that leaves the driver for another
+		// role (vm-passthrough, whose VFIO manager also runs the driver manager) stops its driver at once, as before
+		if ds.DeletionTimestamp != nil || upgradeplan.ManagerContainer(ds.Spec.Template.Spec.InitContainers) == nil ||
+			ds.Spec.Template.Labels[ComponentLabel] != pod.Labels[ComponentLabel] {
 			continue
 		}
 		fits, err := schedule.FitsDaemonSet(&ds.Spec.Template.Spec, node)

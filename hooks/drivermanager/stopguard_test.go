@@ -54,7 +54,7 @@ func (e *env) withDriverDaemonSet(name string, sel map[string]string) {
 	spec := driverSpec(oldDigest)
 	spec.NodeName, spec.NodeSelector = "", sel
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, UID: types.UID(name + "-uid")},
-		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: spec}}}
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ComponentLabel: "driver"}}, Spec: spec}}}
 	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(context.Background(), ds, metav1.CreateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
@@ -135,30 +135,50 @@ func TestDriverPodDeletedOutsideAChangeEmptiesItsNodeBeforeTheDriverStops(t *tes
 	}
 }
 
-// An uninstall (no driver DaemonSet of the release left for the node) lets the driver stop at once: nothing will
-// take the node over, and the pre-delete cleanup waits for the driver pods to go.
-func TestDriverPodDeletedWithItsReleaseStopsAtOnce(t *testing.T) {
-	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
-	e.withGPUPod(nil)
-	e.withDriverPod(oldDigest)
-	if err := e.client.AppsV1().DaemonSets(namespace).Delete(context.Background(), driverDS, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done, stopFile, _, out := e.stopGate(ctx)
-	e.deletePodGracefully(driverPod, time.Minute)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("gate: %v\n%s", err, out)
-	}
-	if raw, err := os.ReadFile(stopFile); err != nil || !strings.Contains(string(raw), "no driver DaemonSet of the release runs on the node") {
-		t.Fatalf("stop file %q (%v), want the driver let go at once", raw, err)
-	}
-	if got := e.evictionsOf(); len(got) > 0 {
-		t.Errorf("evictions %v on an uninstall", got)
-	}
-	if n := e.node(); n.Spec.Unschedulable || state(n) != nodestate.UpgradeDone {
-		t.Errorf("node: unschedulable %v, state %q; want it untouched", n.Spec.Unschedulable, state(n))
+// An uninstall (no driver DaemonSet of the release left for the node), or a node taken to another role (its VFIO
+// manager's DaemonSet, which also runs the driver manager, selects it now), lets the driver stop at once: no driver
+// pod will take the node over, and the pre-delete cleanup waits for the driver pods to go.
+func TestDriverPodDeletedWithNoDriverToFollowStopsAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// other: a DaemonSet of another component that selects the node
+		other bool
+	}{{"uninstall", false}, {"node taken to vm-passthrough", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+			e.withGPUPod(nil)
+			e.withDriverPod(oldDigest)
+			if err := e.client.AppsV1().DaemonSets(namespace).Delete(context.Background(), driverDS, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.other {
+				e.withDriverDaemonSet("nvidia-vfio-manager", nil)
+				ds, err := e.client.AppsV1().DaemonSets(namespace).Get(context.Background(), "nvidia-vfio-manager", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ds.Spec.Template.Labels[ComponentLabel] = "vfio-manager"
+				if _, err := e.client.AppsV1().DaemonSets(namespace).Update(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done, stopFile, _, out := e.stopGate(ctx)
+			e.deletePodGracefully(driverPod, time.Minute)
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("gate: %v\n%s", err, out)
+			}
+			if raw, err := os.ReadFile(stopFile); err != nil || !strings.Contains(string(raw), "no driver DaemonSet of the release runs on the node") {
+				t.Fatalf("stop file %q (%v), want the driver let go at once", raw, err)
+			}
+			if got := e.evictionsOf(); len(got) > 0 {
+				t.Errorf("evictions %v", got)
+			}
+			if n := e.node(); n.Spec.Unschedulable || state(n) != nodestate.UpgradeDone {
+				t.Errorf("node: unschedulable %v, state %q; want it untouched", n.Spec.Unschedulable, state(n))
+			}
+		})
 	}
 }
 
