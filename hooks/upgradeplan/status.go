@@ -20,8 +20,15 @@ import (
 )
 
 // driverPods returns the release's driver pods by node, and on vm-vgpu nodes its vGPU manager pods (a node has
-// one role, so one of the two): their driver managers walk the same upgrade states.
+// one role, so one of the two): their driver managers walk the same upgrade states. Pods being deleted are left out.
 func driverPods(ctx context.Context, client kubernetes.Interface, namespace, release string) (map[string]*corev1.Pod, error) {
+	live, _, err := driverPodsByNode(ctx, client, namespace, release)
+	return live, err
+}
+
+// driverPodsByNode is driverPods, and the pods being deleted on nodes without a live one (a driver pod whose gate
+// empties its node before its driver stops).
+func driverPodsByNode(ctx context.Context, client kubernetes.Interface, namespace, release string) (live, stopping map[string]*corev1.Pod, err error) {
 	sel := "app.kubernetes.io/component in (" + KindDriver + "," + KindVGPUManager + ")"
 	if release != "" {
 		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
@@ -30,21 +37,28 @@ func driverPods(ctx context.Context, client kubernetes.Interface, namespace, rel
 		return client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list driver pods: %w", err)
+		return nil, nil, fmt.Errorf("list driver pods: %w", err)
 	}
-	out := map[string]*corev1.Pod{}
+	live, stopping = map[string]*corev1.Pod{}, map[string]*corev1.Pod{}
 	for i := range pods.Items {
-		if p := &pods.Items[i]; p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
-			out[p.Spec.NodeName] = p
+		switch p := &pods.Items[i]; {
+		case p.Spec.NodeName == "":
+		case p.DeletionTimestamp == nil:
+			live[p.Spec.NodeName] = p
+		default:
+			stopping[p.Spec.NodeName] = p
 		}
 	}
-	return out, nil
+	for node := range live {
+		delete(stopping, node)
+	}
+	return live, stopping, nil
 }
 
 // WriteStatus prints one row per node that runs a driver pod or carries an upgrade state: state, driver image tag,
 // since when, and the reason.
 func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, release string, out io.Writer) error {
-	pods, err := driverPods(ctx, client, namespace, release)
+	pods, stopping, err := driverPodsByNode(ctx, client, namespace, release)
 	if err != nil {
 		return err
 	}
@@ -60,6 +74,9 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 	for _, n := range nodes.Items {
 		state, hasState := n.Labels[nodestate.UpgradeStateLabel]
 		pod := pods[n.Name]
+		if pod == nil {
+			pod = stopping[n.Name]
+		}
 		if !hasState && pod == nil {
 			continue
 		}
@@ -70,7 +87,10 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		if pod != nil && len(pod.Spec.Containers) > 0 {
 			img := pod.Spec.Containers[0].Image
 			driver = img[strings.LastIndexAny(img, ":@")+1:]
-			if !podReady(pod) { // the pod of a node mid-change or failed: its driver is not the one running
+			switch {
+			case pod.DeletionTimestamp != nil: // its gate empties the node before the driver container's stop
+				driver += " (pod stopping: the node is emptied first)"
+			case !podReady(pod): // the pod of a node mid-change or failed: its driver is not the one running
 				driver += " (pod not ready)"
 			}
 		}

@@ -370,3 +370,24 @@ func TestNodeDeletedMidPlanIsSkipped(t *testing.T) {
 		t.Errorf("the plan does not say it skipped node b:\n%s", out.String())
 	}
 }
+
+// A node whose only driver pod is being deleted (its gate empties the node before the driver stops) shows that pod,
+// said to be stopping; a node with a live pod too shows the live one.
+func TestStatusShowsAStoppingDriverPod(t *testing.T) {
+	stopping := driverPod("a", "x")
+	now := metav1.Now()
+	stopping.DeletionTimestamp = &now
+	replaced := driverPod("b", "x")
+	replaced.DeletionTimestamp = &now
+	replaced.Name = "driver-b-old"
+	client := fake.NewClientset(readyNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}),
+		readyNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}), stopping, replaced, driverPod("b", "x"))
+	var out bytes.Buffer
+	if err := WriteStatus(t.Context(), client, "gpu", "rel", &out); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[1], "(pod stopping: the node is emptied first)") || strings.Contains(lines[2], "stopping") {
+		t.Fatalf("want a's pod stopping and b's live pod:\n%s", out.String())
+	}
+}
