@@ -164,10 +164,12 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		m.log.Info("the node's turn came: starting over under the node's lease", "pool", mark.Pool, "canary", mark.Canary)
 		return nil
 	}
-	if !m.agent {
+	if !m.agent || m.o.Stopping {
 		// the wait also ends when the node is no longer upgrade-required: a newer plan may have called it off
 		// (upgrade-done) after this run read it, judging it by this pod's config while the host runs another
-		// driver. That is no turn: it waits for one again, as a node found called off does
+		// driver (or, for a driver pod being deleted, by the next pod waiting on the node). That is no turn: it
+		// waits for one again, as a node found called off does. (The old pod's agent stands down instead: its
+		// DaemonSet's template changed back, stillOutdated)
 		fresh, err := nodestate.Get(ctx, m.o.Client, m.o.NodeName)
 		if err != nil {
 			return &untouchedError{err}

@@ -114,6 +114,9 @@ type Drain struct {
 
 // Options configure one run of the driver manager on one node.
 type Options struct {
+	// Stopping: the run empties the node of a driver pod being deleted (stopguard.go), whose driver stops whatever a
+	// plan says: a plan that calls the node off meanwhile (it judges the node by the next pod) gives it no turn.
+	Stopping bool
 	// PoolDaemonSet, when set, is the DaemonSet whose other nodes carry this node's pool's plan (poolmark.go), in
 	// place of its driver pod's own: a driver pod deleted after its node moved to another pool is emptied under the
 	// pool whose DaemonSet takes the node over.

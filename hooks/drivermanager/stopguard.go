@@ -99,7 +99,7 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 		return "", fmt.Errorf("the driver DaemonSet %s's driver-manager settings: %w", next.Name, err)
 	}
 	mo.Client, mo.Log, mo.Now, mo.Lease.Identity = o.Client, base, o.Now, pod.Name
-	mo.NodeName, mo.Namespace = o.NodeName, o.Namespace
+	mo.NodeName, mo.Namespace, mo.Stopping = o.NodeName, o.Namespace, true
 	if moved {
 		mo.PoolDaemonSet = next
 	}

@@ -6,13 +6,17 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -332,5 +336,61 @@ func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
 	}
 	if state(n) != nodestate.PodRestartRequired || !slices.Equal(e.evictionsOf(), []string{"train"}) {
 		t.Errorf("state %q, evictions %v: want the node emptied", state(n), e.evictionsOf())
+	}
+}
+
+// A plan calls the node off (upgrade-done) while its deleted driver pod's gate starts to wait for a slot: the plan
+// judged the node by the next driver pod, already waiting on the node with the release's config, while the old
+// driver still runs and is about to stop. That is no turn: the gate waits for a slot before it cordons, instead of
+// taking the node out beyond its pool's bound (the soak caught it after a pool rename: pool b 8 out against 7).
+func TestStoppingDriverPodOfANodeCalledOffWaitsForASlot(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	var once sync.Once
+	var armed atomic.Bool
+	e.client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if !armed.Load() {
+			return false, nil, nil
+		}
+		// the plan's call-off lands between the stopping gate's read of the node and its wait's first look
+		once.Do(func() {
+			n, err := e.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", nodeName)
+			if err == nil {
+				n := n.(*corev1.Node).DeepCopy()
+				n.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeDone)
+				_ = e.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, "")
+			}
+		})
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	// the gate's agent has its watches before the pod's deletion: the call-off is meant for the stopping gate
+	waitUntil(t, "the gate's agent", func() bool { return strings.Contains(out.String(), "nothing to do") })
+	time.Sleep(300 * time.Millisecond)
+	e.deletePodGracefully(driverPod, time.Minute)
+	armed.Store(true)
+	cancel()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if _, err := os.Stat(stopFile); err == nil {
+		t.Fatalf("the driver was let go before the node's turn\n%s", out)
+	}
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v\n%s", err, out)
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v after the emptying, want the node's own slot\n%s", got, out)
+	}
+	if n := e.node(); state(n) != nodestate.PodRestartRequired || !slices.Equal(e.evictionsOf(), []string{"train"}) {
+		t.Errorf("state %q, evictions %v: want the node emptied once it had its slot", state(n), e.evictionsOf())
 	}
 }
