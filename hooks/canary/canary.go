@@ -145,15 +145,24 @@ func Decide(self string, m *Mark, nodes []*corev1.Node) Turn {
 // re-marked the canary, as a second upgrade mid-rollout does, supersedes this one for it), or the admin left it out
 // of driver changes (nodestate.UpgradeSkipLabel) since. A canary done under an earlier plan is a state read from
 // before this plan.
+//
+// A canary whose Node object was deleted and registered again lost its mark; it vouches for the plan once it is
+// upgrade-done (its validator Ready since: the gate marks nothing else done) with the driver the plan gives it
+// recorded on it, or the pool would wait for it for good.
 func validated(n *corev1.Node, m *Mark) bool {
 	if n == nil {
 		return false
 	}
+	done := n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone)
 	cm, err := Read(n)
-	if err != nil || cm == nil || !NotBefore(cm, m) {
+	if err == nil && cm == nil {
+		want := m.Canary[n.Name]
+		return done && want != "" && n.Annotations[nodestate.DriverDigestAnnotation] == want
+	}
+	if err != nil || !NotBefore(cm, m) {
 		return false
 	}
-	return n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone) || n.Labels[nodestate.UpgradeSkipLabel] == "true"
+	return done || n.Labels[nodestate.UpgradeSkipLabel] == "true"
 }
 
 // NotBefore says whether plan a is plan b or a later one: by Seq, which the cluster orders (a mark without one is

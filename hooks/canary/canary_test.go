@@ -24,6 +24,12 @@ func node(name string, state nodestate.UpgradeState, m string, labels ...string)
 	return n
 }
 
+// digest records on n the driver config its driver manager kept or handed it to.
+func digest(n *corev1.Node, d string) *corev1.Node {
+	n.Annotations[nodestate.DriverDigestAnnotation] = d
+	return n
+}
+
 func TestDecide(t *testing.T) {
 	this := mark.Format()
 	earlier := Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Canary: map[string]string{"c": "d1"}, MaxFailures: 1}.Format()
@@ -44,6 +50,10 @@ func TestDecide(t *testing.T) {
 		{"canary done under a later plan that re-marked it (a second upgrade)", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, later)}, true, ""},
 		{"canary in flight under a later plan", "n", []*corev1.Node{node("c", nodestate.CordonRequired, later)}, false, "waiting for the canary"},
 		{"canary done, its mark unreadable", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, "{")}, false, "waiting for the canary"},
+		// a canary whose Node was deleted and registered again lost its mark: it vouches once done with the plan's driver
+		{"canary registered again, done with the plan's driver", "n", []*corev1.Node{digest(node("c", nodestate.UpgradeDone, ""), "d2")}, true, ""},
+		{"canary registered again, done with another driver", "n", []*corev1.Node{digest(node("c", nodestate.UpgradeDone, ""), "d1")}, false, "waiting for the canary"},
+		{"canary registered again, revalidating", "n", []*corev1.Node{digest(node("c", nodestate.ValidationRequired, ""), "d2")}, false, "waiting for the canary"},
 		{"canary left out by the admin", "n", []*corev1.Node{node("c", nodestate.UpgradeRequired, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
 		{"threshold holds the canary too", "c", []*corev1.Node{node("c", nodestate.UpgradeRequired, this), node("f", nodestate.UpgradeFailed, this)}, false, "pool a100 holds: 1 of its nodes failed"},
 		{"a failed node of another pool does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, other)}, true, ""},
