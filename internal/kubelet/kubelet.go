@@ -326,6 +326,9 @@ func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 			return
 		}
 		k.stop(pod.UID)
+		if !isValidator(pod) && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			go k.killed(ctx, pod)
+		}
 		return
 	}
 	if pod.Spec.NodeName == "" || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -355,7 +358,39 @@ func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 		go k.validate(ctx, pod)
 		return
 	}
-	go k.runHook(ctx, pod)
+	podCtx, cancel := context.WithCancel(ctx)
+	k.mu.Lock()
+	k.stops[pod.UID] = cancel
+	k.mu.Unlock()
+	go k.runHook(podCtx, pod)
+}
+
+// killed ends a deleted hook pod that had not ended as a kubelet does once it killed the containers: phase Failed,
+// its container terminated by the kill (137), and the conditions others wrote kept (DisruptionTarget, written by an
+// eviction, the taint manager or the pod garbage collector, is what a Job's podFailurePolicy reads). A Job whose
+// pod never reaches a terminal phase would wait for it for good.
+func (k *Kubelet) killed(ctx context.Context, pod *corev1.Pod) {
+	_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		cur, err := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, nil
+		}
+		if cur.UID != pod.UID || cur.Status.Phase == corev1.PodSucceeded || cur.Status.Phase == corev1.PodFailed {
+			return true, nil
+		}
+		st := terminated(cur, 137)
+		for _, c := range cur.Status.Conditions {
+			if c.Type == corev1.DisruptionTarget {
+				st.Conditions = append(st.Conditions, c)
+			}
+		}
+		cur.Status = st
+		_, err = k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err == nil || apierrors.IsNotFound(err), nil
+	})
 }
 
 // runHook runs the hook container's command in-process, as the container would, and ends the pod with its exit code.

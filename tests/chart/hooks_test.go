@@ -222,7 +222,8 @@ func restrictedViolations(spec corev1.PodSpec) []string {
 }
 
 // TestHookJobsAreSafeAndBounded: in every profile, each hook that runs a pod (the pre-upgrade, gate and cleanup
-// Jobs, the helm test Pod) runs the project's binary once (backoffLimit 0, restartPolicy Never), is stopped before Helm's
+// Jobs, the helm test Pod) runs the project's binary once (backoffLimit 0, restartPolicy Never; a Job's pod killed by a disruption is
+// replaced), is stopped before Helm's
 // default 5m timeout (activeDeadlineSeconds = the binary's --timeout + 30), runs under the restricted Pod
 // Security profile with a token for its own ServiceAccount, and carries the hook annotations each needs.
 func TestHookJobsAreSafeAndBounded(t *testing.T) {
@@ -259,6 +260,15 @@ func TestHookJobsAreSafeAndBounded(t *testing.T) {
 				pod := podOf(t, h)
 				if pod.job != nil && (pod.job.Spec.BackoffLimit == nil || *pod.job.Spec.BackoffLimit != 0) {
 					t.Errorf("%s: backoffLimit %v, want 0", h.key(), pod.job.Spec.BackoffLimit)
+				}
+				// a pod killed by a disruption (its node drained or deleted) is replaced; any other failure is final
+				if pod.job != nil {
+					pfp := pod.job.Spec.PodFailurePolicy
+					if pfp == nil || len(pfp.Rules) != 1 || pfp.Rules[0].Action != batchv1.PodFailurePolicyActionIgnore ||
+						pfp.Rules[0].OnExitCodes != nil || len(pfp.Rules[0].OnPodConditions) != 1 ||
+						pfp.Rules[0].OnPodConditions[0].Type != corev1.DisruptionTarget {
+						t.Errorf("%s: podFailurePolicy %+v, want one rule ignoring DisruptionTarget", h.key(), pfp)
+					}
 				}
 				if pod.job != nil && pod.job.Spec.TTLSecondsAfterFinished != nil {
 					t.Errorf("%s: ttlSecondsAfterFinished set; Argo CD would see the Job vanish", h.key())

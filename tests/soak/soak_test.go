@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
@@ -585,8 +586,9 @@ func liveDriverPod(ctx context.Context, node string) *corev1.Pod {
 }
 
 // registerAgain deletes the Node object and registers it again as its kubelet would, with the labels it was first
-// registered with: the pod garbage collector deletes a gone node's pods (forced here, at once: the workloads
-// first, so that no driver stops under a GPU pod the test itself left there), and the kubelet kills them.
+// registered with: the pod garbage collector deletes a gone node's pods as it does (phase Failed with the condition
+// DisruptionTarget, then deleted at once; here without its 40 s wait, and the workloads first, so that no driver
+// stops under a GPU pod the test itself left there), and the kubelet kills them.
 func registerAgain(ctx context.Context, name string) error {
 	i := slices.IndexFunc(nodes, func(n *corev1.Node) bool { return n.Name == name })
 	if i < 0 {
@@ -607,12 +609,35 @@ func registerAgain(ctx context.Context, name string) error {
 	}
 	slices.SortStableFunc(pods.Items, func(a, b corev1.Pod) int { return stack(a) - stack(b) })
 	for _, p := range pods.Items {
+		if err := markFailedByPodGC(ctx, p.Namespace, p.Name); err != nil {
+			return err
+		}
 		err := kube.Client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete pod %s/%s of the gone node: %w", p.Namespace, p.Name, err)
 		}
 	}
 	return kube.AddNodes(ctx, nodes[i])
+}
+
+// markFailedByPodGC writes a live pod's status as the pod garbage collector does before it deletes a gone node's
+// pod: phase Failed, with the condition DisruptionTarget.
+func markFailedByPodGC(ctx context.Context, namespace, name string) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p, err := kube.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			return err
+		}
+		p.Status.Phase = corev1.PodFailed
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue,
+			Reason: "DeletionByPodGC", Message: "PodGC: node no longer exists", LastTransitionTime: metav1.Now()})
+		_, err = kube.Client.CoreV1().Pods(namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("mark pod %s/%s of the gone node failed: %w", namespace, name, err)
+	}
+	return nil
 }
 
 // logRuns logs the last three runs (hooks, driver managers, gates) the stand-in recorded that match, each output's

@@ -34,7 +34,9 @@ ClusterRoleBinding, all annotated alike). Takes gpu-stack-lib.rbac's dict plus g
 {{/*
 gpu-stack-lib.hookJob: a hook Job running the project's image (`kube-gpu-stack ARGS...`), or with `pod` a bare Pod
 (the helm test hook: `helm test --logs` reads the log of the Pod named like the hook). One try (backoffLimit 0,
-restartPolicy Never): a failed check is a result, not a crash to retry. activeDeadlineSeconds is timeoutSeconds
+restartPolicy Never): a failed check is a result, not a crash to retry. A pod killed by a disruption (its node
+drained, deleted or shut down; the pod condition DisruptionTarget) is replaced instead: every hook starts over as it
+does on the next sync, and a drain must not fail the Helm operation. activeDeadlineSeconds is timeoutSeconds
 + 30, so the pod is stopped shortly after the binary's own deadline and before Helm's (5m by default). The pod
 runs under the Pod Security `restricted` profile (on OpenShift the nonroot-v2 SCC: restricted-v2 refuses its fixed UID,
 so callers pass "scc" "nonroot-v2" to its RBAC), as the ServiceAccount named like the hook. dict:
@@ -115,6 +117,11 @@ metadata:
     {{- $annotations | nindent 4 }}
 spec:
   backoffLimit: 0
+  podFailurePolicy:
+    rules:
+      - action: Ignore
+        onPodConditions:
+          - type: DisruptionTarget
   activeDeadlineSeconds: {{ $deadline }}
   template:
     metadata:
