@@ -20,17 +20,25 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
 // invariants watches every Node for a seed's whole run and records each moment an invariant breaks:
-//   - a pool has more nodes out of service by the stack (cordoned by it, or upgrade-failed) than its bound;
+//   - a pool has more nodes out of service by the stack (cordoned by it, or upgrade-failed) than its bound. A node
+//     counts in the pool its label puts it in now, unless it is out under a slot of another pool only: a node
+//     moved to another pool while out stays out under the slot its old pool gave it (and counts there) until it
+//     is back in service;
 //   - a node is schedulable while its new driver has not validated (pod-restart-required, validation-required);
 //   - a node failed its driver change (nothing here breaks a driver: a failure is the routine operations' doing).
 type invariants struct {
-	e      *soakEnv
-	mu     sync.Mutex
-	out    map[string]map[string]bool // pool -> its nodes out of service
-	broken []string
+	e  *soakEnv
+	mu sync.Mutex
+	// out are the nodes out of service, each with the pool its label puts it in
+	out map[string]string
+	// holders are each slots Lease's holders; leasePool the pool (its soak name) whose plan marks name each Lease
+	holders   map[string]map[string]bool
+	leasePool map[string]string
+	broken    []string
 	// last is each invariant's last breach (by pool or node), so that a breach lasting many events is told once
 	last map[string]string
 	// paused are, per node, the etcd revisions over which its device plugin was paused: [from, to), to 0 while it is
@@ -48,7 +56,7 @@ type invariants struct {
 func watchInvariants(t *testing.T, e *soakEnv) *invariants {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	inv := &invariants{e: e, out: map[string]map[string]bool{}, last: map[string]string{}, paused: map[string][][2]int64{},
+	inv := &invariants{e: e, out: map[string]string{}, holders: map[string]map[string]bool{}, leasePool: map[string]string{}, last: map[string]string{}, paused: map[string][][2]int64{},
 		seen: map[string]string{}, history: map[string][]string{}, told: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -92,10 +100,10 @@ func watchInvariants(t *testing.T, e *soakEnv) *invariants {
 }
 
 func (inv *invariants) observe(n *corev1.Node) {
-	pool, gpu := inv.e.pool[n.Name]
-	if !gpu {
+	if _, gpu := inv.e.pool[n.Name]; !gpu {
 		return
 	}
+	pool := n.Labels[nodefixtures.DriverPoolLabel]
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
 	inv.checks++
@@ -109,28 +117,19 @@ func (inv *invariants) observe(n *corev1.Node) {
 		spans[len(spans)-1][1] = rv
 	}
 	state := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
-	if inv.out[pool] == nil {
-		inv.out[pool] = map[string]bool{}
+	if m, err := canary.Read(n); err == nil && m != nil && m.Pool != "" {
+		inv.leasePool[slots.Name(m.SlotsName())] = soakPool(m.Pool)
 	}
 	// a node registered again is cordoned until its driver validates, outside its pool's slots: its registration
 	// took it out, not a driver change (the schedulable check below still holds it to validation)
 	revalidating := n.Annotations[nodestate.CordonedAnnotation] == drivermanager.ReregisteredCordon
 	if (nodestate.CordonedByUs(n) && !revalidating) || state == nodestate.UpgradeFailed {
-		inv.out[pool][n.Name] = true
+		inv.out[n.Name] = pool
 	} else {
-		delete(inv.out[pool], n.Name)
+		delete(inv.out, n.Name)
 	}
 	inv.record(pool, n, state)
-	bound := ""
-	if len(inv.out[pool]) > inv.e.bound[pool] {
-		bound = fmt.Sprintf("pool %q: %d nodes out (%s), its bound is %d", pool,
-			len(inv.out[pool]), strings.Join(slices.Sorted(maps.Keys(inv.out[pool])), ", "), inv.e.bound[pool])
-		if !inv.told[pool] {
-			inv.told[pool] = true
-			bound += "; the pool's changes before it:\n    " + strings.Join(inv.history[pool], "\n    ")
-		}
-	}
-	inv.breach("pool "+pool, bound)
+	inv.checkBounds()
 	unvalidated := ""
 	if (state == nodestate.PodRestartRequired || state == nodestate.ValidationRequired) && !n.Spec.Unschedulable {
 		unvalidated = fmt.Sprintf("node %s is schedulable in %s: its new driver has not validated", n.Name, state)
@@ -141,6 +140,57 @@ func (inv *invariants) observe(n *corev1.Node) {
 		failed = fmt.Sprintf("node %s failed its driver change: %s", n.Name, n.Annotations[nodestate.UpgradeReasonAnnotation])
 	}
 	inv.breach("failed "+n.Name, failed)
+}
+
+// soakPool is the label value (poolBounds' key) of the pool a plan names: "" for the default pool, b for b renamed.
+func soakPool(planned string) string {
+	switch planned {
+	case "default":
+		return ""
+	case renamedB:
+		return "b"
+	}
+	return planned
+}
+
+// checkBounds records a breach of each pool's bound by the nodes out now.
+func (inv *invariants) checkBounds() {
+	out := map[string][]string{}
+	for node, pool := range inv.out {
+		out[inv.countedIn(node, pool)] = append(out[inv.countedIn(node, pool)], node)
+	}
+	for _, pool := range slices.Sorted(maps.Keys(inv.e.bound)) {
+		bound := ""
+		if len(out[pool]) > inv.e.bound[pool] {
+			slices.Sort(out[pool])
+			bound = fmt.Sprintf("pool %q: %d nodes out (%s), its bound is %d", pool, len(out[pool]), strings.Join(out[pool], ", "), inv.e.bound[pool])
+			if !inv.told[pool] {
+				inv.told[pool] = true
+				bound += "; the pool's changes before it:\n    " + strings.Join(inv.history[pool], "\n    ")
+			}
+		}
+		inv.breach("pool "+pool, bound)
+	}
+}
+
+// countedIn is the pool an out node counts in: the one its label names, unless it holds a slot of another pool's
+// only.
+func (inv *invariants) countedIn(node, labelled string) string {
+	other := ""
+	for lease, holders := range inv.holders {
+		if !holders[node] {
+			continue
+		}
+		pool, known := inv.leasePool[lease]
+		if !known || pool == labelled {
+			return labelled
+		}
+		other = pool
+	}
+	if other != "" {
+		return other
+	}
+	return labelled
 }
 
 // historyLines is how many of a pool's last changes a bound breach shows.
@@ -166,6 +216,15 @@ func (inv *invariants) slots(l *coordinationv1.Lease, ev watch.EventType) {
 		h := append(inv.history[pool], line)
 		inv.history[pool] = h[max(0, len(h)-historyLines):]
 	}
+	holders, err := slots.Holders(l)
+	if ev == watch.Deleted || err != nil {
+		holders = nil
+	}
+	inv.holders[l.Name] = map[string]bool{}
+	for node := range holders {
+		inv.holders[l.Name][node] = true
+	}
+	inv.checkBounds()
 }
 
 // breach records what (a breach of the invariant on key, "" for none) when it differs from the last one recorded.

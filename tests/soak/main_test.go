@@ -2,7 +2,7 @@
 // control plane with the kubelet stand-in (as tests/rollout), while a seeded random schedule injects the routine
 // operations a cluster sees mid-rollout: re-syncs that change no driver, nodes going NotReady and back, GPU pods
 // landing on nodes being emptied (some held by a finalizer once evicted), driver pods deleted by hand, Nodes
-// deleted and registered again, a pool renamed, and a helm rollback (half of them planned on a node whose clock is
+// deleted and registered again, a pool renamed, a waiting node moved to another pool, and a helm rollback (half of them planned on a node whose clock is
 // minutes behind). An invariant checker watches the nodes for the whole run and
 // fails it, printing the seed and the operations, if a pool has more nodes out than its bound, a node is
 // schedulable with a driver that has not validated, a node fails its change, an old driver stops under a GPU pod,

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -98,6 +99,8 @@ type soakEnv struct {
 	lateOwner *corev1.ConfigMap
 	// tag is the driver tag the release renders now
 	tag string
+	// moved is the node an admin moved out of its pool (by its label), "" when none is: the next move takes it back
+	moved string
 }
 
 var (
@@ -360,6 +363,16 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				ops.add("pool b renamed to %s", name)
 				helmOp("rename to "+name, func() error { _, err := e.helm().Upgrade(ctx, e.files(), e.set()...); return err })
 			}
+		case op < 90: // a waiting node moved to another pool (to restore capacity, say), or the one moved taken back
+			downMu.Lock()
+			if n, to := e.nextMove(ctx, rng); n != "" && !down[n] {
+				ops.add("node %s moved to pool %q (%s)", n, to, nodeState(ctx, n))
+				if err := movePool(ctx, n, to); err != nil {
+					t.Error(err)
+				}
+				e.moved = map[bool]string{true: "", false: n}[n == e.moved]
+			}
+			downMu.Unlock()
 		}
 	}
 	timers.Wait()
@@ -469,6 +482,48 @@ func (e *soakEnv) beingEmptied(ctx context.Context, rng *rand.Rand) string {
 	}
 	slices.Sort(out)
 	return out[rng.IntN(len(out))]
+}
+
+// nextMove picks the next move of a node to another pool: the node moved earlier back to its own, or else a node
+// waiting for its turn (upgrade-required, in service) to another pool; "" when none waits.
+func (e *soakEnv) nextMove(ctx context.Context, rng *rand.Rand) (node, to string) {
+	if e.moved != "" {
+		return e.moved, e.pool[e.moved]
+	}
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", ""
+	}
+	var waiting []*corev1.Node
+	for i := range list.Items {
+		n := &list.Items[i]
+		if _, gpu := e.pool[n.Name]; gpu && n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) && !n.Spec.Unschedulable {
+			waiting = append(waiting, n)
+		}
+	}
+	if len(waiting) == 0 {
+		return "", ""
+	}
+	slices.SortFunc(waiting, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	n := waiting[rng.IntN(len(waiting))]
+	others := slices.DeleteFunc(slices.Sorted(maps.Keys(poolBounds)), func(p string) bool { return p == n.Labels[nodefixtures.DriverPoolLabel] })
+	return n.Name, others[rng.IntN(len(others))]
+}
+
+// movePool moves node to pool (by its label; "" is the default pool) as an admin does with `kubectl label`.
+func movePool(ctx context.Context, node, pool string) error {
+	value := any(pool)
+	if pool == "" {
+		value = nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{nodefixtures.DriverPoolLabel: value}}})
+	if err != nil {
+		return err
+	}
+	if _, err := kube.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("move node %s to pool %q: %w", node, pool, err)
+	}
+	return nil
 }
 
 // latePod puts a GPU pod on node, naming it and tolerating every taint, as a pod that bypasses the scheduler or
@@ -705,6 +760,8 @@ func (l *opLog) summary() string {
 	for _, line := range l.lines {
 		switch f := strings.Fields(line); {
 		case strings.Contains(line, " ended: "):
+		case len(f) > 2 && f[1] == "node" && strings.Contains(line, " moved to pool "):
+			kinds["node moved to another pool"]++
 		case len(f) > 2 && f[1] == "node":
 			kinds["NotReady"]++
 		case len(f) > 2 && f[1] == "GPU" && strings.Contains(line, "finalizer"):
