@@ -264,8 +264,10 @@ func (o *Options) moduleCheck(component string) check {
 }
 
 // parseEnv reads KEY=VALUE lines (optionally "export "), as the driver container writes .driver-ctr-ready and
-// the driver check writes driver-ready; comments, blank lines and lines without a key are skipped. A value reads
-// as `sh` assigns it (shellWord), so what shellQuote wrote comes back as it was.
+// the driver check writes driver-ready, and `KEY: value` lines, as a GPU Operator driver writes .driver-ctr-ready
+// (met during a takeover); comments, blank lines and lines without a key are skipped. A KEY=VALUE value reads as
+// `sh` assigns it (shellWord), so what shellQuote wrote comes back as it was; a `KEY: value` one as a YAML scalar
+// (one pair of quotes taken off).
 func parseEnv(raw []byte) map[string]string {
 	env := map[string]string{}
 	for line := range strings.Lines(string(raw)) {
@@ -273,13 +275,39 @@ func parseEnv(raw []byte) map[string]string {
 		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		k, v, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		line = strings.TrimPrefix(line, "export ")
+		eq, colon := strings.IndexByte(line, '='), yamlColon(line)
+		if colon >= 0 && (eq < 0 || colon < eq) {
+			if k := line[:colon]; k != "" && !strings.ContainsAny(k, " \t") {
+				env[k] = yamlScalar(strings.TrimSpace(line[colon+1:]))
+			}
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
 		if k = strings.TrimSpace(k); !ok || k == "" || strings.ContainsAny(k, " \t") {
 			continue
 		}
 		env[k] = shellWord(strings.TrimSpace(v))
 	}
 	return env
+}
+
+// yamlColon is where a `KEY: value` line's colon is (followed by white space or the line's end), or -1.
+func yamlColon(line string) int {
+	for i := 0; i < len(line); i++ {
+		if line[i] == ':' && (i+1 == len(line) || line[i+1] == ' ' || line[i+1] == '\t') {
+			return i
+		}
+	}
+	return -1
+}
+
+// yamlScalar is a plain or quoted YAML scalar's text.
+func yamlScalar(s string) string {
+	if len(s) >= 2 && (s[0] == '"' || s[0] == '\'') && s[len(s)-1] == s[0] {
+		return s[1 : len(s)-1]
+	}
+	return s
 }
 
 // shellWord reads an assignment's value as `sh` does: '...' literally, "..." with \ escaping $ ` " and \, and

@@ -2,6 +2,7 @@ package validation
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,6 +88,13 @@ func TestParseEnv(t *testing.T) {
 	got := parseEnv([]byte("# written by the startup probe\nexport GDS_ENABLED=\"true\"\nGDRCOPY_ENABLED='false'\n\nbroken line\n"))
 	if len(got) != 2 || got["GDS_ENABLED"] != "true" || got["GDRCOPY_ENABLED"] != "false" {
 		t.Fatalf("parseEnv = %v", got)
+	}
+	// a GPU Operator driver's startup probe writes YAML (met during a takeover); a KEY=VALUE value may hold a colon
+	got = parseEnv([]byte("GDRCOPY_ENABLED: false\nGDS_ENABLED: \"true\"\nGPU_DIRECT_RDMA_ENABLED: true\nNVIDIA_DRIVER_ROOT=/run/nvidia/driver:x\nURL=http://a\n"))
+	want := map[string]string{"GDRCOPY_ENABLED": "false", "GDS_ENABLED": "true", "GPU_DIRECT_RDMA_ENABLED": "true",
+		"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver:x", "URL": "http://a"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("parseEnv = %v, want %v", got, want)
 	}
 }
 

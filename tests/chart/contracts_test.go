@@ -158,15 +158,19 @@ func contractViolations(t *testing.T, stream string) ([]string, int) {
 	var out []string
 	n := 0
 	// GPUDirect features a driver container enables, which the device plugin must then hand to pods.
-	gpuDirect := map[string]string{"GDS_ENABLED": "GDS_ENABLED", "GDRCOPY_ENABLED": "GDRCOPY_ENABLED", "GPU_DIRECT_RDMA_ENABLED": "MOFED_ENABLED"}
+	// GDS needs MOFED_ENABLED too (the GPU Operator sets both with nvidia_fs loaded); GPUDirect RDMA alone needs
+	// none of the plugin's (the RDMA device plugin hands out /dev/infiniband).
+	gpuDirect := map[string][]string{"GDS_ENABLED": {"GDS_ENABLED", "MOFED_ENABLED"}, "GDRCOPY_ENABLED": {"GDRCOPY_ENABLED"}}
 	enabled := map[string]bool{}
 	for _, x := range all {
 		if x.c.Name != "nvidia-driver-ctr" {
 			continue
 		}
 		for _, e := range x.c.Env {
-			if _, ok := gpuDirect[e.Name]; ok && e.Value == "true" {
-				enabled[gpuDirect[e.Name]] = true
+			if e.Value == "true" {
+				for _, name := range gpuDirect[e.Name] {
+					enabled[name] = true
+				}
 			}
 		}
 	}
@@ -239,17 +243,18 @@ func contractViolations(t *testing.T, stream string) ([]string, int) {
 	return out, n
 }
 
-// exportsFromDriverCtrReady: the container's shell command sources the .driver-ctr-ready the driver pod's startup
+// exportsFromDriverCtrReady: the container's shell command reads the .driver-ctr-ready the driver pod's startup
 // probe writes (its own GDS_ENABLED, GDRCOPY_ENABLED, GPU_DIRECT_RDMA_ENABLED) while exporting every variable, and
-// sets name from it, so each node's plugin follows that node's driver pool.
+// sets name from it, so each node's plugin follows that node's driver pool (TestDevicePluginGPUDirectFollowsTheDriver
+// runs the script).
 func exportsFromDriverCtrReady(c corev1.Container, name string) bool {
 	script := strings.Join(slices.Concat(c.Command, c.Args), " ")
-	_, sourced, ok := strings.Cut(script, "set -a;")
-	if !ok || !strings.Contains(sourced, ". /run/nvidia/validations/.driver-ctr-ready") {
+	_, exported, ok := strings.Cut(script, "set -a;")
+	if !ok || !strings.Contains(exported, "< /run/nvidia/validations/.driver-ctr-ready") {
 		return false
 	}
 	if name == "MOFED_ENABLED" {
-		return strings.Contains(sourced, "MOFED_ENABLED=true")
+		return strings.Contains(exported, "MOFED_ENABLED=$GDS_ENABLED")
 	}
-	return strings.Contains(sourced, name+"=false")
+	return strings.Contains(exported, name+"=false")
 }

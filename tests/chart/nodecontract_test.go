@@ -187,8 +187,9 @@ func TestDriverCertConfigKeepsTheImageBundle(t *testing.T) {
 // validations directory and reads the environment nvidia-device-plugin would start with. k8s-device-plugin v0.20.0
 // (cmd/nvidia-device-plugin/main.go) reads GDS_ENABLED, MOFED_ENABLED and GDRCOPY_ENABLED to give containers
 // /dev/nvidia-fs*, /dev/infiniband and /dev/gdrdrv. They must follow the driver's settings on the node (the driver
-// pod's .driver-ctr-ready), and be off where the driver turned nothing on (the GPU Operator 26.3.3 regression
-// turned them on everywhere).
+// pod's .driver-ctr-ready, in this chart's KEY=VALUE form or the GPU Operator driver's `KEY: value`), MOFED_ENABLED
+// with GDS alone as the GPU Operator sets it, and be off where the driver turned nothing on (the GPU Operator 26.3.3
+// regression turned them on everywhere).
 func TestDevicePluginGPUDirectFollowsTheDriver(t *testing.T) {
 	t.Parallel()
 	sh, err := exec.LookPath("sh")
@@ -219,8 +220,19 @@ func TestDevicePluginGPUDirectFollowsTheDriver(t *testing.T) {
 			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "false", "GDRCOPY_ENABLED": "false"}},
 		{"gds", "GPU_DIRECT_RDMA_ENABLED=false\nGDS_ENABLED=true\nGDRCOPY_ENABLED=false\n",
 			map[string]string{"GDS_ENABLED": "true", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "false"}},
+		// GPUDirect RDMA alone hands no /dev/infiniband to GPU containers: the RDMA device plugin accounts for them
 		{"rdma", "GPU_DIRECT_RDMA_ENABLED=true\nGDS_ENABLED=false\nGDRCOPY_ENABLED=false\n",
-			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "false"}},
+			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "false", "GDRCOPY_ENABLED": "false"}},
+		{"quoted, exported", "export GDS_ENABLED=\"true\"\nGDRCOPY_ENABLED='true'\n",
+			map[string]string{"GDS_ENABLED": "true", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "true"}},
+		// a GPU Operator driver's startup probe writes `KEY: value` lines (met during a takeover)
+		{"gpu operator driver", "GDRCOPY_ENABLED: true\nGDS_ENABLED: true\nGPU_DIRECT_RDMA_ENABLED: true",
+			map[string]string{"GDS_ENABLED": "true", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "true"}},
+		{"gpu operator driver, nothing on", "GDRCOPY_ENABLED: false\nGDS_ENABLED: false\nGPU_DIRECT_RDMA_ENABLED: true\n",
+			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "false", "GDRCOPY_ENABLED": "false"}},
+		// only the three switches, only "true": nothing else in the file runs or leaks into the plugin's environment
+		{"anything else", "GDS_ENABLED=yes\nPATH=/nowhere\n$(touch /tmp/x)\nGDRCOPY_ENABLED=true; echo\n",
+			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "false", "GDRCOPY_ENABLED": "false"}},
 		{"gdrcopy", "GPU_DIRECT_RDMA_ENABLED=false\nGDS_ENABLED=false\nGDRCOPY_ENABLED=true\n",
 			map[string]string{"GDS_ENABLED": "false", "MOFED_ENABLED": "false", "GDRCOPY_ENABLED": "true"}},
 	} {

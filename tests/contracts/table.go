@@ -57,7 +57,7 @@ func driverVars(names ...string) map[string]EnvVar { return vars(append(names, p
 // driverFiles are the files the driver container waits for.
 var driverFiles = []File{
 	// init, GPU_DIRECT_RDMA_ENABLED: `until ... [ -f /run/nvidia/validations/.driver-ctr-ready ]`.
-	{Path: "/run/nvidia/validations/.driver-ctr-ready", Format: "presence; KEY=VALUE lines GDRCOPY_ENABLED, GDS_ENABLED, GPU_DIRECT_RDMA_ENABLED", From: "the driver container's startup probe", When: "GPU_DIRECT_RDMA_ENABLED"},
+	{Path: "/run/nvidia/validations/.driver-ctr-ready", Format: "presence; lines GDRCOPY_ENABLED, GDS_ENABLED, GPU_DIRECT_RDMA_ENABLED: KEY=VALUE from this chart's startup probe, `KEY: value` (YAML) from a GPU Operator driver's (a takeover); every reader here takes both", From: "the driver container's startup probe", When: "GPU_DIRECT_RDMA_ENABLED"},
 }
 
 // Table is the contract table: one row per third-party image repository and tag family the chart renders.

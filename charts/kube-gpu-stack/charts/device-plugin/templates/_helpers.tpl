@@ -2,11 +2,14 @@
 device-plugin.gpuDirectExports: the plugin's GDS_ENABLED, GDRCOPY_ENABLED and MOFED_ENABLED (k8s-device-plugin
 v0.20.0 reads them: /dev/nvidia-fs*, /dev/gdrdrv and /dev/infiniband for every GPU container) from this node's
 driver settings: the driver pod's startup probe writes its driver.gds/gdrcopy/rdma.enabled to .driver-ctr-ready,
-so each driver pool's own settings apply on its nodes. MOFED_ENABLED follows GDS or GPUDirect RDMA (the GPU
-Operator turns it on with GDS). Never on by default: a node without the file (host driver) gets all three off.
+so each driver pool's own settings apply on its nodes. MOFED_ENABLED follows GDS alone, as the GPU Operator sets it
+(with nvidia_fs loaded): GPUDirect RDMA alone must not hand every /dev/infiniband node to every GPU container past
+the RDMA device plugin's accounting. The file is read, not sourced: a GPU Operator driver (a takeover) writes it as
+`KEY: value` lines, this chart's as KEY=VALUE; only the three switches are taken, each only when "true". Never on by
+default: a node without the file (host driver) gets all three off.
 */}}
 {{- define "device-plugin.gpuDirectExports" -}}
-GDS_ENABLED=false; GDRCOPY_ENABLED=false; GPU_DIRECT_RDMA_ENABLED=false; if [ -f /run/nvidia/validations/.driver-ctr-ready ]; then . /run/nvidia/validations/.driver-ctr-ready; fi; MOFED_ENABLED=false; if [ "$GDS_ENABLED" = true ] || [ "$GPU_DIRECT_RDMA_ENABLED" = true ]; then MOFED_ENABLED=true; fi; {{ "" }}
+GDS_ENABLED=false; GDRCOPY_ENABLED=false; GPU_DIRECT_RDMA_ENABLED=false; if [ -f /run/nvidia/validations/.driver-ctr-ready ]; then while IFS= read -r l || [ -n "$l" ]; do l=${l#export }; for k in GDS_ENABLED GDRCOPY_ENABLED GPU_DIRECT_RDMA_ENABLED; do case "$l" in "$k=true"|"$k=\"true\""|"$k='true'"|"$k: true"|"$k: \"true\""|"$k: 'true'") eval "$k=true";; esac; done; done < /run/nvidia/validations/.driver-ctr-ready; fi; MOFED_ENABLED=$GDS_ENABLED; {{ "" }}
 {{- end }}
 
 {{/* device-plugin.env: environment of the plugin and the MPS control daemon */}}
