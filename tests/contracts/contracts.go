@@ -192,7 +192,8 @@ func (c Contract) Resolve(ctr corev1.Container) Run {
 				exec = exec || words[0] == "exec"
 				words = words[1:]
 			}
-			if len(words) == 0 || slices.Contains(shellUtilities, words[0]) || strings.Contains(words[0], "=") || strings.HasPrefix(words[0], "$") {
+			// a `for NAME in WORDS` clause lists words, not a command
+			if len(words) == 0 || words[0] == "for" || slices.Contains(shellUtilities, words[0]) || strings.Contains(words[0], "=") || strings.HasPrefix(words[0], "$") {
 				continue
 			}
 			if exec {

@@ -9,7 +9,7 @@ the RDMA device plugin's accounting. The file is read, not sourced: a GPU Operat
 default: a node without the file (host driver) gets all three off.
 */}}
 {{- define "device-plugin.gpuDirectExports" -}}
-GDS_ENABLED=false; GDRCOPY_ENABLED=false; GPU_DIRECT_RDMA_ENABLED=false; if [ -f /run/nvidia/validations/.driver-ctr-ready ]; then while IFS= read -r l || [ -n "$l" ]; do l=${l#export }; for k in GDS_ENABLED GDRCOPY_ENABLED GPU_DIRECT_RDMA_ENABLED; do case "$l" in "$k=true"|"$k=\"true\""|"$k='true'"|"$k: true"|"$k: \"true\""|"$k: 'true'") eval "$k=true";; esac; done; done < /run/nvidia/validations/.driver-ctr-ready; fi; MOFED_ENABLED=$GDS_ENABLED; {{ "" }}
+GDS_ENABLED=false; GDRCOPY_ENABLED=false; GPU_DIRECT_RDMA_ENABLED=false; if [ -f /run/nvidia/validations/.driver-ctr-ready ]; then while IFS= read -r l || [ -n "$l" ]; do l=${l#export }; for v in =true "=\"true\"" "='true'" ": true" ": \"true\"" ": 'true'"; do [ "$l" = "GDS_ENABLED$v" ] && GDS_ENABLED=true; [ "$l" = "GDRCOPY_ENABLED$v" ] && GDRCOPY_ENABLED=true; [ "$l" = "GPU_DIRECT_RDMA_ENABLED$v" ] && GPU_DIRECT_RDMA_ENABLED=true; done; done < /run/nvidia/validations/.driver-ctr-ready; fi; MOFED_ENABLED=$GDS_ENABLED; {{ "" }}
 {{- end }}
 
 {{/* device-plugin.env: environment of the plugin and the MPS control daemon */}}
