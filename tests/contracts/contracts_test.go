@@ -1,6 +1,7 @@
 package contracts
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -27,6 +28,13 @@ func TestContractLookup(t *testing.T) {
 	for _, ref := range []string{"nvcr.io/nvidia/k8s-device-plugin:v0.19.0", "nvcr.io/nvidia/driver:595.91.07", "docker.io/library/busybox:1"} {
 		if c, ok := Lookup(ref); ok {
 			t.Errorf("Lookup(%s) matched the row of %s", ref, c.Repository)
+		}
+	}
+	// The DCGM exporter's image flavour picks its entrypoint (docker/Dockerfile).
+	for tag, want := range map[string]string{"4.6.0-4.8.3-distroless": "/usr/bin/dcgm-exporter-entrypoint.sh",
+		"4.6.0-4.8.3-ubuntu22.04": "/usr/local/dcgm/dcgm-exporter-entrypoint.sh", "4.6.0-4.8.3-ubi9": "/usr/local/dcgm/dcgm-exporter-entrypoint.sh"} {
+		if c, ok := Lookup("nvcr.io/nvidia/k8s/dcgm-exporter:" + tag); !ok || !slices.Equal(c.Entrypoint, []string{want}) {
+			t.Errorf("dcgm-exporter:%s: entrypoint %v (found %v), want %s", tag, c.Entrypoint, ok, want)
 		}
 	}
 	// The OS suffix picks the row: rhel9 reads GDS_ENABLED (common.sh), ubuntu does not.
@@ -103,11 +111,20 @@ func TestContractCheck(t *testing.T) {
 		t.Errorf("Resolve = program %q, programs %q", r.Program, r.Programs)
 	}
 
-	bad := container(wrapper, map[string]string{"NODE_NAME": "n", "CONFIG_FILE": "/c.yaml", "WHATEVER": "x"}, mounts[:1]...)
-	got := mig.Check(bad, vols)
+	// POD_NAME/POD_NAMESPACE are optional (the generated config is then not published) and CONFIG_FILE is an
+	// admin's named config: neither is a violation
+	if got := mig.Check(container(wrapper, map[string]string{"NODE_NAME": "n", "CONFIG_FILE": "/c.yaml"}, mounts...), vols); len(got) != 0 {
+		t.Errorf("the MIG manager with a named config and no POD_*: %q", got)
+	}
+	// a variable the chart must not set (Avoid), shown on a copy of the row
+	avoiding := mig
+	avoiding.Env = maps.Clone(mig.Env)
+	avoiding.Env["WITH_REBOOT"] = EnvVar{Avoid: "the node would reboot on every MIG change"}
+	bad := container(wrapper, map[string]string{"WITH_REBOOT": "true", "WHATEVER": "x"}, mounts[:1]...)
+	got := avoiding.Check(bad, vols)
 	wants(t, got, "sets env WHATEVER")
-	wants(t, got, "sets env CONFIG_FILE", "DEFAULT_CONFIG_FILE")
-	wants(t, got, "does not set env POD_NAME")
+	wants(t, got, "sets env WITH_REBOOT", "would reboot")
+	wants(t, got, "does not set env NODE_NAME")
 	wants(t, got, "mounts nothing at /driver-root")
 
 	// A wrong host path behind the right container path.

@@ -1,6 +1,9 @@
 package contracts
 
-import "regexp"
+import (
+	"regexp"
+	"slices"
+)
 
 // vars builds an Env map of optional vars.
 func vars(names ...string) map[string]EnvVar {
@@ -32,8 +35,9 @@ var driverHostPaths = []HostPath{
 	{Container: "/run/nvidia", Host: "/run/nvidia", Why: "RUN_DIR: pid file and the shared driver root /run/nvidia/driver"},
 	// _load_driver: fw_path_config_file="/sys/module/firmware_class/parameters/path".
 	{Subcommand: "init", Container: "/sys/module/firmware_class/parameters/path", Host: "/sys/module/firmware_class/parameters/path", Why: "points the kernel's firmware search at the driver root's firmware"},
-	// GPU Operator assets/state-driver/0500_daemonset.yaml (v26.3.3) mounts the directory /sys/devices/system; the
-	// memory block onlining file under it is absent on kernels without memory hotplug, so a file mount fails there.
+	// GPU Operator assets/state-driver/0500_daemonset.yaml mounts the directory /sys/devices/system since v26.7.0
+	// (v26.3.0 to v26.3.3 mounted the file memory/auto_online_blocks); that file is absent on kernels without memory
+	// hotplug, so a file mount fails there.
 	{Subcommand: "init", Container: "/sys/devices/system", Host: "/sys/devices/system", Why: "memory onlining for coherent-memory GPUs; mount the directory, the file auto_online_blocks is absent without memory hotplug"},
 	// _start_daemons/_shutdown: /var/run/nvidia-fabricmanager/*.pid and /var/run/nvidia-topologyd/*.pid.
 	{Subcommand: "init", Container: "/run/nvidia-fabricmanager", Host: "/run/nvidia-fabricmanager", Why: "Fabric Manager pid and state, shared with the host"},
@@ -312,10 +316,11 @@ var Table = []Contract{
 	},
 	{
 		Repository: "nvidia/k8s/dcgm-exporter",
-		Tags:       regexp.MustCompile(`^4\.6\.0-4\.8\.3-(distroless|ubuntu22\.04|ubi9)$`),
+		Tags:       regexp.MustCompile(`^4\.6\.0-4\.8\.3-distroless$`),
 		Source:     "github.com/NVIDIA/dcgm-exporter@4.5.3-4.8.2 (4.6.0-4.8.3 is not tagged in the mirror)",
 		// docker/Dockerfile runtime-distroless: USER root:root; ENTRYPOINT ["/usr/bin/dcgm-exporter-entrypoint.sh"],
-		// which execs /usr/bin/dcgm-exporter "$@"; /bin/sh and bash copied in.
+		// which execs /usr/bin/dcgm-exporter "$@"; /bin/sh and bash copied in. The ubuntu22.04 and ubi9 flavours
+		// differ (dcgmExporterDistro).
 		Entrypoint: []string{"/usr/bin/dcgm-exporter-entrypoint.sh"},
 		Binaries:   []string{"/usr/bin/dcgm-exporter-entrypoint.sh", "/usr/bin/dcgm-exporter"},
 		Shell:      "/bin/sh and /usr/bin/bash copied from ubuntu",
@@ -372,13 +377,15 @@ var Table = []Contract{
 			map[string]EnvVar{
 				// validateFlags: "invalid -n <node-name> flag: must not be empty string".
 				"NODE_NAME": {Required: true},
-				// createNodeConfigMap: "POD_NAMESPACE/POD_NAME environment variable not set" when it publishes the
-				// config it generated from the hardware (the path taken when CONFIG_FILE is unset).
-				"POD_NAME":      {Required: true},
-				"POD_NAMESPACE": {Required: true},
-				// a set CONFIG_FILE is used as is: mig-parted then never generates the config from the hardware;
-				// DEFAULT_CONFIG_FILE is the fallback for hardware it cannot profile.
-				"CONFIG_FILE": {Avoid: "mig-parted then uses it as is and never generates the MIG config from the hardware; set DEFAULT_CONFIG_FILE"},
+				// createNodeConfigMap: without POD_NAMESPACE/POD_NAME the config it generated from the hardware (the
+				// path taken when CONFIG_FILE is unset) is not published as the node's ConfigMap; setupMigConfig
+				// only warns ("Failed to create node ConfigMap") and goes on with it, so they are optional.
+				"POD_NAME":      {},
+				"POD_NAMESPACE": {},
+				// setupMigConfig: a set CONFIG_FILE is used as is and no config is generated from the hardware; it is
+				// how an admin's named config is given (the GPU Operator sets it only with one; the chart too, with
+				// migManager.config.name). DEFAULT_CONFIG_FILE is the fallback for hardware it cannot profile.
+				"CONFIG_FILE": {},
 			}),
 		HostPaths: []HostPath{
 			// DefaultHostRootMount = "/host": reboots, host GPU clients, systemd state.
@@ -563,3 +570,18 @@ var Table = []Contract{
 		},
 	},
 }
+
+// dcgmExporterDistro is the DCGM exporter's ubuntu22.04 and ubi9 flavours (docker/Dockerfile runtime-ubuntu and
+// runtime-ubi on cuda base images, USER root): the same binary and environment as the distroless row, but the
+// entrypoint script is /usr/local/dcgm/dcgm-exporter-entrypoint.sh, and the distro's shell and tools are there.
+func dcgmExporterDistro() Contract {
+	i := slices.IndexFunc(Table, func(c Contract) bool { return c.Repository == "nvidia/k8s/dcgm-exporter" })
+	c := Table[i]
+	c.Tags = regexp.MustCompile(`^4\.6\.0-4\.8\.3-(ubuntu22\.04|ubi9)$`)
+	c.Entrypoint = []string{"/usr/local/dcgm/dcgm-exporter-entrypoint.sh"}
+	c.Binaries = []string{"/usr/local/dcgm/dcgm-exporter-entrypoint.sh", "/usr/bin/dcgm-exporter"}
+	c.Shell = distro
+	return c
+}
+
+func init() { Table = append(Table, dcgmExporterDistro()) }
