@@ -176,7 +176,7 @@ func (inv *invariants) checkBounds() {
 // countedIn is the pool an out node counts in: the one its label names, unless it holds a slot of another pool's
 // only.
 func (inv *invariants) countedIn(node, labelled string) string {
-	other := ""
+	other, elsewhere := "", false // "" is the default pool's key: elsewhere says whether other names a pool
 	for lease, holders := range inv.holders {
 		if !holders[node] {
 			continue
@@ -185,9 +185,9 @@ func (inv *invariants) countedIn(node, labelled string) string {
 		if !known || pool == labelled {
 			return labelled
 		}
-		other = pool
+		other, elsewhere = pool, true
 	}
-	if other != "" {
+	if elsewhere {
 		return other
 	}
 	return labelled
