@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
 // vfioDrivers are the drivers a passed-through GPU may be bound to (the second: Grace Hopper and later).
@@ -34,7 +35,7 @@ func (o *Options) workloadConfig(ctx context.Context, p progress) (string, error
 		return "", fmt.Errorf("read node %s: %w", o.NodeName, err)
 	}
 	v, ok := node.Labels[WorkloadConfigLabel]
-	if validWorkloadConfig(v) {
+	if nodestate.ValidRole(v) {
 		return v, nil
 	}
 	if ok {

@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/statusfiles"
 )
 
@@ -32,14 +33,14 @@ var Components = []string{
 
 // Workload configs (node label WorkloadConfigLabel): the node's GPU role.
 const (
-	WorkloadContainer     = "container"
-	WorkloadVMPassthrough = "vm-passthrough"
-	WorkloadVMVGPU        = "vm-vgpu"
+	WorkloadContainer     = nodestate.RoleContainer
+	WorkloadVMPassthrough = nodestate.RoleVMPassthrough
+	WorkloadVMVGPU        = nodestate.RoleVMVGPU
 )
 
 // Node labels the checks read (set by the admin, NFD or GFD; never written here).
 const (
-	WorkloadConfigLabel = "nvidia.com/gpu.workload.config"
+	WorkloadConfigLabel = nodestate.WorkloadConfigLabel
 	CCCapableLabel      = "nvidia.com/cc.capable"
 )
 
@@ -176,7 +177,7 @@ func (o *Options) Validate() error {
 	if !slices.Contains(Components, o.Component) {
 		return fmt.Errorf("unknown component %q: one of %s", o.Component, strings.Join(Components, ", "))
 	}
-	if !validWorkloadConfig(o.DefaultWorkloadConfig) {
+	if !nodestate.ValidRole(o.DefaultWorkloadConfig) {
 		return fmt.Errorf("DEFAULT_GPU_WORKLOAD_CONFIG %q: one of container, vm-passthrough, vm-vgpu", o.DefaultWorkloadConfig)
 	}
 	switch o.MIGStrategy {
@@ -248,8 +249,4 @@ func (o *Options) check() (check, error) {
 		return o.moduleCheck(o.Component), nil
 	}
 	return check{}, errors.New("no check named " + o.Component)
-}
-
-func validWorkloadConfig(s string) bool {
-	return s == WorkloadContainer || s == WorkloadVMPassthrough || s == WorkloadVMVGPU
 }

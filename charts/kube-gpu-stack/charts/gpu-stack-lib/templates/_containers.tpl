@@ -102,6 +102,25 @@ dict "env" MAP "out" DICT
 {{- end }}
 
 {{/*
+gpu-stack-lib.seedLabelContainer: an init container that sets default labels on its node where each is absent or
+empty (`kube-gpu-stack seed-label`, recorded so that the pre-delete cleanup takes them back), for operands that act
+only on labels that have a value. Unprivileged, as the image's non-root user; it writes the node through the pod's
+ServiceAccount (nodes get and update). dict "ctx" . "name" NAME "labels" (list "KEY=VALUE" ...)
+["args" (list FLAG ...): more seed-label flags, e.g. --workload]
+*/}}
+{{- define "gpu-stack-lib.seedLabelContainer" -}}
+{{- include "gpu-stack-lib.container" (dict
+  "ctx" .ctx
+  "name" .name
+  "image" (include "gpu-stack-lib.stackImage" .ctx)
+  "pullPolicy" .ctx.Values.global.stackImage.pullPolicy
+  "command" (concat (list "kube-gpu-stack" "seed-label" "--node=$(NODE_NAME)") (.args | default list) .labels)
+  "env" (dict "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName")))
+  "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "capabilities" (dict "drop" (list "ALL")))
+) -}}
+{{- end }}
+
+{{/*
 gpu-stack-lib.waitContainer: an init container that blocks until one of the named status files exists in the
 validations dir (the per-node ordering barrier: the toolkit waits for driver-ready, GPU clients for toolkit-ready).
 It only reads: unprivileged, as the image's non-root user.
