@@ -163,7 +163,7 @@ func DriverPools() []Node {
 const DRALegacyPool = "legacy"
 
 // DRA are GPU nodes for the DRA profiles: two nodes of the pool values/dra-mixed.yaml keeps on the device plugin
-// (one MPS-capable), and two nodes whose DRA switch nvidia.com/gpu.deploy.dra-driver is off: opted out by the admin,
+// (one MPS-capable, one MIG-capable), and two nodes whose DRA switch nvidia.com/gpu.deploy.dra-driver is off: opted out by the admin,
 // and paused as the reference driver manager pauses it. In every other profile they are ordinary unlabelled
 // (default-role) GPU nodes, the legacy ones MPS-capable or not.
 func DRA() []Node {
@@ -171,6 +171,7 @@ func DRA() []Node {
 	return []Node{
 		gpuNode("dra-legacy", Ubuntu2204, "NVIDIA-L40S", legacy),
 		gpuNode("dra-legacy-mps-capable", Ubuntu2204, "NVIDIA-L40S", map[string]string{DriverPoolLabel: DRALegacyPool, "nvidia.com/mps.capable": "true"}),
+		gpuNode("dra-legacy-mig-capable", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{DriverPoolLabel: DRALegacyPool, "nvidia.com/mig.capable": "true"}),
 		gpuNode("dra-opted-out", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.deploy.dra-driver": "false"}),
 		gpuNode("dra-paused", Ubuntu2204, "NVIDIA-H100-80GB-HBM3", map[string]string{"nvidia.com/gpu.deploy.dra-driver": "paused-for-driver-upgrade"}),
 	}

@@ -17,7 +17,8 @@ import (
 )
 
 // draRole is the container role on a node whose pool allocates GPUs through DRA: the DRA kubelet plugin instead of
-// the device plugin (and never the MPS control daemon); GFD, the DCGM exporter and the validator as everywhere.
+// the device plugin (and never the MPS control daemon, nor the MIG manager, which would change the MIG layout under
+// a DRA kubelet plugin that lists it once, at its start); GFD, the DCGM exporter and the validator as everywhere.
 const draRole = "driver container-toolkit dra-driver dcgm-exporter gpu-feature-discovery operator-validator"
 
 // dra: every pool on DRA. The device-plugin switch means nothing there; the DRA switch, off or paused, keeps the
@@ -25,7 +26,8 @@ const draRole = "driver container-toolkit dra-driver dcgm-exporter gpu-feature-d
 // dra-mixed: the same, but the legacy pool stays on the device plugin.
 func init() {
 	dra := sandboxOff(draRole)
-	for _, n := range []string{"mps-capable", "container-mps-capable", "device-plugin-off", "device-plugin-empty", "dra-legacy", "dra-legacy-mps-capable"} {
+	for _, n := range []string{"mps-capable", "container-mps-capable", "mig-capable", "container-mig-capable", "device-plugin-off",
+		"device-plugin-empty", "dra-legacy", "dra-legacy-mps-capable", "dra-legacy-mig-capable"} {
 		dra[n] = draRole
 	}
 	dra["paused-for-driver-upgrade"] = "driver dra-driver"
@@ -39,6 +41,7 @@ func init() {
 	}
 	mixed["dra-legacy"] = containerRole
 	mixed["dra-legacy-mps-capable"] = containerRole + " mps-control-daemon"
+	mixed["dra-legacy-mig-capable"] = containerRole + " mig-manager"
 	roleMatrix["dra-mixed"] = mixed
 }
 
@@ -94,7 +97,7 @@ func TestGPUAllocationNeverBoth(t *testing.T) {
 }
 
 // TestGPUAllocationOnePoolMoves: a pool moved to DRA takes its nodes, and only its nodes, from the device plugin
-// (and its MPS daemon).
+// (and its MPS daemon), and from the MIG manager.
 func TestGPUAllocationOnePoolMoves(t *testing.T) {
 	t.Parallel()
 	stream := render(t, newestKube, nil, "draDriver.enabled=true",
@@ -118,8 +121,8 @@ func TestGPUAllocationOnePoolMoves(t *testing.T) {
 		plugin := slices.Contains(ops, "device-plugin") || slices.Contains(ops, "mps-control-daemon")
 		if n.Labels[nodefixtures.DriverPoolLabel] == nodefixtures.DRALegacyPool {
 			moved++
-			if plugin || !slices.Contains(ops, "dra-driver") {
-				t.Errorf("node %s of the moved pool: %v; want the DRA driver and no device plugin", n.Name, ops)
+			if plugin || slices.Contains(ops, "mig-manager") || !slices.Contains(ops, "dra-driver") {
+				t.Errorf("node %s of the moved pool: %v; want the DRA driver and no device plugin or MIG manager", n.Name, ops)
 			}
 			continue
 		}
@@ -130,8 +133,8 @@ func TestGPUAllocationOnePoolMoves(t *testing.T) {
 			stayed++
 		}
 	}
-	if moved != 2 || stayed == 0 {
-		t.Errorf("%d nodes moved (want the 2 legacy fixtures), %d kept the device plugin (want some)", moved, stayed)
+	if moved != 3 || stayed == 0 {
+		t.Errorf("%d nodes moved (want the 3 legacy fixtures), %d kept the device plugin (want some)", moved, stayed)
 	}
 }
 

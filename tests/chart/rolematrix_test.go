@@ -60,6 +60,7 @@ func sandboxOff(role string) matrix {
 	// outside the DRA profiles: ordinary GPU nodes; the DRA switch is no container operand's
 	m["dra-legacy"] = role
 	m["dra-legacy-mps-capable"] = role + " mps-control-daemon"
+	m["dra-legacy-mig-capable"] = role + " mig-manager"
 	m["dra-opted-out"] = role
 	m["dra-paused"] = role
 	return m

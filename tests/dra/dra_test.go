@@ -42,7 +42,7 @@ const (
 var (
 	// draNodes are the default pool's nodes (on DRA in dra-mixed); legacyNodes the pool kept on the device plugin.
 	draNodes    = []string{"gpu-01", "gpu-02"}
-	legacyNodes = []string{"dra-legacy", "dra-legacy-mps-capable"}
+	legacyNodes = []string{"dra-legacy", "dra-legacy-mps-capable", "dra-legacy-mig-capable"}
 )
 
 func target() install.Target {

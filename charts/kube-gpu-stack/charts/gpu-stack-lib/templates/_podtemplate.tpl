@@ -6,6 +6,7 @@ gpu-stack-lib.podTemplate: a pod template (metadata + spec) with the chart's sch
                operands (NFD), which then get no GPU node affinity
   roles        node roles it serves (container, vm-passthrough, vm-vgpu)
   match        optional extra node selector requirements (e.g. nvidia.com/mig.capable In [true])
+  matchAny     optional alternatives, each a requirement list ANDed with the others (an allocationScope's)
   pod          pod spec fragment: containers, initContainers, volumes and any other pod field; set
                `runtimeClass: true` for pods that run under the nvidia runtime class (or, with
                global.cdi.nriPluginEnabled, get every GPU through NRI annotations). An operand writes it as YAML
