@@ -8,12 +8,16 @@ package admission
 
 import (
 	"context"
+	"maps"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +72,98 @@ func install(t *testing.T) {
 		t.Fatal(err)
 	}
 	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true}
+	nodeWriters = map[string]string{}
+	// the operands that write their node in other profiles: the CC and vGPU device managers, the DRA kubelet plugin
+	streams := []string{stream}
+	for _, profile := range []string{"confidential.yaml", "dra.yaml"} {
+		other, err := chartrender.RenderRepo(ctx, []string{filepath.Join(chartrender.RepoRoot(), "values", profile)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, other)
+	}
+	for _, s := range streams {
+		for sa, verb := range nodeWritingAccounts(t, s) {
+			ours[sa], nodeWriters[sa] = true, verb
+		}
+	}
+	policies := 0
+	for i, s := range streams {
+		policies += apply(t, s, ours, i == 0)
+	}
+	if policies != 1 {
+		t.Fatalf("%d ValidatingAdmissionPolicies rendered, want 1", policies)
+	}
+	for _, n := range []string{nodeA, nodeB} {
+		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	installed = true
+}
+
+// nodeWriters are the DaemonSet accounts of the renders whose RBAC may write Nodes, each with the verb it has on
+// nodes (patch, else update; "" when it may write only nodes/status).
+var nodeWriters map[string]string
+
+// nodeWritingAccounts finds, in a render, the ServiceAccounts of DaemonSets whose ClusterRoles may patch or update
+// nodes or nodes/status (as tests/chart TestNodeLocalAccountsAreHeldToTheirNode does), each with its verb on nodes.
+func nodeWritingAccounts(t *testing.T, stream string) map[string]string {
+	t.Helper()
+	var dss []*appsv1.DaemonSet
+	roles := map[string]*rbacv1.ClusterRole{}
+	var bindings []*rbacv1.ClusterRoleBinding
+	for _, doc := range strings.Split(stream, "\n---") {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			continue
+		}
+		switch o := obj.(type) {
+		case *appsv1.DaemonSet:
+			dss = append(dss, o)
+		case *rbacv1.ClusterRole:
+			roles[o.Name] = o
+		case *rbacv1.ClusterRoleBinding:
+			bindings = append(bindings, o)
+		}
+	}
+	out := map[string]string{}
+	for _, ds := range dss {
+		sa := ds.Spec.Template.Spec.ServiceAccountName
+		writes, verb := false, ""
+		for _, b := range bindings {
+			r := roles[b.RoleRef.Name]
+			if r == nil || !boundTo(b.Subjects, map[string]bool{sa: true}) {
+				continue
+			}
+			for _, rule := range r.Rules {
+				if !slices.Contains(rule.APIGroups, "") {
+					continue
+				}
+				for _, res := range rule.Resources {
+					for _, v := range rule.Verbs {
+						if (res == "nodes" || res == "nodes/status") && (v == "patch" || v == "update") {
+							writes = true
+						}
+						if res == "nodes" && (v == "patch" || v == "update" && verb == "") {
+							verb = v
+						}
+					}
+				}
+			}
+		}
+		if writes {
+			out[sa] = verb
+		}
+	}
+	return out
+}
+
+// apply creates the render's ServiceAccounts of ours with their roles and bindings (one rendered again by a later
+// stream is kept), and with policy the admission policy and its binding; it returns the policies it created.
+func apply(t *testing.T, stream string, ours map[string]bool, policy bool) int {
+	t.Helper()
+	ctx, c := t.Context(), kube.Client
 	policies := 0
 	for _, doc := range strings.Split(stream, "\n---") {
 		if strings.TrimSpace(doc) == "" || !strings.Contains(doc, "kind:") {
@@ -95,24 +191,20 @@ func install(t *testing.T) {
 				}
 			}
 		case *admissionregistrationv1.ValidatingAdmissionPolicy:
-			policies++
-			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+			if policy {
+				policies++
+				_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+			}
 		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
-			_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+			if policy {
+				_, err = c.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+			}
 		}
-		if err != nil {
+		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("apply %T: %v", obj, err)
 		}
 	}
-	if policies != 1 {
-		t.Fatalf("%d ValidatingAdmissionPolicies rendered, want 1", policies)
-	}
-	for _, n := range []string{nodeA, nodeB} {
-		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
-	installed = true
+	return policies
 }
 
 func boundTo(subjects []rbacv1.Subject, names map[string]bool) bool {
@@ -243,6 +335,53 @@ func TestDriverManagerPatchesOnlyItsOwnNode(t *testing.T) {
 	if err := patchLabel(t.Context(), kube.Client, nodeB); err != nil {
 		t.Fatalf("admin patch: %v", err)
 	}
+}
+
+// TestEveryNodeWritingAccountChangesOnlyItsOwnNode: every DaemonSet account whose rendered RBAC may write Nodes
+// (found in the renders, among them the MIG, vGPU device and CC managers and the DRA kubelet plugin, third-party
+// code running privileged on every GPU node) changes its own node with a token bound to its pod there, and is
+// refused another node, and any node with a token bound to no pod: root on one node reaches no other through it.
+func TestEveryNodeWritingAccountChangesOnlyItsOwnNode(t *testing.T) {
+	install(t)
+	for _, want := range []string{driverSA, validatorSA, "nvidia-mig-manager", "nvidia-vgpu-device-manager", "nvidia-cc-manager", "nvidia-dra-driver-kubelet-plugin"} {
+		if _, ok := nodeWriters[want]; !ok {
+			t.Errorf("%s is not among the node-writing accounts found in the renders %v", want, nodeWriters)
+		}
+	}
+	refused, allowed := 0, 0
+	for _, sa := range slices.Sorted(maps.Keys(nodeWriters)) {
+		write := map[string]func(context.Context, kubernetes.Interface, string) error{"patch": patchLabel, "update": updateLabel}[nodeWriters[sa]]
+		if write == nil {
+			continue // nodes/status only: TestHealthAgentWritesOnlyItsOwnNode
+		}
+		t.Run(sa, func(t *testing.T) {
+			onA := clientAs(t, sa, podOn(t, sa, nodeA))
+			err := refusedByPolicy(t, func(ctx context.Context) error { return write(ctx, onA, nodeB) })
+			if !strings.Contains(err.Error(), "may change only the node its pod runs on ("+nodeA+"), not node "+nodeB) {
+				t.Fatalf("refusal does not say why: %v", err)
+			}
+			refused++
+			if err := write(t.Context(), onA, nodeA); err != nil {
+				t.Fatalf("%s its own node: %v", nodeWriters[sa], err)
+			}
+			allowed++
+			unbound := clientAs(t, sa, nil)
+			refusedByPolicy(t, func(ctx context.Context) error { return write(ctx, unbound, nodeA) })
+			refused++
+		})
+	}
+	t.Logf("%d node-writing accounts: %d writes refused, %d allowed", len(nodeWriters), refused, allowed)
+}
+
+// updateLabel sets a label on node with an update, for accounts that may update but not patch Nodes.
+func updateLabel(ctx context.Context, c kubernetes.Interface, node string) error {
+	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	metav1.SetMetaDataLabel(&n.ObjectMeta, "kube-gpu-stack.io/admission-test", "u")
+	_, err = c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	return err
 }
 
 // TestValidatorPatchesOnlyItsOwnNodeAndCreatesOnlyWorkloadPods: the validator records on its own node only, and

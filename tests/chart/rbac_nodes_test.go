@@ -439,17 +439,23 @@ func TestValidatorDRARightsAreWhatTheDRACheckCalls(t *testing.T) {
 	}
 }
 
-// nodeLocalAccounts: the ServiceAccounts of the rendered pods that run the driver manager or a validator check
-// recording on its Node, with the command that makes them node-local.
+// nodeLocalAccounts: the ServiceAccounts of the rendered DaemonSets' pods (one per node: node-local) whose rendered
+// RBAC may patch or update Nodes or their status, each with the DaemonSet that makes it node-local. Derived from the
+// render, not from a list of commands: a third-party operand that writes its node counts as much as the stack's own.
 func nodeLocalAccounts(objs []object) map[string]string {
 	out := map[string]string{}
 	for _, o := range objs {
+		if o.kind() != "DaemonSet" {
+			continue
+		}
 		for where, ps := range podSpecs(o) {
 			sa, _ := ps["serviceAccountName"].(string)
-			for _, c := range containersOf(ps) {
-				cmd, _ := c["command"].([]any)
-				if recordsOnNode(c) || len(cmd) > 0 && cmd[0] == "driver-manager" {
-					out[sa] = fmt.Sprintf("%s container %s", where, c["name"])
+			if sa == "" {
+				continue
+			}
+			for r := range rulesOf(objs, sa) {
+				if r.group == "" && (r.resource == "nodes" || r.resource == "nodes/status") && (r.verb == "patch" || r.verb == "update" || r.verb == "*") {
+					out[sa] = fmt.Sprintf("%s (it may %s %s)", where, r.verb, r.resource)
 				}
 			}
 		}
@@ -457,8 +463,8 @@ func nodeLocalAccounts(objs []object) map[string]string {
 	return out
 }
 
-// TestNodeLocalAccountsAreHeldToTheirNode: the rendered admission policy matches every ServiceAccount whose pods
-// run the driver manager or a recording validator check (each may patch Nodes, and only its own is meant), and
+// TestNodeLocalAccountsAreHeldToTheirNode: the rendered admission policy matches every ServiceAccount of a
+// DaemonSet whose RBAC may write Nodes (each means its own node only: root on one node must not reach others), and
 // keeps the validator's pods on the account its workload env names. It is rendered only where the API is served
 // and admissionPolicy.enabled is true. Not parallel: it narrows chartrender.APIVersions for a render, so it runs
 // before the package's parallel tests start.
