@@ -554,3 +554,34 @@ func TestValidatorRBAC(t *testing.T) {
 		}
 	}
 }
+
+// TestDriverMayEvictOnlyWithEvictionOn: the driver's account may evict pods (and read what a drain reads: budgets,
+// DaemonSets) only while GPU pod eviction or auto-drain is on; with both off it keeps what the manager calls anyway
+// (its node, pods on it, DRA claims before it pauses the DRA kubelet plugin) and cannot evict any pod in the cluster.
+func TestDriverMayEvictOnlyWithEvictionOn(t *testing.T) {
+	t.Parallel()
+	evicts := func(set ...string) (evict, drainReads, claims, pods bool) {
+		rules := rulesOf(objects(t, render(t, newestKube, nil, set...)), "nvidia-driver")
+		return rules[rule{"", "", "pods/eviction", "create"}],
+			rules[rule{"", "policy", "poddisruptionbudgets", "watch"}] || rules[rule{"", "apps", "daemonsets", "get"}],
+			rules[rule{"", "resource.k8s.io", "resourceclaims", "list"}],
+			rules[rule{"", "", "pods", "list"}]
+	}
+	for _, tc := range []struct {
+		name string
+		set  []string
+		want bool
+	}{
+		{"defaults (eviction on)", nil, true},
+		{"drain alone", []string{"driver.manager.gpuPodDeletion.enabled=false", "driver.manager.drain.enabled=true"}, true},
+		{"both off", []string{"driver.manager.gpuPodDeletion.enabled=false", "driver.manager.drain.enabled=false"}, false},
+	} {
+		evict, drainReads, claims, pods := evicts(tc.set...)
+		if evict != tc.want || drainReads != tc.want {
+			t.Errorf("%s: pods/eviction create %v, budgets or DaemonSets read %v; want %v", tc.name, evict, drainReads, tc.want)
+		}
+		if !claims || !pods {
+			t.Errorf("%s: resourceclaims list %v, pods list %v; want both (the manager calls them anyway)", tc.name, claims, pods)
+		}
+	}
+}

@@ -148,10 +148,11 @@ writes it at once.
 gpu-stack-lib.driverManagerRules: the ClusterRole rules of a pod running the driver manager, each what its code
 calls and nothing more (tests/chart/rbac_nodes_test.go runs it against the rendered rules): its node read, watched
 (kwatch.Node) and patched (cordon, labels, annotations; never updated); operand and validator pods listed and
-watched on the node; with `evict` (gpudrain): GPU pods evicted, PodDisruptionBudgets watched, DaemonSets read
-(kubectl's drain checks a DaemonSet pod's owner) and DRA claims listed (gpupods). No pods delete:
-gpudrain deletes only where the API server has no Eviction API, which every supported Kubernetes serves.
-dict "evict" BOOL; renders a YAML list.
+watched on the node; with `evict` (gpudrain: GPU pod eviction or auto-drain on): GPU pods evicted,
+PodDisruptionBudgets watched and DaemonSets read (kubectl's drain checks a DaemonSet pod's owner); with `claims`
+DRA claims listed (gpupods: the GPU pods an eviction moves, and the claim holders that keep the DRA kubelet plugin
+from being paused). No pods delete: gpudrain deletes only where the API server has no Eviction API, which every
+supported Kubernetes serves. dict "evict" BOOL "claims" BOOL; renders a YAML list.
 */}}
 {{- define "gpu-stack-lib.driverManagerRules" -}}
 - apiGroups: [""]
@@ -170,6 +171,8 @@ dict "evict" BOOL; renders a YAML list.
 - apiGroups: [apps]
   resources: [daemonsets]
   verbs: [get]
+{{- end }}
+{{- if or .evict .claims }}
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaims]
   verbs: [list]
@@ -197,10 +200,11 @@ it takes a slot of before it cordons and watches while the pool is full (list, w
 gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver manager (driver, vGPU manager, VFIO
 manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
 (gpu-stack-lib.driverManagerLeaseRules, with "replace" its own DaemonSet watched too); its pods run privileged with
-host access (the privileged SCC on OpenShift). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL "replace" BOOL
+host access (the privileged SCC on OpenShift). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL "claims" BOOL
+"replace" BOOL
 */}}
 {{- define "gpu-stack-lib.driverManagerRbac" -}}
 {{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name "scc" "privileged"
-  "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict) | fromYamlArray)
+  "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict "claims" .claims) | fromYamlArray)
   "rules" (include "gpu-stack-lib.driverManagerLeaseRules" (dict "replace" .replace) | fromYamlArray)) -}}
 {{- end }}
