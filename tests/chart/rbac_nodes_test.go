@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -582,6 +583,66 @@ func TestDriverMayEvictOnlyWithEvictionOn(t *testing.T) {
 		}
 		if !claims || !pods {
 			t.Errorf("%s: resourceclaims list %v, pods list %v; want both (the manager calls them anyway)", tc.name, claims, pods)
+		}
+	}
+}
+
+// TestNodeWideWritersPreferNodesWithoutGPUs: every pod that is not a node operand (a Deployment's, a hook Job's, the
+// helm test Pod) whose account may write Nodes writes any Node, so root on the node it runs on reaches every node:
+// by default it prefers (or requires) nodes without nvidia.com/gpu.present=true, where no privileged third-party GPU
+// code runs. Found from each profile's render, with every optional operand on.
+func TestNodeWideWritersPreferNodesWithoutGPUs(t *testing.T) {
+	t.Parallel()
+	awayFromGPUs := func(ps map[string]any) bool {
+		aff, _ := ps["affinity"].(map[string]any)
+		na, _ := aff["nodeAffinity"].(map[string]any)
+		var terms []any
+		if req, ok := na["requiredDuringSchedulingIgnoredDuringExecution"].(map[string]any); ok {
+			terms, _ = req["nodeSelectorTerms"].([]any)
+		}
+		pref, _ := na["preferredDuringSchedulingIgnoredDuringExecution"].([]any)
+		for _, p := range pref {
+			m, _ := p.(map[string]any)
+			terms = append(terms, m["preference"])
+		}
+		for _, term := range terms {
+			m, _ := term.(map[string]any)
+			exprs, _ := m["matchExpressions"].([]any)
+			for _, e := range exprs {
+				r, _ := e.(map[string]any)
+				if r["key"] == "nvidia.com/gpu.present" && (r["operator"] == "DoesNotExist" || r["operator"] == "NotIn" && fmt.Sprint(r["values"]) == "[true]") {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	checked := map[string]bool{}
+	for _, p := range profiles(t) {
+		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		for _, o := range objs {
+			if o.kind() == "DaemonSet" {
+				continue
+			}
+			for where, ps := range podSpecs(o) {
+				sa, _ := ps["serviceAccountName"].(string)
+				writes := false
+				for r := range rulesOf(objs, sa) {
+					writes = writes || r.group == "" && (r.resource == "nodes" || r.resource == "nodes/status") && (r.verb == "patch" || r.verb == "update" || r.verb == "*")
+				}
+				if !writes {
+					continue
+				}
+				checked[where] = true
+				if !awayFromGPUs(ps) {
+					t.Errorf("%s: %s runs as %s, which may write every Node, and does not keep off GPU nodes", p.name, where, sa)
+				}
+			}
+		}
+	}
+	for _, want := range []string{"Deployment/" + "gpu-node-feature-discovery-master", "Job/" + preUpgradeName, "Job/" + cleanupName} {
+		if !checked[want] {
+			t.Errorf("%s was not among the node-wide writers found (%v)", want, slices.Sorted(maps.Keys(checked)))
 		}
 	}
 }

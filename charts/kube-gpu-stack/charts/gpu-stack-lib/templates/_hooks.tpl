@@ -48,8 +48,9 @@ so callers pass "scc" "nonroot-v2" to its RBAC), as the ServiceAccount named lik
   env              optional map NAME -> value
   timeoutSeconds   the binary's own deadline
   values           the hooks values: resources, nodeSelector (over global.nodeSelector), tolerations (added to
-                   global.tolerations), priorityClassName (global.priorityClassName is not used: it is meant
-                   for node-critical operands, and quotas on it would block the hook)
+                   global.tolerations), affinity (by default away from GPU nodes: the plan's and the cleanup's
+                   accounts may write every Node), priorityClassName (global.priorityClassName is not used: it is
+                   meant for node-critical operands, and quotas on it would block the hook)
   pod              optional: true renders a Pod instead of a Job
 */}}
 {{- define "gpu-stack-lib.hookJob" -}}
@@ -95,6 +96,7 @@ unless it already tolerates those taints; rendered here as admission would add t
 {{- end -}}
 {{- with $tolerations }}{{ $_ := set $pod "tolerations" . }}{{ end -}}
 {{- with mergeOverwrite (deepCopy ($g.nodeSelector | default dict)) (deepCopy ($h.nodeSelector | default dict)) }}{{ $_ := set $pod "nodeSelector" . }}{{ end -}}
+{{- with $h.affinity }}{{ $_ := set $pod "affinity" . }}{{ end -}}
 {{- with $h.priorityClassName }}{{ $_ := set $pod "priorityClassName" . }}{{ end -}}
 {{- with include "gpu-stack-lib.pullSecrets" $ctx | fromYamlArray }}{{ $_ := set $pod "imagePullSecrets" . }}{{ end -}}
 {{- $meta := dict "ctx" $ctx "name" .name "component" .component -}}
