@@ -71,7 +71,7 @@ func install(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true}
 	nodeWriters = map[string]string{}
 	// the operands that write their node in other profiles: the CC and vGPU device managers, the DRA kubelet plugin
 	streams := []string{stream}
@@ -258,6 +258,16 @@ func podOn(t *testing.T, sa, node string) *corev1.Pod {
 // bound to nothing.
 func clientAs(t *testing.T, sa string, pod *corev1.Pod) kubernetes.Interface {
 	t.Helper()
+	c, err := kubernetes.NewForConfig(restConfigAs(t, sa, pod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// restConfigAs is clientAs's configuration: a token of account sa, bound to pod, or to nothing with pod nil.
+func restConfigAs(t *testing.T, sa string, pod *corev1.Pod) *rest.Config {
+	t.Helper()
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
 	if pod != nil {
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
@@ -268,11 +278,7 @@ func clientAs(t *testing.T, sa string, pod *corev1.Pod) kubernetes.Interface {
 	}
 	cfg := rest.AnonymousClientConfig(kube.Config)
 	cfg.BearerToken = tok.Status.Token
-	c, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return cfg
 }
 
 func patchLabel(ctx context.Context, c kubernetes.Interface, node string) error {

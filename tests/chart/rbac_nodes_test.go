@@ -441,7 +441,8 @@ func TestValidatorDRARightsAreWhatTheDRACheckCalls(t *testing.T) {
 }
 
 // nodeLocalAccounts: the ServiceAccounts of the rendered DaemonSets' pods (one per node: node-local) whose rendered
-// RBAC may patch or update Nodes or their status, each with the DaemonSet that makes it node-local. Derived from the
+// RBAC may patch or update Nodes or their status, or write NodeFeatures (whose node nfd-master labels), each with
+// the DaemonSet that makes it node-local. Derived from the
 // render, not from a list of commands: a third-party operand that writes its node counts as much as the stack's own.
 func nodeLocalAccounts(objs []object) map[string]string {
 	out := map[string]string{}
@@ -456,6 +457,10 @@ func nodeLocalAccounts(objs []object) map[string]string {
 			}
 			for r := range rulesOf(objs, sa) {
 				if r.group == "" && (r.resource == "nodes" || r.resource == "nodes/status") && (r.verb == "patch" || r.verb == "update" || r.verb == "*") {
+					out[sa] = fmt.Sprintf("%s (it may %s %s)", where, r.verb, r.resource)
+				}
+				// nfd-master labels the node a NodeFeature names: writing one is writing that node's labels
+				if r.group == "nfd.k8s-sigs.io" && r.resource == "nodefeatures" && r.verb != "get" && r.verb != "list" && r.verb != "watch" {
 					out[sa] = fmt.Sprintf("%s (it may %s %s)", where, r.verb, r.resource)
 				}
 			}

@@ -1,0 +1,129 @@
+package admission
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
+)
+
+// The accounts that publish NodeFeatures (release "gpu"): nfd-worker, GFD.
+const (
+	workerSA = "gpu-node-feature-discovery-worker"
+	gfdSA    = "nvidia-gpu-feature-discovery"
+)
+
+var nodeFeatures = schema.GroupVersionResource{Group: "nfd.k8s-sigs.io", Version: "v1alpha1", Resource: "nodefeatures"}
+
+// TestNodeFeatureWritersWriteOnlyTheirOwnNodes: nfd-master labels the node a NodeFeature names (its label
+// nfd.node.kubernetes.io/node-name), so an account that publishes them (nfd-worker, GFD) may create, update and
+// delete only those of the node its pod runs on: refused for another node, for moving one to or from another node,
+// and with a token bound to no pod.
+func TestNodeFeatureWritersWriteOnlyTheirOwnNodes(t *testing.T) {
+	install(t)
+	installNodeFeatureCRD(t)
+	ctx := t.Context()
+	nf := func(name, node string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("nfd.k8s-sigs.io/v1alpha1")
+		u.SetKind("NodeFeature")
+		u.SetNamespace(ns)
+		u.SetName(name)
+		u.SetLabels(map[string]string{"nfd.node.kubernetes.io/node-name": node})
+		_ = unstructured.SetNestedStringMap(u.Object, map[string]string{"nvidia.com/gpu.deploy.driver": "false"}, "spec", "labels")
+		return u
+	}
+	admin := dynamic.NewForConfigOrDie(kube.Config).Resource(nodeFeatures).Namespace(ns)
+	if _, err := admin.Create(ctx, nf("gfd-"+nodeB, nodeB), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	refused, allowed := 0, 0
+	for _, sa := range []string{workerSA, gfdSA} {
+		t.Run(sa, func(t *testing.T) {
+			c := dynamic.NewForConfigOrDie(restConfigAs(t, sa, podOn(t, sa, nodeA))).Resource(nodeFeatures).Namespace(ns)
+			// another node's labels, from a new object
+			err := refusedByPolicy(t, func(ctx context.Context) error {
+				_, err := c.Create(ctx, nf(sa+"-"+nodeB, nodeB), metav1.CreateOptions{})
+				return err
+			})
+			if !strings.Contains(err.Error(), "may write only the NodeFeatures of the node its pod runs on ("+nodeA+"), not of "+nodeB) {
+				t.Fatalf("refusal does not say why: %v", err)
+			}
+			refused++
+			// its own node's: allowed; then moved to another node: refused
+			own, err := c.Create(ctx, nf(sa+"-"+nodeA, nodeA), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("its own node's NodeFeature: %v", err)
+			}
+			allowed++
+			own.SetLabels(map[string]string{"nfd.node.kubernetes.io/node-name": nodeB})
+			refusedByPolicy(t, func(ctx context.Context) error { _, err := c.Update(ctx, own, metav1.UpdateOptions{}); return err })
+			refused++
+			if sa == gfdSA { // GFD may delete (its RBAC): not another node's
+				refusedByPolicy(t, func(ctx context.Context) error { return c.Delete(ctx, "gfd-"+nodeB, metav1.DeleteOptions{}) })
+				refused++
+			}
+			unbound := dynamic.NewForConfigOrDie(restConfigAs(t, sa, nil)).Resource(nodeFeatures).Namespace(ns)
+			refusedByPolicy(t, func(ctx context.Context) error {
+				_, err := unbound.Create(ctx, nf(sa+"-unbound", nodeA), metav1.CreateOptions{})
+				return err
+			})
+			refused++
+		})
+	}
+	t.Logf("NodeFeature writes: %d refused, %d allowed", refused, allowed)
+}
+
+// installNodeFeatureCRD creates the rendered chart's NodeFeature CRD and waits until it is served.
+func installNodeFeatureCRD(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	stream, err := chartrender.RenderRepo(ctx, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd *apiextensionsv1.CustomResourceDefinition
+	for _, doc := range strings.Split(stream, "\n---") {
+		if !strings.Contains(doc, "kind: CustomResourceDefinition") || !strings.Contains(doc, "name: nodefeatures.nfd.k8s-sigs.io") {
+			continue
+		}
+		crd = &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.Unmarshal([]byte(doc), crd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if crd == nil {
+		t.Fatal("no NodeFeature CRD in the render")
+	}
+	ext := apiextensionsclient.NewForConfigOrDie(kube.Config)
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the NodeFeature CRD is not established: %v", err)
+	}
+}
