@@ -379,6 +379,45 @@ func TestEveryNodeWritingAccountChangesOnlyItsOwnNode(t *testing.T) {
 	t.Logf("%d node-writing accounts: %d writes refused, %d allowed", len(nodeWriters), refused, allowed)
 }
 
+// TestMIGManagerWritesOnlyItsNodesConfigMap: the MIG manager's Role may write ConfigMaps in the release namespace,
+// where it stores the config it generated for its node (<node>-mig-config); with a token bound to its pod on node A
+// it writes A's, and is refused B's and any other (the chart's MIG profiles included).
+func TestMIGManagerWritesOnlyItsNodesConfigMap(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	const sa = "nvidia-mig-manager"
+	c := clientAs(t, sa, podOn(t, sa, nodeA))
+	cm := func(name string) *corev1.ConfigMap {
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string]string{"config.yaml": "version: v1\n"}}
+	}
+	if _, err := kube.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm("default-mig-parted-config"), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	err := refusedByPolicy(t, func(ctx context.Context) error {
+		_, err := c.CoreV1().ConfigMaps(ns).Create(ctx, cm(nodeB+"-mig-config"), metav1.CreateOptions{})
+		return err
+	})
+	if !strings.Contains(err.Error(), "may write only the ConfigMap of its own node, "+nodeA+"-mig-config") {
+		t.Fatalf("refusal does not say why: %v", err)
+	}
+	own, err := c.CoreV1().ConfigMaps(ns).Create(ctx, cm(nodeA+"-mig-config"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("its own node's ConfigMap: %v", err)
+	}
+	if _, err := c.CoreV1().ConfigMaps(ns).Update(ctx, own, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("updating its own node's ConfigMap: %v", err)
+	}
+	profiles, err := c.CoreV1().ConfigMaps(ns).Get(ctx, "default-mig-parted-config", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	profiles.Data["config.yaml"] = "version: v1\nmig-configs: {}\n"
+	refusedByPolicy(t, func(ctx context.Context) error {
+		_, err := c.CoreV1().ConfigMaps(ns).Update(ctx, profiles, metav1.UpdateOptions{})
+		return err
+	})
+}
+
 // updateLabel sets a label on node with an update, for accounts that may update but not patch Nodes.
 func updateLabel(ctx context.Context, c kubernetes.Interface, node string) error {
 	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
