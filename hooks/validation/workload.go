@@ -300,6 +300,11 @@ func (o *Options) deleteWorkloads(ctx context.Context, app string) error {
 		if targetNode(&old) != o.NodeName || old.Labels["app"] != app {
 			continue
 		}
+		// only the workload account's pods are ours (the admission policy refuses the validator any other pod's
+		// deletion): another's, such as one a GPU Operator validator left before a takeover, ends by its own deadline
+		if old.Spec.ServiceAccountName != o.WorkloadServiceAccount && o.WorkloadServiceAccount != "" {
+			continue
+		}
 		err := pods.Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete earlier pod %s: %w", old.Name, err)

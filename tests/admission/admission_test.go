@@ -418,6 +418,64 @@ func TestMIGManagerWritesOnlyItsNodesConfigMap(t *testing.T) {
 	})
 }
 
+// TestValidatorStartsNoPodReadingSecretsAndDeletesOnlyItsWorkloadPods: the validator's Role may create and delete
+// pods in the release namespace, which holds the stack's Secrets and its privileged pods: its workload pods may read
+// no Secret (volume, projected source or env), and it may delete only its workload account's pods (a driver pod's
+// deletion restarts that node's driver).
+func TestValidatorStartsNoPodReadingSecretsAndDeletesOnlyItsWorkloadPods(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	v := clientAs(t, validatorSA, podOn(t, validatorSA, nodeB))
+	workload := func(mutate func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "nvidia-cuda-validator-", Namespace: ns},
+			Spec: corev1.PodSpec{NodeName: nodeB, ServiceAccountName: workloadSA, AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "cuda-validation", Image: "example.invalid/cuda"}}},
+		}
+		mutate(p)
+		return p
+	}
+	for what, mutate := range map[string]func(*corev1.Pod){
+		"secret volume": func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "any"}}}}
+		},
+		"projected secret": func(p *corev1.Pod) {
+			p.Spec.Volumes = []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "any"}}}}}}}}
+		},
+		"env from a secret key": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "X", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "any"}, Key: "k"}}}}
+		},
+		"envFrom a secret (init container)": func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "example.invalid/i", EnvFrom: []corev1.EnvFromSource{{
+				SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "any"}}}}}}
+		},
+	} {
+		err := refusedByPolicy(t, func(ctx context.Context) error {
+			_, err := v.CoreV1().Pods(ns).Create(ctx, workload(mutate), metav1.CreateOptions{})
+			return err
+		})
+		if !strings.Contains(err.Error(), "may create only pods that read no Secret") {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	own, err := v.CoreV1().Pods(ns).Create(ctx, workload(func(*corev1.Pod) {}), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a workload pod reading no Secret: %v", err)
+	}
+	driverPod := podOn(t, driverSA, nodeB)
+	err = refusedByPolicy(t, func(ctx context.Context) error {
+		return v.CoreV1().Pods(ns).Delete(ctx, driverPod.Name, metav1.DeleteOptions{})
+	})
+	if !strings.Contains(err.Error(), "may delete only pods of service account "+workloadSA) {
+		t.Fatalf("refusal of a driver pod's deletion: %v", err)
+	}
+	if err := v.CoreV1().Pods(ns).Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting its own workload pod: %v", err)
+	}
+}
+
 // updateLabel sets a label on node with an update, for accounts that may update but not patch Nodes.
 func updateLabel(ctx context.Context, c kubernetes.Interface, node string) error {
 	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
