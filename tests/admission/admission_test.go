@@ -647,3 +647,82 @@ func TestHealthAgentWritesOnlyItsOwnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNodeLocalAccountsChangeOnlyWhatTheStackOwns: on its own node, a node-local account may change the labels and
+// annotations of the stack's and the operands' namespaces (nvidia.com/, resource.nvidia.com/ for labels,
+// kube-gpu-stack.io/) and cordon it; it is refused a protected label (node-role, kubernetes.io/hostname) or another
+// namespace's, added, changed or removed, an annotation of another namespace, and any taint. The GPU health agent
+// may change its own taint and its own condition only: no other taint, no capacity or allocatable (fake GPUs), no
+// other condition (Ready). What NodeRestriction forbids the kubelet itself.
+func TestNodeLocalAccountsChangeOnlyWhatTheStackOwns(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	// the admin's labels and taint-free node, as a kubelet registers it
+	if _, err := kube.Client.CoreV1().Nodes().Patch(ctx, nodeA, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"kubernetes.io/hostname":"`+nodeA+`","team":"ml"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	driver := clientAs(t, driverSA, podOn(t, driverSA, nodeA))
+	patch := func(c kubernetes.Interface, body string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.CoreV1().Nodes().Patch(ctx, nodeA, types.MergePatchType, []byte(body), metav1.PatchOptions{})
+			return err
+		}
+	}
+	refused := 0
+	for what, body := range map[string]string{
+		"a node-role label":           `{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":""}}}`,
+		"kubernetes.io/hostname":      `{"metadata":{"labels":{"kubernetes.io/hostname":"elsewhere"}}}`,
+		"another namespace's removed": `{"metadata":{"labels":{"team":null}}}`,
+		"another annotation":          `{"metadata":{"annotations":{"example.com/x":"y"}}}`,
+		"a taint":                     `{"spec":{"taints":[{"key":"evil","effect":"NoSchedule"}]}}`,
+	} {
+		err := refusedByPolicy(t, patch(driver, body))
+		if !strings.Contains(err.Error(), "may change only the") && !strings.Contains(err.Error(), "may not change the taints") {
+			t.Errorf("%s: %v", what, err)
+		}
+		refused++
+	}
+	for what, body := range map[string]string{
+		"its upgrade state and a pause": `{"metadata":{"labels":{"nvidia.com/gpu-driver-upgrade-state":"upgrade-done","nvidia.com/gpu.deploy.device-plugin":"paused-for-driver-upgrade"}}}`,
+		"its annotations":               `{"metadata":{"annotations":{"kube-gpu-stack.io/admission-test":"x"}}}`,
+		"a cordon and its undoing":      `{"spec":{"unschedulable":true}}`,
+	} {
+		if err := patch(driver, body)(ctx); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if err := patch(driver, `{"spec":{"unschedulable":false}}`)(ctx); err != nil {
+		t.Error(err)
+	}
+
+	health := clientAs(t, healthSA, podOn(t, healthSA, nodeA))
+	status := func(body string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := health.CoreV1().Nodes().PatchStatus(ctx, nodeA, []byte(body))
+			return err
+		}
+	}
+	for what, body := range map[string]string{
+		"fake GPUs":         `{"status":{"capacity":{"nvidia.com/gpu":"64"},"allocatable":{"nvidia.com/gpu":"64"}}}`,
+		"another condition": `{"status":{"conditions":[{"type":"Ready","status":"False","reason":"Evil"}]}}`,
+	} {
+		err := refusedByPolicy(t, status(body))
+		if !strings.Contains(err.Error(), "may change no node status but") {
+			t.Errorf("%s: %v", what, err)
+		}
+		refused++
+	}
+	otherTaint := func(ctx context.Context) error {
+		n, err := health.CoreV1().Nodes().Get(ctx, nodeA, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "evil", Effect: corev1.TaintEffectNoExecute})
+		_, err = health.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	}
+	refusedByPolicy(t, otherTaint)
+	refused++
+	t.Logf("%d changes refused on the accounts' own node", refused)
+}
