@@ -62,8 +62,9 @@ func install(t *testing.T) {
 		return
 	}
 	ctx := t.Context()
-	// the GPU health agent and its taint on, so its account is rendered and held to its node too
-	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true"})
+	// the GPU health agent and its taint on, so its account is rendered and held to its node too; the DRA driver on,
+	// so the policy holds its ComputeDomain controller
+	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true", "draDriver.enabled=true"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func install(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true, cdDaemonSA: true, cdControllerSA: true}
 	nodeWriters = map[string]string{}
 	// the operands that write their node in other profiles: the CC and vGPU device managers, the DRA kubelet plugin
 	streams := []string{stream}
@@ -473,6 +474,111 @@ func TestValidatorStartsNoPodReadingSecretsAndDeletesOnlyItsWorkloadPods(t *test
 	}
 	if err := v.CoreV1().Pods(ns).Delete(ctx, own.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("deleting its own workload pod: %v", err)
+	}
+}
+
+// cdDaemonSA runs the ComputeDomain daemons, the pods the DRA driver's controller starts on GPU nodes.
+const cdDaemonSA = "compute-domain-daemon-service-account"
+
+// TestComputeDomainDaemonChangesOnlyItsOwnPodsLabels: the ComputeDomain daemon's role may patch any pod in the
+// cluster; v0.4.1 patches only its own pod's clique label. With a token bound to its pod it may change that pod's
+// labels, and is refused another pod, its own pod's image (a swapped image would run with its rights) and its
+// own pod's annotations.
+func TestComputeDomainDaemonChangesOnlyItsOwnPodsLabels(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	own := podOn(t, cdDaemonSA, nodeA)
+	other := podOn(t, driverSA, nodeA)
+	c := clientAs(t, cdDaemonSA, own)
+	patch := func(name, body string, pt types.PatchType) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.CoreV1().Pods(ns).Patch(ctx, name, pt, []byte(body), metav1.PatchOptions{})
+			return err
+		}
+	}
+	if err := patch(own.Name, `{"metadata":{"labels":{"resource.nvidia.com/computeDomain.cliqueID":"abc.1"}}}`, types.MergePatchType)(ctx); err != nil {
+		t.Fatalf("its own pod's clique label: %v", err)
+	}
+	refused := 0
+	for what, try := range map[string]func(context.Context) error{
+		"another pod's labels":     patch(other.Name, `{"metadata":{"labels":{"x":"y"}}}`, types.MergePatchType),
+		"its own pod's image":      patch(own.Name, `{"spec":{"containers":[{"name":"c","image":"example.invalid/evil"}]}}`, types.StrategicMergePatchType),
+		"its own pod's annotation": patch(own.Name, `{"metadata":{"annotations":{"x":"y"}}}`, types.MergePatchType),
+	} {
+		err := refusedByPolicy(t, try)
+		if !strings.Contains(err.Error(), "may change only the labels of its own pod") {
+			t.Errorf("%s: %v", what, err)
+		}
+		refused++
+	}
+	t.Logf("%d pod changes refused", refused)
+}
+
+// cdControllerSA runs the DRA driver's ComputeDomain controller.
+const cdControllerSA = "nvidia-dra-driver-controller"
+
+// TestComputeDomainControllerCreatesOnlyDaemonDaemonSets: the controller's Role may create any DaemonSet in the
+// privileged release namespace; v0.4.1 creates only the ComputeDomain daemons'. It may create one with their account
+// and the driver's image, and is refused one with another image or running as the driver's account.
+func TestComputeDomainControllerCreatesOnlyDaemonDaemonSets(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	stream, err := chartrender.RenderRepo(ctx, nil, []string{"draDriver.enabled=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var image string
+	ctrl := decodeAll(t, stream, func(d *appsv1.Deployment) bool { return d.Name == cdControllerSA })
+	for _, e := range ctrl.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "IMAGE_NAME" {
+			image = e.Value
+		}
+	}
+	if image == "" {
+		t.Fatal("the controller's IMAGE_NAME is not rendered")
+	}
+	c := clientAs(t, cdControllerSA, nil)
+	ds := func(name, sa, img string) *appsv1.DaemonSet {
+		labels := map[string]string{"resource.nvidia.com/computeDomain": name}
+		return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+					ServiceAccountName: sa, Containers: []corev1.Container{{Name: "compute-domain-daemon", Image: img}}}}}}
+	}
+	for what, d := range map[string]*appsv1.DaemonSet{
+		"another image":        ds("cd-evil-image", cdDaemonSA, "example.invalid/evil"),
+		"the driver's account": ds("cd-evil-account", driverSA, image),
+	} {
+		err := refusedByPolicy(t, func(ctx context.Context) error {
+			_, err := c.AppsV1().DaemonSets(ns).Create(ctx, d, metav1.CreateOptions{})
+			return err
+		})
+		if !strings.Contains(err.Error(), "may create only ComputeDomain daemon DaemonSets") {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if _, err := c.AppsV1().DaemonSets(ns).Create(ctx, ds("cd-daemon", cdDaemonSA, image), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("a ComputeDomain daemon DaemonSet: %v", err)
+	}
+	// a daemon of an earlier image (created before an upgrade): the controller may still update it (its finalizer)
+	// as long as the pod template stays as it was, and not change it to another image
+	old, err := kube.Client.AppsV1().DaemonSets(ns).Create(ctx, ds("cd-daemon-earlier", cdDaemonSA, image+"-earlier"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Finalizers = []string{"resource.nvidia.com/computeDomain"}
+	if old, err = c.AppsV1().DaemonSets(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("an update leaving an earlier daemon's template as it was: %v", err)
+	}
+	old.Spec.Template.Spec.Containers[0].Image = "example.invalid/evil"
+	refusedByPolicy(t, func(ctx context.Context) error {
+		_, err := c.AppsV1().DaemonSets(ns).Update(ctx, old, metav1.UpdateOptions{})
+		return err
+	})
+	old.Finalizers = nil
+	old.Spec.Template.Spec.Containers[0].Image = image + "-earlier"
+	if _, err := kube.Client.AppsV1().DaemonSets(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 
