@@ -4,15 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
@@ -86,7 +83,7 @@ func TestNodeFeatureWritersWriteOnlyTheirOwnNodes(t *testing.T) {
 	t.Logf("NodeFeature writes: %d refused, %d allowed", refused, allowed)
 }
 
-// installNodeFeatureCRD creates the rendered chart's NodeFeature CRD and waits until it is served.
+// installNodeFeatureCRD creates the rendered chart's NodeFeature CRD (kept when there) and waits until it is served.
 func installNodeFeatureCRD(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
@@ -107,23 +104,7 @@ func installNodeFeatureCRD(t *testing.T) {
 	if crd == nil {
 		t.Fatal("no NodeFeature CRD in the render")
 	}
-	ext := apiextensionsclient.NewForConfigOrDie(kube.Config)
-	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := kube.CreateCRD(ctx, crd); err != nil {
 		t.Fatal(err)
-	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("the NodeFeature CRD is not established: %v", err)
 	}
 }

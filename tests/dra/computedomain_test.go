@@ -36,11 +36,13 @@ func TestComputeDomainCRDOnTheAPIServer(t *testing.T) {
 	if err := yaml.UnmarshalStrict(raw, crd); err != nil {
 		t.Fatal(err)
 	}
-	ext := apiextensionsclient.NewForConfigOrDie(kube.Config)
 	// created here only when no install left it behind, and then removed again, so a later install owns it
-	_, err = ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{})
-	switch {
-	case err == nil:
+	ours, err := kube.CreateCRD(ctx, crd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours {
+		ext := apiextensionsclient.NewForConfigOrDie(kube.Config)
 		t.Cleanup(func() {
 			_ = ext.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
 			_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -48,23 +50,6 @@ func TestComputeDomainCRDOnTheAPIServer(t *testing.T) {
 				return apierrors.IsNotFound(err), nil
 			})
 		})
-	case !apierrors.IsAlreadyExists(err):
-		t.Fatal(err)
-	}
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("CRD %s never established: %v", crd.Name, err)
 	}
 	domains := dynamic.NewForConfigOrDie(kube.Config).Resource(schema.GroupVersionResource{Group: "resource.nvidia.com", Version: "v1beta1", Resource: "computedomains"}).Namespace("default")
 	domain := func(name string, spec map[string]any) *unstructured.Unstructured {

@@ -7,9 +7,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -21,12 +19,7 @@ import (
 func TestDriverPodDeletedByHandStopsOnAnEmptiedNode(t *testing.T) {
 	const ns = "hand-delete"
 	ctx := t.Context()
-	for _, n := range gpuNodeNames() {
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n)
-		}
-	}
+	freshNodes(t, 0)
 	if _, err := target().Install(ctx, profile(), settings()...); err != nil {
 		logRuns(t, time.Time{})
 		t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
@@ -23,18 +22,8 @@ func TestHookPodEvictedMidRunIsRunAgain(t *testing.T) {
 		gate = "validation-gate"
 	)
 	ctx := t.Context()
-	for _, n := range gpuNodeNames() {
-		// each install takes a while, so that the gate still waits when its pod is evicted
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t), Install: 8 * time.Second})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n)
-		}
-	}
-	t.Cleanup(func() {
-		for _, n := range gpuNodeNames() {
-			stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
-		}
-	})
+	// each install takes a while, so that the gate still waits when its pod is evicted
+	freshNodes(t, 8*time.Second)
 	if _, err := target().Install(ctx, profile(), settings()...); err != nil {
 		logRuns(t, time.Time{})
 		t.Fatal(err)

@@ -11,9 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // TestOldDriverPodGoingUnReadyTakesNoExtraSlot: mid-rollout, with maxUnavailable nodes in flight, the old driver pod
@@ -24,13 +22,8 @@ import (
 func TestOldDriverPodGoingUnReadyTakesNoExtraSlot(t *testing.T) {
 	const tag = "600.40.01"
 	ctx := t.Context()
-	for _, n := range gpuNodeNames() {
-		// installs long enough that the first batch is still in flight when the old pod turns un-Ready
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t), Install: 4 * time.Second})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n) // an admin's cordon from an earlier test: here every cordon must be the upgrade's
-		}
-	}
+	// installs long enough that the first batch is still in flight when the old pod turns un-Ready
+	freshNodes(t, 4*time.Second)
 	// a PodDisruptionBudget left by an earlier test would make the plan refuse
 	if err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)

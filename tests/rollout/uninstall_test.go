@@ -11,9 +11,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // TestUninstallAfterARefusedUpgradeLeavesNothing: Helm uninstalls from the last revision's manifest, and a refused
@@ -22,12 +20,7 @@ import (
 // in no manifest Helm deletes. Uninstall must leave nothing of the release all the same.
 func TestUninstallAfterARefusedUpgradeLeavesNothing(t *testing.T) {
 	ctx := t.Context()
-	for _, n := range gpuNodeNames() {
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n)
-		}
-	}
+	freshNodes(t, 0)
 	if _, err := target().Install(ctx, profile(), settings()...); err != nil {
 		logRuns(t, time.Time{})
 		t.Fatal(err)

@@ -303,6 +303,26 @@ func kubeGPUStack(t *testing.T, args ...string) string {
 	return out.String()
 }
 
+// freshNodes gives every GPU node a fresh fixture host, whose driver installs take install, and lifts a cordon an
+// earlier test left (here every cordon must be the test's own); with install set, the hosts install at once again
+// after the test.
+func freshNodes(t *testing.T, install time.Duration) {
+	t.Helper()
+	for _, n := range gpuNodeNames() {
+		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t), Install: install})
+		if nodeOf(t, n).Spec.Unschedulable {
+			uncordon(t, n)
+		}
+	}
+	if install != 0 {
+		t.Cleanup(func() {
+			for _, n := range gpuNodeNames() {
+				stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
+			}
+		})
+	}
+}
+
 func uncordon(t *testing.T, name string) {
 	t.Helper()
 	patch := []byte(`{"spec":{"unschedulable":false}}`)

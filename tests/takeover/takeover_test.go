@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -111,7 +110,6 @@ nodeStatusExporter: {enabled: false}
 func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 	t.Helper()
 	ctx := t.Context()
-	ext := apiextensionsclient.NewForConfigOrDie(kube.Config)
 	for _, f := range []string{"nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml"} {
 		raw, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "hooks", "gpumigrate", "testdata", "gpu-operator-"+gpumigrate.OperatorTag, f))
 		if err != nil {
@@ -121,21 +119,9 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 		if err := yaml.Unmarshal(raw, crd); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		if _, err := kube.CreateCRD(ctx, crd); err != nil {
 			t.Fatal(err)
 		}
-		poll(t, 30*time.Second, "CRD "+crd.Name+" established", func() (bool, string) {
-			got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, ""
-				}
-			}
-			return false, "not established"
-		})
 	}
 	dyn := dynamic.NewForConfigOrDie(kube.Config)
 	var spec map[string]any
