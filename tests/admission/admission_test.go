@@ -7,6 +7,7 @@
 package admission
 
 import (
+	"bytes"
 	"context"
 	"maps"
 	"os"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
@@ -580,6 +582,37 @@ func TestComputeDomainControllerCreatesOnlyDaemonDaemonSets(t *testing.T) {
 	if _, err := kube.Client.AppsV1().DaemonSets(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSeedLabelPassesThePolicyOnItsOwnNodeOnly: the MIG and CC managers' init containers seed labels with
+// nodestate.SeedLabels (a resourceVersion-guarded patch of the labels and the seeded record): with the managers' real
+// tokens, bound to their pods on node A, it is refused on B and seeds A.
+func TestSeedLabelPassesThePolicyOnItsOwnNodeOnly(t *testing.T) {
+	install(t)
+	for sa, label := range map[string]string{"nvidia-mig-manager": "nvidia.com/mig.config", "nvidia-cc-manager": "nvidia.com/gpu.deploy.vfio-manager"} {
+		c := clientAs(t, sa, podOn(t, sa, nodeA))
+		// the API server has loaded the policy (it takes seconds) once the account's plain patch of B is refused
+		refusedByPolicy(t, func(ctx context.Context) error { return patchLabel(ctx, c, nodeB) })
+		var out bytes.Buffer
+		if err := nodestate.SeedLabels(t.Context(), c, nodeB, [][2]string{{label, "seeded"}}, nodestate.Workload{}, &out); !apierrors.IsForbidden(err) {
+			t.Errorf("%s seeding node %s: %v (%s), want refused", sa, nodeB, err, out.String())
+		}
+		if err := nodestate.SeedLabels(t.Context(), c, nodeA, [][2]string{{label, "seeded"}}, nodestate.Workload{}, &out); err != nil {
+			t.Fatalf("%s seeding its own node: %v", sa, err)
+		}
+		if n := nodeOf(t, nodeA); n.Labels[label] != "seeded" || n.Annotations[nodestate.SeededLabelsAnnotation] == "" {
+			t.Errorf("%s: %s=%q and the seeded record %q on its own node after the seed", sa, label, n.Labels[label], n.Annotations[nodestate.SeededLabelsAnnotation])
+		}
+	}
+}
+
+func nodeOf(t *testing.T, name string) *corev1.Node {
+	t.Helper()
+	n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // updateLabel sets a label on node with an update, for accounts that may update but not patch Nodes.

@@ -13,7 +13,6 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 )
 
 const migConfigLabel = "nvidia.com/mig.config"
@@ -82,7 +81,7 @@ func TestMIGDefaultSeeding(t *testing.T) {
 	}
 
 	var out bytes.Buffer
-	if err := stackcli.SeedLabel(ctx, e.kube.Client, "mig-seed-bare", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := nodestate.SeedLabel(ctx, e.kube.Client, "mig-seed-bare", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-bare"); n.Labels[migConfigLabel] != "all-disabled" ||
@@ -90,7 +89,7 @@ func TestMIGDefaultSeeding(t *testing.T) {
 		t.Errorf("bare node: %s=%q, record %q; want the default, recorded", migConfigLabel, n.Labels[migConfigLabel], n.Annotations[nodestate.SeededLabelsAnnotation])
 	}
 
-	if err := stackcli.SeedLabel(ctx, e.kube.Client, "mig-seed-admin", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := nodestate.SeedLabel(ctx, e.kube.Client, "mig-seed-admin", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-admin"); n.Labels[migConfigLabel] != "all-1g.10gb" || n.Annotations[nodestate.SeededLabelsAnnotation] != "" {
@@ -108,7 +107,7 @@ func TestMIGDefaultSeeding(t *testing.T) {
 		})
 	}
 	out.Reset()
-	if err := stackcli.SeedLabel(ctx, raceClient{e.kube.Client, admin}, "mig-seed-race", migConfigLabel, "all-disabled", &out); err != nil {
+	if err := nodestate.SeedLabel(ctx, raceClient{e.kube.Client, admin}, "mig-seed-race", migConfigLabel, "all-disabled", &out); err != nil {
 		t.Fatal(err)
 	}
 	if n := get("mig-seed-race"); n.Labels[migConfigLabel] != "all-balanced" || n.Annotations[nodestate.SeededLabelsAnnotation] != "" {

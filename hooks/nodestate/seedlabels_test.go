@@ -1,4 +1,4 @@
-package stackcli
+package nodestate
 
 import (
 	"bytes"
@@ -7,8 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
 func TestSeedLabel(t *testing.T) {
@@ -67,7 +65,7 @@ func TestSeedLabelsOnItsRoleOnly(t *testing.T) {
 		}
 		// each seeded label is recorded, so that the cleanup takes it back
 		for k, v := range labels {
-			if seeded, _, _ := nodestate.SeedOf(n, k); (v == "true") != (seeded == "true") {
+			if seeded, _, _ := SeedOf(n, k); (v == "true") != (seeded == "true") {
 				t.Errorf("node %s: %s recorded as seeded %q, want it recorded only when seeded", node, k, seeded)
 			}
 		}
