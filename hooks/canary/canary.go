@@ -109,8 +109,10 @@ func Decide(self string, m *Mark, nodes []*corev1.Node) Turn {
 	var failed []string
 	for _, n := range nodes {
 		byName[n.Name] = n
-		if n.Name == self || nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeFailed ||
-			n.Labels[nodestate.UpgradeSkipLabel] == "true" {
+		// a node whose change was reverted (nodestate.Reverted) failed too: back on its old driver and in service,
+		// but the pool's new driver did not validate there
+		failedHere := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed || nodestate.Reverted(n)
+		if n.Name == self || !failedHere || n.Labels[nodestate.UpgradeSkipLabel] == "true" {
 			continue
 		}
 		// a failed node counts for the pool its own mark names; an unreadable mark counts as this pool's, so
@@ -150,8 +152,8 @@ func Decide(self string, m *Mark, nodes []*corev1.Node) Turn {
 // upgrade-done (its validator Ready since: the gate marks nothing else done) with the driver the plan gives it
 // recorded on it, or the pool would wait for it for good.
 func validated(n *corev1.Node, m *Mark) bool {
-	if n == nil {
-		return false
+	if n == nil || nodestate.Reverted(n) {
+		return false // a reverted canary is upgrade-done with its old driver: it vouches for nothing
 	}
 	done := n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone)
 	cm, err := Read(n)

@@ -30,6 +30,13 @@ func digest(n *corev1.Node, d string) *corev1.Node {
 	return n
 }
 
+// reverted puts n under a revert DaemonSet, its record kept.
+func reverted(n *corev1.Node) *corev1.Node {
+	n.Labels[nodestate.RevertLabel] = "111111111111"
+	n.Annotations[nodestate.RevertedAnnotation] = `{"from":"d2","to":"d1","daemonSet":"x-revert-d1","reason":"no validator","at":"2026-09-01T12:10:00Z"}`
+	return n
+}
+
 func TestDecide(t *testing.T) {
 	this := mark.Format()
 	earlier := Mark{Pool: "a100", Plan: "2026-09-01T11:00:00Z", Canary: map[string]string{"c": "d1"}, MaxFailures: 1}.Format()
@@ -57,6 +64,11 @@ func TestDecide(t *testing.T) {
 		{"canary left out by the admin", "n", []*corev1.Node{node("c", nodestate.UpgradeRequired, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
 		{"threshold holds the canary too", "c", []*corev1.Node{node("c", nodestate.UpgradeRequired, this), node("f", nodestate.UpgradeFailed, this)}, false, "pool a100 holds: 1 of its nodes failed"},
 		{"a failed node of another pool does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, other)}, true, ""},
+		// a reverted node (back on its old driver, upgrade-done, in service) failed the pool's new driver all the same
+		{"a reverted canary holds the pool", "n", []*corev1.Node{reverted(node("c", nodestate.UpgradeDone, this))}, false, "pool a100 holds: 1 of its nodes failed their driver change (c)"},
+		{"a reverted node of the pool counts as failed", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), reverted(node("f", nodestate.UpgradeDone, this))}, false, "holds"},
+		{"a reverted node of another pool does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), reverted(node("f", nodestate.UpgradeDone, other))}, true, ""},
+		{"a node kept on a revert DaemonSet, its record dropped (its pool went back), is no failure", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeDone, this, nodestate.RevertLabel, "111111111111")}, true, ""},
 		{"a failed node with an unreadable mark counts", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, "{")}, false, "holds"},
 		{"a failed node left out (skip) does not count", "n", []*corev1.Node{node("c", nodestate.UpgradeDone, this), node("f", nodestate.UpgradeFailed, this, nodestate.UpgradeSkipLabel, "true")}, true, ""},
 	} {
@@ -68,6 +80,10 @@ func TestDecide(t *testing.T) {
 	noThreshold := &Mark{Pool: "a100", Plan: "2026-09-01T12:00:00.5Z", Canary: map[string]string{"c": "d2"}}
 	if turn := Decide("c", noThreshold, []*corev1.Node{node("f", nodestate.UpgradeFailed, this), node("g", nodestate.UpgradeFailed, this)}); !turn.Go {
 		t.Errorf("maxFailures 0 holds: %+v", turn)
+	}
+	// without a threshold, a reverted canary still never vouches: the pool halts at it
+	if turn := Decide("n", noThreshold, []*corev1.Node{reverted(node("c", nodestate.UpgradeDone, this))}); turn.Go || !strings.Contains(turn.Waiting, "waiting for the canary") {
+		t.Errorf("maxFailures 0, reverted canary: %+v, want the pool waiting for its canary", turn)
 	}
 }
 

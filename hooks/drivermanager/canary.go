@@ -248,10 +248,12 @@ func (e *heldError) Error() string { return errTurnHeld.Error() }
 
 // watchTurn watches just the nodes Decide reads, each selected by the API server, so that a wait costs the same in
 // a pool of ten nodes or a thousand: the nodes in upgrade-failed (of every pool: Decide counts its own pool's),
-// this node (its mark, and whether someone moved it on), and each of the canary nodes.
+// the nodes under a revert DaemonSet (a reverted change failed too), this node (its mark, and whether someone moved it
+// on), and each of the canary nodes.
 func (m *manager) watchTurn(ctx context.Context, canaries []string) ([]*kwatch.Store[*corev1.Node], error) {
 	srcs := []*kwatch.Source{
 		kwatch.Nodes(m.o.Client, nodestate.UpgradeStateLabel+"="+string(nodestate.UpgradeFailed)),
+		kwatch.Nodes(m.o.Client, nodestate.RevertLabel), // reverted nodes failed too (canary.Decide)
 		kwatch.Node(m.o.Client, m.o.NodeName),
 	}
 	for _, name := range canaries {

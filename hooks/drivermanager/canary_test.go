@@ -383,7 +383,7 @@ func upgradeplanDriverPod(node, digest string) *corev1.Pod {
 }
 
 // A waiting node reads only what its turn depends on, each selected by the API server: the nodes in upgrade-failed,
-// itself and its pool's canary. A watch of every node carrying an upgrade state would send each of a pool's
+// the nodes under a revert DaemonSet (reverted changes failed too), itself and its pool's canary. A watch of every node carrying an upgrade state would send each of a pool's
 // waiting managers the whole pool and each of its changes: at 1,000 nodes, a LIST of megabytes per manager.
 func TestWaitingNodeWatchesOnlyWhatItsTurnNeeds(t *testing.T) {
 	var peers []*corev1.Node
@@ -409,6 +409,7 @@ func TestWaitingNodeWatchesOnlyWhatItsTurnNeeds(t *testing.T) {
 		name, isNamed := strings.CutPrefix(fld, "metadata.name=")
 		switch {
 		case lbl == failedOnly && fld == "":
+		case lbl == nodestate.RevertLabel && fld == "":
 		case lbl == "" && isNamed:
 			named[name] = true
 		default:

@@ -626,10 +626,10 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		case waitingForValidation(n):
 		case forgotten(n, m.known):
 			pending = "; the Node object lost the stack's record of this driver (deleted and registered again): it validates before the node returns to workloads (cordoned)"
-			return merge(nodestate.Cordon(n, ReregisteredCordon), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
+			return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
 		case s == "" || s == nodestate.UpgradeDone:
 			pending = ""
-			return merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, "")), nil
+			return nodestate.Merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, ""), nodestate.SetValidated(n, m.o.Digest)), nil
 		default:
 			pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
 			return m.setState(n, nodestate.ValidationRequired, ""), nil
@@ -1078,7 +1078,7 @@ func (m *manager) apply(ctx context.Context, cs ...change) error {
 			}
 			ps = append(ps, p)
 		}
-		return merge(ps...), nil
+		return nodestate.Merge(ps...), nil
 	})
 	if err != nil {
 		return err
@@ -1097,29 +1097,6 @@ func (m *manager) setState(n *corev1.Node, s nodestate.UpgradeState, reason stri
 }
 
 func (m *manager) now() string { return m.o.Now().UTC().Format(time.RFC3339) }
-
-// merge combines patches; later ones win on the same key.
-func merge(ps ...nodestate.Patch) nodestate.Patch {
-	var out nodestate.Patch
-	for _, p := range ps {
-		for k, v := range p.Labels {
-			if out.Labels == nil {
-				out.Labels = map[string]*string{}
-			}
-			out.Labels[k] = v
-		}
-		for k, v := range p.Annotations {
-			if out.Annotations == nil {
-				out.Annotations = map[string]*string{}
-			}
-			out.Annotations[k] = v
-		}
-		if p.Unschedulable != nil {
-			out.Unschedulable = p.Unschedulable
-		}
-	}
-	return out
-}
 
 func waitingForValidation(node *corev1.Node) bool {
 	s := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])

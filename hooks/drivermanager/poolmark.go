@@ -58,7 +58,7 @@ func (m *manager) movedPool(ctx context.Context, mark *canary.Mark) (*canary.Mar
 func (m *manager) remark(ctx context.Context, mark *canary.Mark, why string) error {
 	value := mark.Format()
 	return m.apply(ctx, func(n *corev1.Node) (nodestate.Patch, error) {
-		return merge(m.setState(n, nodestate.UpgradeRequired, why), nodestate.Patch{Annotations: map[string]*string{canary.MarkAnnotation: &value}}), nil
+		return nodestate.Merge(m.setState(n, nodestate.UpgradeRequired, why), nodestate.Patch{Annotations: map[string]*string{canary.MarkAnnotation: &value}}), nil
 	})
 }
 

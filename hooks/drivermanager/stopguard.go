@@ -81,6 +81,23 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 	if err != nil {
 		return "", err
 	}
+	if _, labelled := node.Labels[nodestate.RevertLabel]; next == nil && labelled {
+		// a reverted node whose revert DaemonSet let go of it (the node moved to another pool, the DaemonSet went
+		// with its pool's renamed one): without the label its pool's driver DaemonSet takes it over
+		unlabelled := node.DeepCopy()
+		delete(unlabelled.Labels, nodestate.RevertLabel)
+		if next, err = o.nextDriverDaemonSet(ctx, pod, unlabelled); err != nil {
+			return "", err
+		}
+		if next != nil {
+			if node, err = nodestate.Update(ctx, o.Client, o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+				return nodestate.EndRevert(n), nil
+			}); err != nil {
+				return "", err
+			}
+			base.With("node", o.NodeName).Info("the revert DaemonSet let go of the node: it goes back to its driver DaemonSet", "next", next.Name)
+		}
+	}
 	if next == nil {
 		return "no driver DaemonSet of the release runs on the node any more (an uninstall, or the node left every driver pool): nothing to empty it for", nil
 	}

@@ -169,7 +169,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 				if !forgotten(n, true) {
 					return nodestate.Patch{}, nil
 				}
-				return merge(nodestate.Cordon(n, ReregisteredCordon), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
+				return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
 			}); err != nil {
 				return "", err
 			}
@@ -201,8 +201,18 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 			if o.DriverStartup > 0 && o.PodName != "" {
 				after = fmt.Sprintf("the driver container started (its build allowed %s)", o.DriverStartup)
 			}
-			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after %s (%v); the node stays cordoned: check the driver and validator pods' logs",
-				o.Component, o.Timeout, after, err)
+			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after %s (%v)", o.Component, o.Timeout, after, err)
+			reverted, notReverted := o.revert(ctx, log, reason)
+			if reverted {
+				// the node leaves this DaemonSet for the revert DaemonSet: this pod is deleted, and its stop finds the
+				// node emptied (letDriverStop)
+				<-ctx.Done()
+				return "", fmt.Errorf("node %s: %s: going back to the driver that last validated on it", o.NodeName, reason)
+			}
+			reason += "; the node stays cordoned: check the driver and validator pods' logs"
+			if notReverted != "" {
+				reason += " (not reverted: " + notReverted + ")"
+			}
 			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, setState(nodestate.UpgradeFailed, reason)); perr != nil {
 				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
 			}
@@ -222,7 +232,8 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	var ours bool
 	node, err = o.advance(ctx, nodestate.UncordonRequired, func(n *corev1.Node) (nodestate.Patch, error) {
 		ours = nodestate.CordonedByUs(n)
-		return merge(nodestate.Uncordon(n), nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now())), nil
+		return nodestate.Merge(nodestate.Uncordon(n), nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now()),
+			nodestate.SetValidated(n, n.Annotations[nodestate.DriverDigestAnnotation])), nil
 	})
 	if err != nil {
 		return "", err

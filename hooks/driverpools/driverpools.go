@@ -38,12 +38,20 @@ type Pool struct {
 	// them nodestate.UpgradeSkipLabel, as the release's own (nodestate.Seed), and takes that label back once a node
 	// leaves the list.
 	Hold []string `json:"hold,omitempty"`
+	// Revert (unset: on) keeps, at each driver change, a copy of the pool's driver DaemonSets as they were, so that a
+	// node whose new driver does not validate goes back to the driver that last validated on it (package revertset).
+	Revert *bool `json:"revert,omitempty"`
 	// Allocation is how the pool's nodes hand GPUs to pods (device-plugin or dra): its driver manager labels them
 	// so (nodestate.AllocationLabel), moving their GPU pods off first when they were labelled the other way.
 	Allocation string `json:"gpuAllocation,omitempty"`
 	// DaemonSets are the pool's driver DaemonSets (one per OS, and per kernel when precompiled) with the node
 	// selection that picks each; a node of the pool that none selects has no driver image.
 	DaemonSets []DaemonSet `json:"daemonSets,omitempty"`
+}
+
+// RevertOn says whether the pool reverts a node whose new driver does not validate (Revert, default on).
+func (p Pool) RevertOn() bool {
+	return p.Revert == nil || *p.Revert
 }
 
 // DaemonSet is one of a pool's driver DaemonSets.

@@ -409,6 +409,9 @@ func Cleanup(node *corev1.Node) (Patch, error) {
 	if _, ok := node.Labels[UpgradeStateLabel]; ok {
 		p.label(UpgradeStateLabel, nil)
 	}
+	if _, ok := node.Labels[RevertLabel]; ok {
+		p.label(RevertLabel, nil)
+	}
 	seeded, err := seededRecord(node)
 	if err != nil {
 		return Patch{}, err
@@ -426,4 +429,21 @@ func Cleanup(node *corev1.Node) (Patch, error) {
 		}
 	}
 	return p, nil
+}
+
+// Merge combines patches into one write; later ones win on the same key.
+func Merge(ps ...Patch) Patch {
+	var out Patch
+	for _, p := range ps {
+		for k, v := range p.Labels {
+			out.label(k, v)
+		}
+		for k, v := range p.Annotations {
+			out.annotation(k, v)
+		}
+		if p.Unschedulable != nil {
+			out.Unschedulable = p.Unschedulable
+		}
+	}
+	return out
 }

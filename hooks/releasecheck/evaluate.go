@@ -257,7 +257,8 @@ func Evaluate(release, namespace string, pools []driverpools.Pool, s Snapshot) (
 			}
 			if driverOperands[operand] {
 				c = withUpgradeState(c, n, adminPaced(ds), rollingOn[n.Name])
-				if n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) && !slices.Contains(r.FailedUpgrades, n.Name) {
+				failed := n.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeFailed) || nodestate.Reverted(n)
+				if failed && !slices.Contains(r.FailedUpgrades, n.Name) {
 					r.FailedUpgrades = append(r.FailedUpgrades, n.Name)
 				}
 			}
@@ -468,6 +469,11 @@ func withValidation(c Cell, node *corev1.Node) Cell {
 func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool, rolling string) Cell {
 	state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel])
 	switch {
+	case nodestate.Reverted(node):
+		// the new driver failed there: the node goes back (or went back) to its old driver by itself, and the
+		// pool holds; the release failed all the same
+		return Cell{Failed, fmt.Sprintf("driver upgrade failed and %s; `kube-gpu-stack upgrade retry %s` tries the new driver again",
+			nodestate.RevertSummary(node), node.Name)}
 	case state == "" || state == nodestate.UpgradeDone:
 		return c
 	case state == nodestate.UpgradeFailed:

@@ -256,6 +256,17 @@ func TestReleasePassesOnceThePoolsCanaryValidated(t *testing.T) {
 		t.Fatalf("failed canary: want the release failed, nothing rolling:\n%s", r.Table())
 	}
 
+	// a canary that went back to its old driver by itself (upgrade-done again, Ready) fails the release at once,
+	// saying so; nothing of its pool rolls
+	reverted := snapshot(nodestate.UpgradeDone)
+	reverted.Nodes[0].Labels[nodestate.RevertLabel] = "111111111111"
+	reverted.Nodes[0].Annotations[nodestate.RevertedAnnotation] = `{"from":"2222222222222222","to":"1111111111111111","daemonSet":"nvidia-driver-revert","reason":"no operator-validator pod on the node became Ready","at":"2026-12-01T00:10:00Z"}`
+	r, _ = Evaluate("gpu", "ns", pools, reverted)
+	if r.Passed() || !r.Settled() || r.Summary[Rolling] != 0 || !slices.Equal(r.FailedUpgrades, []string{"a"}) ||
+		!strings.Contains(r.Table(), "a driver failed: driver upgrade failed and reverted: driver config 222222222222 failed validation (no operator-validator pod on the node became Ready); back on 111111111111") {
+		t.Fatalf("reverted canary: want the release failed on it, nothing rolling (failed %v):\n%s", r.FailedUpgrades, r.Table())
+	}
+
 	// a pool without a canary is waited for whole
 	noCanary := snapshot(nodestate.UpgradeDone)
 	bare := canary.Mark{Pool: "default", Plan: "2026-12-01T00:00:00Z", Seq: 4, Canary: map[string]string{}, MaxUnavailable: 2}.Format()

@@ -106,6 +106,10 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 			since = t.Format(time.RFC3339)
 		}
 		reason := n.Annotations[nodestate.UpgradeReasonAnnotation]
+		if nodestate.Reverted(&n) {
+			state += " (reverted)"
+			reason = nodestate.RevertSummary(&n) + "; its pool holds; `kube-gpu-stack upgrade retry " + n.Name + "` tries the new driver again"
+		}
 		if reason == "" {
 			reason = "-"
 		}
@@ -128,15 +132,32 @@ func podReady(p *corev1.Pod) bool {
 // still serves the old driver (emptying the node for the new one failed, and was undone), so it is left running:
 // its upgrade gate sees the node leave upgrade-failed and empties it again before the pod stops. It decides from the
 // node as it is when it writes (nodestate.Update): a node that left upgrade-failed meanwhile is not sent back.
+//
+// A node whose failed change was reverted (nodestate.Reverted), once back on its old driver (upgrade-done), is
+// retried too: it leaves its revert DaemonSet (label and record go), whose pod's gate empties the node before it
+// stops, and its driver DaemonSet's pod installs the new driver again.
 func Retry(ctx context.Context, client kubernetes.Interface, namespace, release, node string, now time.Time, out io.Writer) error {
+	reverted := ""
 	_, err := nodestate.Update(ctx, client, node, func(n *corev1.Node) (nodestate.Patch, error) {
-		if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
+		st := n.Labels[nodestate.UpgradeStateLabel]
+		_, labelled := n.Labels[nodestate.RevertLabel]
+		switch {
+		case nodestate.Reverted(n) && st == string(nodestate.UpgradeDone), labelled && st == string(nodestate.UpgradeFailed):
+			reverted = n.Labels[nodestate.RevertLabel]
+		case nodestate.Reverted(n):
+			return nodestate.Patch{}, fmt.Errorf("node %s is going back to its old driver (state %q): retry once it is upgrade-done", node, st)
+		case st != string(nodestate.UpgradeFailed):
 			return nodestate.Patch{}, fmt.Errorf("node %s is in state %q, not upgrade-failed: nothing to retry", node, st)
 		}
-		return nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", now.UTC().Format(time.RFC3339)), nil
+		return nodestate.Merge(nodestate.SetUpgradeState(n, nodestate.UpgradeRequired, "retry requested", now.UTC().Format(time.RFC3339)), nodestate.EndRevert(n)), nil
 	})
 	if err != nil {
 		return err
+	}
+	if reverted != "" {
+		fmt.Fprintf(out, "node %s: upgrade-required; taken back from its revert DaemonSet (%s=%s): that pod's gate empties the node before it stops, then its driver DaemonSet's pod installs the new driver again\n",
+			node, nodestate.RevertLabel, reverted)
+		return nil
 	}
 	pods, err := driverPods(ctx, client, namespace, release)
 	if err != nil {

@@ -96,6 +96,9 @@ type NodePlan struct {
 const (
 	HeldByLabel  = "skip label"
 	HeldByValues = "driver.upgradePolicy.hold"
+	// HeldByRevert: the plan's driver is the one that already failed validation on the node, which went back to the
+	// driver that last validated there (nodestate.RevertedAnnotation); `upgrade retry` tries it again.
+	HeldByRevert = "reverted"
 )
 
 // heldBy says what holds node on its driver ("" when nothing): its pool's upgradePolicy.hold, or the skip label
@@ -148,6 +151,15 @@ type Plan struct {
 	Held []NodePlan
 	// Refusals say why the upgrade is unsafe; empty means go.
 	Refusals []string
+	// Unrevert are reverted nodes (nodestate.RevertLabel) this plan moves to another driver than the one that failed
+	// on them: Run takes them back from their revert DaemonSet, label and record, with their mark.
+	Unrevert []string
+	// Forgive are reverted nodes whose pool goes back to the driver they reverted to (a rollback): they keep it, from
+	// the revert DaemonSet until their next change, and no longer count as failed (Run drops the record).
+	Forgive []string
+	// Reverts are, per driver DaemonSet of a pool with upgradePolicy.revert on, the driver configs its nodes may have
+	// to go back to: Run keeps a revert DaemonSet of each it can (package revertset).
+	Reverts map[string]RevertNeed
 	// CalledOff are nodes still upgrade-required from an earlier plan whose driver pod already has the config this
 	// release renders (that upgrade was reverted before the rollout reached them): nothing will move them on, so
 	// Run sets them back to upgrade-done, or the post-upgrade gate would wait for them to its deadline.
@@ -166,7 +178,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	for i := range nodeList.Items {
 		nodes[nodeList.Items[i].Name] = &nodeList.Items[i]
 	}
-	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}, Resumed: map[string]string{}}
+	plan := &Plan{Batches: map[string][][]NodePlan{}, Canary: map[string][]NodePlan{}, Marks: map[string]canary.Mark{}, Resumed: map[string]string{},
+		Reverts: map[string]RevertNeed{}}
 	marks := readMarks(nodes)
 	unfit := map[string]string{}           // planned driver node -> why it cannot be its pool's canary ("" when it can)
 	pools := map[string]driverpools.Pool{} // driver pools with planned nodes: their canary and marks
@@ -237,12 +250,23 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			dsPool[ds.Name] = pool
 			dsKind[ds.Name] = k.kind
 			from := PodDigest(pod)
+			if k.kind == KindDriver && pool.RevertOn() {
+				plan.Reverts[ds.Name] = plan.Reverts[ds.Name].add(ds.Digest, from, node)
+			}
 			if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
 				plan.CalledOff = append(plan.CalledOff, node.Name)
 			}
 			// a switch between the device plugin and DRA goes the driver change's way, with an unchanged driver too
 			switching := AllocationSwitch(node, pool.Allocation)
+			revert, revertErr := nodestate.ReadRevert(node)
 			if from == ds.Digest && switching == "" {
+				if revert != nil && revert.From != ds.Digest {
+					plan.Forgive = append(plan.Forgive, node.Name) // the pool went back to the driver the node reverted to
+				}
+				continue
+			}
+			if revertErr == nil && revert != nil && revert.From == ds.Digest && switching == "" {
+				plan.Held = append(plan.Held, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, HeldBy: HeldByRevert})
 				continue
 			}
 			if by := heldBy(node, listed); by != "" {
@@ -251,9 +275,14 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			}
 			plan.Nodes = append(plan.Nodes, NodePlan{Node: node.Name, Pool: pool.Name, Kind: k.kind, DaemonSet: ds.Name, From: from, To: ds.Digest, Allocation: switching})
 			unfit[node.Name] = canaryUnfit(node, pod)
+			if _, ok := node.Labels[nodestate.RevertLabel]; ok {
+				plan.Unrevert = append(plan.Unrevert, node.Name)
+			}
 		}
 	}
 	slices.Sort(plan.CalledOff)
+	slices.Sort(plan.Unrevert)
+	slices.Sort(plan.Forgive)
 	slices.SortFunc(plan.Held, func(a, b NodePlan) int { return strings.Compare(a.Node, b.Node) })
 	slices.SortFunc(plan.Nodes, func(a, b NodePlan) int {
 		return strings.Compare(a.DaemonSet+"/"+a.Node, b.DaemonSet+"/"+b.Node)
@@ -654,6 +683,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if err := syncHolds(ctx, o, out); err != nil {
 		return plan, err
 	}
+	if err := keepReverts(ctx, o, plan, out); err != nil {
+		return plan, err
+	}
 	now := o.Now().UTC().Format(time.RFC3339)
 	var marked []*corev1.Node // as they were before their mark
 	kept := 0                 // planned nodes that already carry their mark
@@ -680,6 +712,13 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 			if underWay {
 				p = nodestate.Patch{} // its change is under way: it keeps its state, and takes the new plan's mark
 			}
+			if state == nodestate.UpgradeDone && n.Annotations[nodestate.ValidatedDigestAnnotation] == "" && n.Annotations[nodestate.DriverDigestAnnotation] == np.From {
+				// upgrade-done with the driver its pod runs: that driver validated (a node done before the record)
+				p = nodestate.Merge(p, nodestate.SetValidated(n, np.From))
+			}
+			// a reverted node planned for another driver than the one that failed on it goes back to its driver
+			// DaemonSet, to change from there
+			p = nodestate.Merge(p, nodestate.EndRevert(n))
 			// one patch with the state: a mark read together with a later state was written before it (canary.Mark)
 			if p.Annotations == nil {
 				p.Annotations = map[string]*string{}
@@ -701,13 +740,21 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 		marked = append(marked, before)
 	}
+	for _, name := range plan.Forgive {
+		if _, err := nodestate.Update(ctx, o.Client, name, func(n *corev1.Node) (nodestate.Patch, error) {
+			return nodestate.ForgetRevert(n), nil
+		}); err != nil && !apierrors.IsNotFound(err) {
+			return plan, err
+		}
+		fmt.Fprintf(out, "pre-upgrade: node %s reverted to the driver its pool now goes back to: no longer counted as failed\n", name)
+	}
 	for _, name := range plan.CalledOff {
 		// from a fresh read: a node the rollout moved on meanwhile keeps the state it reached
 		if _, err := nodestate.Update(ctx, o.Client, name, func(n *corev1.Node) (nodestate.Patch, error) {
 			if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
 				return nodestate.Patch{}, nil
 			}
-			return nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now), nil
+			return nodestate.Merge(nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now), nodestate.SetValidated(n, n.Annotations[nodestate.DriverDigestAnnotation])), nil
 		}); apierrors.IsNotFound(err) {
 			continue
 		} else if err != nil {
@@ -850,6 +897,11 @@ func (p *Plan) Write(out io.Writer) {
 		}
 	}
 	for _, np := range p.Held {
+		if np.HeldBy == HeldByRevert {
+			fmt.Fprintf(out, "node %s (%s %s) held: driver config %s already failed validation there and the node went back to %s; "+
+				"`kube-gpu-stack upgrade retry %s` tries it again\n", np.Node, poolNoun(np.Kind), np.Pool, nodestate.ShortDigest(np.To), nodestate.ShortDigest(np.From), np.Node)
+			continue
+		}
 		if np.HeldBy == HeldByValues {
 			fmt.Fprintf(out, "node %s (%s %s) held: %s lists it, so it keeps its driver (config %s) in service; take it off the list to let it change to %s\n",
 				np.Node, poolNoun(np.Kind), np.Pool, HeldByValues, nodestate.ShortDigest(np.From), nodestate.ShortDigest(np.To))

@@ -401,7 +401,9 @@ func TestHookRBAC(t *testing.T) {
 		"clusterrole/" + clusterName(gateName): nodesRead,
 		"role/" + testName:                     checkRead,
 		"clusterrole/" + clusterName(testName): nodesRead,
-		"role/" + preUpgradeName:               {{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}}},
+		// the driver DaemonSets: a copy kept as they are, for nodes whose new driver does not validate (revertset)
+		"role/" + preUpgradeName: {{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "create", "delete"}}},
 		"clusterrole/" + clusterName(preUpgradeName): {
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "patch"}},
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},

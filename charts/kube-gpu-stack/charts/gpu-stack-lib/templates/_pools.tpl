@@ -213,6 +213,7 @@ own. dict:
 {{- $policy := $v.upgradePolicy -}}
 {{- $fields = dict "maxUnavailable" $policy.maxUnavailable "autoUpgrade" $policy.autoUpgrade "canary" $policy.canary "maxFailures" $policy.maxFailures "gpuAllocation" ($v.gpuAllocation | default "device-plugin") -}}
 {{- with $policy.hold }}{{ $_ := set $fields "hold" . }}{{ end -}}
+{{- if eq $policy.revert false }}{{ $_ := set $fields "revert" false }}{{ end -}}
 {{- end -}}
 {{- range $k, $x := $fields }}{{ $_ := set $entry $k $x }}{{ end -}}
 {{- $dss := list -}}

@@ -1,0 +1,160 @@
+package drivermanager
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/revertset"
+)
+
+// failingNewDriver is a node whose change to newDigest waits for validation (cordoned, validation-required), after
+// oldDigest validated there; its driver pod, of a DaemonSet that installs newDigest, runs newDigest. With keep, the
+// plan kept the revert DaemonSet of oldDigest.
+func failingNewDriver(t *testing.T, validated string, keep bool) *env {
+	t.Helper()
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	n := e.node()
+	if validated != "" {
+		n.Annotations[nodestate.ValidatedDigestAnnotation] = validated
+		if _, err := e.client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
+		t.Fatalf("setup: state %q unschedulable %v, want validation-required and cordoned", state(n), n.Spec.Unschedulable)
+	}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: driverDS, Namespace: namespace, UID: "ds-uid"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": driverDS}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ComponentLabel: "driver", "app": driverDS}},
+				Spec: driverSpec(newDigest)}}}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := driverPodObject()
+	pod.Spec = driverSpec(newDigest)
+	if _, err := e.client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if keep {
+		old := ds.DeepCopy()
+		old.Spec.Template.Spec = driverSpec(oldDigest)
+		if _, err := e.client.AppsV1().DaemonSets(namespace).Create(ctx, revertset.Build(old, oldDigest), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return e
+}
+
+// gateUntil runs the failing driver pod's gate (a 200 ms validation timeout, no validator) until until holds on the
+// node or the gate ends, then stops it as a pod deletion would, and returns what it ended with.
+func (e *env) gateUntil(t *testing.T, until func(*corev1.Node) bool) error {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	o := e.gateOptions(false, time.Second, nil)
+	o.Timeout = 200 * time.Millisecond
+	done, out := e.runGate(ctx, o)
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-deadline:
+			t.Fatalf("the gate neither ended nor reached the state:\n%s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if until(e.node()) {
+			stop()
+			return <-done
+		}
+	}
+}
+
+// A new driver that does not validate: the gate labels its node for the revert DaemonSet of the driver that last
+// validated there, records why, and hands the node on emptied (pod-restart-required), its cordon kept: never
+// upgrade-failed, never uncordoned with a driver that did not validate.
+func TestFailedValidationRevertsToTheLastValidatedDriver(t *testing.T) {
+	e := failingNewDriver(t, oldDigest, true)
+	err := e.gateUntil(t, func(n *corev1.Node) bool { return n.Labels[nodestate.RevertLabel] != "" })
+	if err == nil || !strings.Contains(err.Error(), "going back to the driver that last validated") {
+		t.Errorf("gate ended with %v, want the revert named", err)
+	}
+	n := e.node()
+	if got, want := n.Labels[nodestate.RevertLabel], nodestate.ShortDigest(oldDigest); got != want {
+		t.Errorf("%s=%q, want %q", nodestate.RevertLabel, got, want)
+	}
+	r, rerr := nodestate.ReadRevert(n)
+	if rerr != nil || r == nil || r.From != newDigest || r.To != oldDigest || r.DaemonSet != revertset.Name(driverDS, oldDigest) ||
+		!strings.Contains(r.Reason, "became Ready within") {
+		t.Errorf("revert record %+v (%v), want from the new driver to the old, by %s, with the validation timeout", r, rerr, revertset.Name(driverDS, oldDigest))
+	}
+	if !nodestate.Reverted(n) || state(n) != nodestate.PodRestartRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+		t.Errorf("node: reverted %v state %q unschedulable %v, want reverted, pod-restart-required and still cordoned by us",
+			nodestate.Reverted(n), state(n), n.Spec.Unschedulable)
+	}
+	if reason := n.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, "reverting to driver config "+nodestate.ShortDigest(oldDigest)) {
+		t.Errorf("reason %q, want the revert named", reason)
+	}
+
+	// a gate restarted after the revert (SIGKILL, a container restart) leaves the node as it is for its next pod
+	err = e.gateUntil(t, func(*corev1.Node) bool { time.Sleep(500 * time.Millisecond); return true })
+	if after := e.node(); state(after) != nodestate.PodRestartRequired || !nodestate.Reverted(after) || !after.Spec.Unschedulable {
+		t.Errorf("after a restarted gate (%v): state %q reverted %v unschedulable %v, want the revert left as it was",
+			err, state(after), nodestate.Reverted(after), after.Spec.Unschedulable)
+	}
+}
+
+// Without a driver to go back to, a failed validation is upgrade-failed as before, saying why nothing was reverted:
+// no revert DaemonSet (upgradePolicy.revert off), no driver validated before on the node (a first install), or the
+// record names the very driver that failed.
+func TestFailedValidationWithNothingToRevertToFails(t *testing.T) {
+	for _, c := range []struct {
+		name, validated string
+		keep            bool
+		why             string
+	}{
+		{"no revert DaemonSet", oldDigest, false, "no revert DaemonSet of " + driverDS},
+		{"nothing validated before", "", true, "no other driver validated on the node before"},
+		{"only the failing driver validated", newDigest, true, "no other driver validated on the node before"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := failingNewDriver(t, c.validated, c.keep)
+			err := e.gateUntil(t, func(*corev1.Node) bool { return false })
+			n := e.node()
+			if err == nil || state(n) != nodestate.UpgradeFailed || !n.Spec.Unschedulable || n.Labels[nodestate.RevertLabel] != "" {
+				t.Fatalf("err %v, state %q unschedulable %v revert label %q: want upgrade-failed, cordoned, not reverted",
+					err, state(n), n.Spec.Unschedulable, n.Labels[nodestate.RevertLabel])
+			}
+			if reason := n.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, "not reverted: "+c.why) {
+				t.Errorf("reason %q, want it to say %q", reason, c.why)
+			}
+		})
+	}
+}
+
+// A revert DaemonSet being deleted, or one of another driver DaemonSet, is no way back.
+func TestRevertNeedsTheCopyOfItsOwnDaemonSet(t *testing.T) {
+	e := failingNewDriver(t, oldDigest, false)
+	other := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-daemonset-rhel9", Namespace: namespace, UID: types.UID("other")},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "x"}}, Spec: driverSpec(oldDigest)}}}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(context.Background(), revertset.Build(other, oldDigest), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = e.gateUntil(t, func(*corev1.Node) bool { return false })
+	if n := e.node(); state(n) != nodestate.UpgradeFailed || n.Labels[nodestate.RevertLabel] != "" {
+		t.Fatalf("state %q revert label %q: reverted by another DaemonSet's copy", state(n), n.Labels[nodestate.RevertLabel])
+	}
+}
