@@ -64,7 +64,8 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	}
 	set := func(extra ...string) []string {
 		return settings(append([]string{fmt.Sprintf("driver.upgradePolicy.validationTimeoutSeconds=%d", validationTimeout),
-			"driver.upgradePolicy.canary=1", "driver.upgradePolicy.maxFailures=1", fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", canaryMax)}, extra...)...)
+			"driver.upgradePolicy.canary=1", "driver.upgradePolicy.maxFailures=1", fmt.Sprintf("driver.upgradePolicy.maxUnavailable=%d", canaryMax),
+			"driver.upgradePolicy.revert=false"}, extra...)...)
 	}
 	if _, err := target().Install(ctx, profile(), set()...); err != nil {
 		logRuns(t, time.Time{})

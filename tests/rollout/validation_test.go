@@ -54,7 +54,8 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := func(extra ...string) []string {
-		return settings(append([]string{fmt.Sprintf("driver.upgradePolicy.validationTimeoutSeconds=%d", validationTimeout)}, extra...)...)
+		return settings(append([]string{fmt.Sprintf("driver.upgradePolicy.validationTimeoutSeconds=%d", validationTimeout),
+			"driver.upgradePolicy.revert=false"}, extra...)...)
 	}
 	if _, err := target().Install(ctx, profile(), set()...); err != nil {
 		logRuns(t, time.Time{})
