@@ -25,7 +25,8 @@ import (
 )
 
 // TestCanaryThenWidenAndTheFailureThreshold installs the chart on the ten GPU nodes of one pool with a canary of
-// one, maxFailures 1 and maxUnavailable 3, then:
+// one, maxFailures 1 and maxUnavailable 3 (upgradePolicy.revert off: a failed node stays upgrade-failed; revert_test.go
+// proves the revert), then:
 //
 //  1. upgrades to a driver that never validates: the plan names gpu-01 the canary; it changes alone and fails, and
 //     the pool stops at that one node: no other node is ever cordoned or leaves upgrade-required, their old drivers

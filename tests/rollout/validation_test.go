@@ -21,7 +21,8 @@ import (
 )
 
 // TestDriverThatNeverValidatesStopsTheRollout installs the chart on the ten GPU nodes with a short
-// driver.upgradePolicy.validationTimeoutSeconds, then upgrades to a driver that installs but never validates:
+// driver.upgradePolicy.validationTimeoutSeconds and upgradePolicy.revert off (revert_test.go proves the revert), then
+// upgrades to a driver that installs but never validates:
 //
 //  1. the rollout stops at exactly maxUnavailable nodes, upgrade-failed with the gate's timeout as their reason,
 //     still cordoned by the upgrade, their driver pods un-Ready (the restarted upgrade gate holds them); no other
