@@ -164,26 +164,23 @@ const (
 
 // openBundle opens a bundle and checks every file against SumsFile before anything is read from it: a missing,
 // extra or corrupt file is an error naming it, and so is a layout blob whose content is not the digest it is stored
-// under. pin, when set, is the SHA-256 (hex) the whole tarball must have; it is checked first, before the tarball
-// is parsed at all. key, when set, must verify SignatureFile over SumsFile before the sums are trusted.
+// under. pin, when set, is the SHA-256 (hex) the whole tarball must have; it is computed from the very bytes the
+// scan reads (one open, one read), so the files hashed are the tarball pinned, and nothing is used before it
+// matched. key, when set, must verify SignatureFile over SumsFile before the sums are trusted. Every later read of
+// a file is checked again against the digest this scan took (open): a file changed since is an error, never used.
 func openBundle(p, pin string, key ed25519.PublicKey) (*bundleFiles, error) {
 	st, err := os.Stat(p)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	if pin != "" {
-		if st.IsDir() {
-			return nil, fmt.Errorf("--sha256 pins a bundle tarball, and %s is a folder: mirror the tarball itself", p)
-		}
-		if err := checkPin(p, pin); err != nil {
-			return nil, err
-		}
+	if pin != "" && st.IsDir() {
+		return nil, fmt.Errorf("--sha256 pins a bundle tarball, and %s is a folder: mirror the tarball itself", p)
 	}
 	b := &bundleFiles{path: p, entries: map[string]section{}, key: key}
 	if st.IsDir() {
 		b.digests, err = b.hashFolder()
 	} else {
-		b.digests, err = b.scanTarball()
+		b.digests, err = b.scanTarball(pin)
 	}
 	if err == nil {
 		err = b.verify()
@@ -198,22 +195,10 @@ func openBundle(p, pin string, key ed25519.PublicKey) (*bundleFiles, error) {
 	return b, nil
 }
 
-// checkPin hashes the whole file and compares it with pin.
-func checkPin(p, pin string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return fmt.Errorf("bundle: %w", err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
-		return fmt.Errorf("bundle %s: %w", p, err)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != pin {
-		return fmt.Errorf("bundle %s has SHA-256 %s, not the %s --sha256 pins: it is not the bundle you meant, "+
-			"or it changed on the way; nothing read from it, nothing pushed", p, got, pin)
-	}
-	return nil
+// pinError: the tarball read is not the one --sha256 pins.
+func pinError(p, got, pin string) error {
+	return fmt.Errorf("bundle %s has SHA-256 %s, not the %s --sha256 pins: it is not the bundle you meant, "+
+		"or it changed on the way; nothing used from it, nothing pushed", p, got, pin)
 }
 
 func (b *bundleFiles) Close() error {
@@ -235,7 +220,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *bundleFiles) scanTarball() (map[string]string, error) {
+// scanTarball reads the tarball once, start to end: each entry's SHA-256 and place, and with pin the SHA-256 of
+// the whole file from the same bytes, which must be pin (a mismatch is the error, whatever else the scan found).
+func (b *bundleFiles) scanTarball(pin string) (map[string]string, error) {
 	f, err := os.Open(b.path)
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
@@ -245,10 +232,30 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	cr := &countingReader{r: f}
+	var src io.Reader = f
+	whole := sha256.New()
+	if pin != "" {
+		src = io.TeeReader(f, whole)
+	}
+	cr := &countingReader{r: src}
+	buf := make([]byte, 1<<20)
+	sums, err := b.scanEntries(cr, st.Size(), buf)
+	if pin != "" {
+		// the tar reader stops at the end-of-archive blocks: the rest of the file is pinned too
+		if _, cerr := io.CopyBuffer(io.Discard, cr, buf); cerr != nil && err == nil {
+			err = fmt.Errorf("bundle %s: %w", b.path, cerr)
+		}
+		if got := hex.EncodeToString(whole.Sum(nil)); got != pin {
+			return nil, pinError(b.path, got, pin)
+		}
+	}
+	return sums, err
+}
+
+// scanEntries reads the tarball's entries from cr, hashing each.
+func (b *bundleFiles) scanEntries(cr *countingReader, fileSize int64, buf []byte) (map[string]string, error) {
 	tr := tar.NewReader(cr)
 	sums := map[string]string{}
-	buf := make([]byte, 1<<20)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -272,7 +279,7 @@ func (b *bundleFiles) scanTarball() (map[string]string, error) {
 		start := cr.n
 		// A sparse entry (PAX GNU.sparse records) reads as far more than it stores: a few bytes of a hostile bundle
 		// could make a terabyte of zeros to hash. Files are read in place, so each must be stored whole.
-		if left := st.Size() - start; h.Size > left {
+		if left := fileSize - start; h.Size > left {
 			return nil, fmt.Errorf("bundle %s: not a complete tarball: %s claims %d bytes, only %d follow (cut short, or a sparse file)",
 				b.path, name, h.Size, left)
 		}
@@ -298,6 +305,11 @@ func (b *bundleFiles) hashFolder() (map[string]string, error) {
 		rel, err := filepath.Rel(b.path, p)
 		if err != nil {
 			return err
+		}
+		if !d.Type().IsRegular() {
+			// a link could name anything on this machine: a bundle folder holds the bundle's files only
+			return fmt.Errorf("bundle %s: %s is not a regular file (%s): a bundle folder holds files only, and mirror follows no link",
+				b.path, filepath.ToSlash(rel), d.Type())
 		}
 		f, err := os.Open(p)
 		if err != nil {
@@ -409,16 +421,35 @@ func (b *bundleFiles) checkBlobNames() error {
 	return nil
 }
 
-// open reads one file of the bundle.
+// open reads one file of the bundle, checking as it reads that it is still what the bundle's scan hashed and
+// verified (its size and SHA-256): a file changed since fails the read at its end, so what is used is what was
+// verified.
 func (b *bundleFiles) open(name string) (io.ReadCloser, error) {
 	s, ok := b.entries[name]
 	if !ok {
 		return nil, fmt.Errorf("bundle %s has no %s: %w", b.path, name, fs.ErrNotExist)
 	}
+	var rc io.ReadCloser
 	if b.tarball == nil {
-		return os.Open(filepath.Join(b.path, filepath.FromSlash(name)))
+		p := filepath.Join(b.path, filepath.FromSlash(name))
+		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("bundle %s: %s is no longer the regular file verified (%v)", b.path, name, err)
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, err
+		}
+		rc = f
+	} else {
+		rc = io.NopCloser(io.NewSectionReader(b.tarball, s.offset, s.size))
 	}
-	return io.NopCloser(io.NewSectionReader(b.tarball, s.offset, s.size)), nil
+	want, err := v1.NewHash("sha256:" + b.digests[name])
+	if err != nil {
+		rc.Close()
+		return nil, fmt.Errorf("bundle %s: %s was never verified", b.path, name)
+	}
+	return &verifyingReader{rc: rc, name: fmt.Sprintf("bundle %s: %s (changed since it was verified)", b.path, name),
+		want: v1.Descriptor{Digest: want, Size: s.size}, hash: sha256.New()}, nil
 }
 
 func (b *bundleFiles) size(name string) (int64, bool) {
