@@ -17,10 +17,12 @@ import (
 // revert is the gate's answer to a new driver that did not validate (reason): the node goes back to the driver that
 // last validated on it (nodestate.ValidatedDigestAnnotation), by the revert DaemonSet the pre-upgrade plan kept of its
 // driver DaemonSet with that driver (package revertset). In one write, while the node still waits for validation, it
-// labels the node for that DaemonSet, records why (nodestate.RevertedAnnotation: the node counts as failed for its
-// pool from then on, canary.Decide) and moves it to pod-restart-required: emptied, its cordon and slot kept. The
-// driver DaemonSet no longer selects the node and deletes this pod, whose stop then lets the new driver unload; the
-// revert DaemonSet's pod installs the old driver, and its gate uncordons the node only once that validated.
+// labels the node for that DaemonSet and records why (nodestate.RevertedAnnotation: the node counts as failed for its
+// pool from then on, canary.Decide); the node stays validation-required, cordoned, holding its slot. The driver
+// DaemonSet no longer selects the node and deletes this pod, whose stop (letDriverStop) empties the node for the
+// revert DaemonSet before the new driver stops: a GPU pod that tolerates the cordon may have come while the node
+// waited for validation, with the device plugin back. The revert DaemonSet's pod then installs the old driver, and
+// its gate uncordons the node only once that validated.
 //
 // It says whether it reverted, and if not why not ("" when nothing could have been reverted to).
 func (o *UncordonOptions) revert(ctx context.Context, log *slog.Logger, reason string) (bool, string) {
@@ -61,7 +63,7 @@ func (o *UncordonOptions) revert(ctx context.Context, log *slog.Logger, reason s
 		}
 		started = true
 		why := fmt.Sprintf("reverting to driver config %s (DaemonSet %s): %s", nodestate.ShortDigest(to), ds.Name, reason)
-		return nodestate.Merge(nodestate.SetUpgradeState(n, nodestate.PodRestartRequired, why, now),
+		return nodestate.Merge(nodestate.SetUpgradeState(n, nodestate.ValidationRequired, why, now),
 			nodestate.StartRevert(n, nodestate.Revert{From: from, To: to, DaemonSet: ds.Name, Reason: reason, At: now})), nil
 	})
 	if err != nil {
@@ -73,4 +75,15 @@ func (o *UncordonOptions) revert(ctx context.Context, log *slog.Logger, reason s
 	log.Info("the new driver did not validate: reverting the node to the driver that last validated on it",
 		"failed", nodestate.ShortDigest(from), "to", nodestate.ShortDigest(to), "daemonSet", ds.Name, "label", nodestate.RevertLabel)
 	return true, ""
+}
+
+// beingReverted says whether the node is going back from this pod's driver (the gate reverted it, and was restarted
+// since): there is nothing left to validate, only the pod's stop to wait for.
+func (o *UncordonOptions) beingReverted(ctx context.Context, node *corev1.Node) bool {
+	r, err := nodestate.ReadRevert(node)
+	if err != nil || r == nil || !nodestate.Reverted(node) || !o.Replace || o.PodName == "" {
+		return false
+	}
+	pod, err := o.ownPod(ctx)
+	return err == nil && upgradeplan.PodDigest(pod) == r.From
 }

@@ -2,6 +2,8 @@ package drivermanager
 
 import (
 	"context"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,10 +37,15 @@ func failingNewDriver(t *testing.T, validated string, keep bool) *env {
 	if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
 		t.Fatalf("setup: state %q unschedulable %v, want validation-required and cordoned", state(n), n.Spec.Unschedulable)
 	}
+	// the chart's driver DaemonSets leave a node labelled for a revert DaemonSet to it
+	spec := driverSpec(newDigest)
+	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: nodestate.RevertLabel, Operator: corev1.NodeSelectorOpDoesNotExist}}}}}}}
 	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: driverDS, Namespace: namespace, UID: "ds-uid"},
 		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": driverDS}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ComponentLabel: "driver", "app": driverDS}},
-				Spec: driverSpec(newDigest)}}}
+				Spec: spec}}}
 	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(ctx, ds, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +56,7 @@ func failingNewDriver(t *testing.T, validated string, keep bool) *env {
 	}
 	if keep {
 		old := ds.DeepCopy()
-		old.Spec.Template.Spec = driverSpec(oldDigest)
+		old.Spec.Template.Spec.InitContainers, old.Spec.Template.Spec.Containers = driverSpec(oldDigest).InitContainers, driverSpec(oldDigest).Containers
 		if _, err := e.client.AppsV1().DaemonSets(namespace).Create(ctx, revertset.Build(old, oldDigest), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -100,8 +107,8 @@ func TestFailedValidationRevertsToTheLastValidatedDriver(t *testing.T) {
 		!strings.Contains(r.Reason, "became Ready within") {
 		t.Errorf("revert record %+v (%v), want from the new driver to the old, by %s, with the validation timeout", r, rerr, revertset.Name(driverDS, oldDigest))
 	}
-	if !nodestate.Reverted(n) || state(n) != nodestate.PodRestartRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
-		t.Errorf("node: reverted %v state %q unschedulable %v, want reverted, pod-restart-required and still cordoned by us",
+	if !nodestate.Reverted(n) || state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+		t.Errorf("node: reverted %v state %q unschedulable %v, want reverted, still validation-required and cordoned by us",
 			nodestate.Reverted(n), state(n), n.Spec.Unschedulable)
 	}
 	if reason := n.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, "reverting to driver config "+nodestate.ShortDigest(oldDigest)) {
@@ -110,9 +117,44 @@ func TestFailedValidationRevertsToTheLastValidatedDriver(t *testing.T) {
 
 	// a gate restarted after the revert (SIGKILL, a container restart) leaves the node as it is for its next pod
 	err = e.gateUntil(t, func(*corev1.Node) bool { time.Sleep(500 * time.Millisecond); return true })
-	if after := e.node(); state(after) != nodestate.PodRestartRequired || !nodestate.Reverted(after) || !after.Spec.Unschedulable {
+	if after := e.node(); state(after) != nodestate.ValidationRequired || !nodestate.Reverted(after) || !after.Spec.Unschedulable {
 		t.Errorf("after a restarted gate (%v): state %q reverted %v unschedulable %v, want the revert left as it was",
 			err, state(after), nodestate.Reverted(after), after.Spec.Unschedulable)
+	}
+}
+
+// The failed pod's deletion (its DaemonSet no longer selects the reverted node) empties the node for the revert
+// DaemonSet before the failed driver may stop: a GPU pod that came while the node waited for validation (it tolerates
+// the cordon, and the device plugin was back) is evicted first, then the operands paused.
+func TestRevertedNodeIsEmptiedBeforeTheFailedDriverStops(t *testing.T) {
+	e := failingNewDriver(t, oldDigest, true)
+	e.withGPUPod(nil)
+	if err := e.gateUntil(t, func(n *corev1.Node) bool { return nodestate.Reverted(n) }); err == nil {
+		t.Fatal("the gate ended without an error after reverting")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, stopFile, stopFileAt, out := e.stopGate(ctx)
+	time.Sleep(200 * time.Millisecond) // the restarted gate finds the node going back and waits for its pod's stop
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "going back") {
+		t.Errorf("gate: %v", err)
+	}
+	raw, err := os.ReadFile(stopFile)
+	if err != nil || !strings.Contains(string(raw), "emptied for "+revertset.Name(driverDS, oldDigest)) {
+		t.Fatalf("stop file %q (%v), want the node emptied for the revert DaemonSet:\n%s", raw, err, out.String())
+	}
+	for _, step := range []string{"evict", "pause"} {
+		if at, ok := stopFileAt[step]; !ok || at {
+			t.Errorf("step %s: ran %v, stop file already written %v; want it run before the failed driver may stop", step, ok, at)
+		}
+	}
+	if got := e.evictionsOf(); !slices.Equal(got, []string{"train"}) {
+		t.Errorf("evictions %v, want the GPU pod that came meanwhile", got)
+	}
+	if n := e.node(); state(n) != nodestate.PodRestartRequired || !nodestate.Reverted(n) || !n.Spec.Unschedulable {
+		t.Errorf("node: state %q reverted %v unschedulable %v, want emptied for the revert DaemonSet's pod", state(n), nodestate.Reverted(n), n.Spec.Unschedulable)
 	}
 }
 

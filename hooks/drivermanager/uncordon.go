@@ -183,6 +183,12 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	}
 	switch state {
 	case nodestate.ValidationRequired:
+		if o.beingReverted(ctx, node) {
+			log.Info("the node is going back from this pod's driver to the one that last validated on it: waiting for this pod's stop",
+				"label", nodestate.RevertLabel+"="+node.Labels[nodestate.RevertLabel])
+			<-ctx.Done()
+			return "", fmt.Errorf("node %s: stopped (%w) while going back to the driver that last validated on it", o.NodeName, context.Cause(ctx))
+		}
 		// Only a validator that turned Ready after the driver changed vouches for the new driver.
 		since, err := nodestate.ValidationSince(node)
 		if err != nil {
