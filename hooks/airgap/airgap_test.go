@@ -103,13 +103,30 @@ func TestBundleThenMirror(t *testing.T) {
 	})
 	t.Run("values-airgap.yaml", func(t *testing.T) {
 		var vals struct {
-			Global struct{ ImageRegistry string }
+			Global struct {
+				ImageRegistry string            `json:"imageRegistry"`
+				ImageDigests  map[string]string `json:"imageDigests"`
+			}
 		}
 		if err := yaml.Unmarshal(files[ValuesFile], &vals); err != nil {
 			t.Fatal(err)
 		}
 		if vals.Global.ImageRegistry != PlaceholderRegistry || !strings.Contains(string(files[ValuesFile]), "# Replace "+PlaceholderRegistry) {
 			t.Errorf("want global.imageRegistry %s with a comment saying to replace it:\n%s", PlaceholderRegistry, files[ValuesFile])
+		}
+		// every bundled image pinned, by repository:tag as the chart names it, to the digest bundled
+		images, err := ReadImageList(bytes.NewReader(files[ImagesFile]), ImagesFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, img := range images {
+			key := img.Repository() + ":" + img.Tag.TagStr()
+			if got := vals.Global.ImageDigests[key]; got != img.Digest.String() {
+				t.Errorf("imageDigests[%s] = %q, want %s", key, got, img.Digest)
+			}
+		}
+		if len(vals.Global.ImageDigests) != len(images) {
+			t.Errorf("imageDigests holds %d images, the bundle %d", len(vals.Global.ImageDigests), len(images))
 		}
 	})
 	t.Run("the chart archive holds the operand subchart", func(t *testing.T) {
@@ -228,9 +245,14 @@ func TestBundleThenMirror(t *testing.T) {
 	})
 	t.Run("helm install line and chart", func(t *testing.T) {
 		chartFile := filepath.Join(chartOut, "kube-gpu-stack-1.2.3.tgz")
-		line := fmt.Sprintf("helm install gpu %s --namespace gpu-operator --create-namespace --set global.imageRegistry=%s\n", chartFile, private)
+		valuesFile := filepath.Join(chartOut, ValuesFile)
+		line := fmt.Sprintf("helm install gpu %s --namespace gpu-operator --create-namespace -f %s\n", chartFile, valuesFile)
 		if !strings.HasSuffix(log, line) {
 			t.Errorf("want the last line %q, got:\n%s", line, log)
+		}
+		filled, err := os.ReadFile(valuesFile)
+		if want := strings.Replace(string(files[ValuesFile]), "imageRegistry: "+PlaceholderRegistry+"\n", fmt.Sprintf("imageRegistry: %q\n", private), 1); err != nil || string(filled) != want {
+			t.Errorf("%s: %v; want the bundle's values with the registry filled in:\n%s", valuesFile, err, filled)
 		}
 		copied, err := os.ReadFile(chartFile)
 		if err != nil || !bytes.Equal(copied, files["kube-gpu-stack-1.2.3.tgz"]) {

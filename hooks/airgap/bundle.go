@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -184,7 +186,7 @@ func (o *BundleOptions) Run(ctx context.Context, out io.Writer) error {
 	if err := os.WriteFile(filepath.Join(work, ImagesFile), []byte(o.imageList(resolved)), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(work, ValuesFile), []byte(o.airgapValues()), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(work, ValuesFile), []byte(o.airgapValues(resolved)), 0o644); err != nil {
 		return err
 	}
 	blobs, blobBytes, err := layoutBlobs(lay)
@@ -400,14 +402,29 @@ func (o *BundleOptions) imageList(images []Image) string {
 	return b.String()
 }
 
-func (o *BundleOptions) airgapValues() string {
-	return fmt.Sprintf(`# kube-gpu-stack %s without internet access: every image comes from your private registry.
+// airgapValues is values-airgap.yaml: the registry to replace, and every bundled image pinned to its digest
+// (global.imageDigests, by repository:tag as the chart names it), so the install runs exactly what was bundled.
+func (o *BundleOptions) airgapValues(images []Image) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `# kube-gpu-stack %s without internet access: every image comes from your private registry, pinned to the
+# digest bundled (global.imageDigests).
 # Replace %s with that registry (host[:port][/path]) once
-# `+"`kube-gpu-stack airgap mirror --registry REG BUNDLE`"+` has pushed the bundle's images there, or use the
-# --set global.imageRegistry=REG line that command prints instead of this file.
+# `+"`kube-gpu-stack airgap mirror --registry REG BUNDLE`"+` has pushed the bundle's images there; that command also
+# writes a copy of this file with REG filled in.
 global:
   imageRegistry: %s
+  imageDigests:
 `, o.version, PlaceholderRegistry, PlaceholderRegistry)
+	pins := map[string]string{}
+	for _, img := range images {
+		if img.Digest != (v1.Hash{}) {
+			pins[img.Repository()+":"+img.Tag.TagStr()] = img.Digest.String()
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(pins)) {
+		fmt.Fprintf(&b, "    %q: %q\n", k, pins[k])
+	}
+	return b.String()
 }
 
 // packageChart packages the chart with every dependency inside (as `helm package` does) into dir, and returns the

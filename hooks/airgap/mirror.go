@@ -201,11 +201,67 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	valuesFile, err := o.writeValues(files)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "%d images in %s: %d pushed, %d already there; the registry accepted %s\n",
 		len(index.Manifests), o.Registry, pushedImages, present, counter.snapshot())
-	fmt.Fprintf(out, "helm install %s %s --namespace %s --create-namespace --set global.imageRegistry=%s\n",
-		installRelease, shellQuote(chartFile), installNamespace, o.Registry)
+	if valuesFile == "" { // a bundle without values-airgap.yaml
+		fmt.Fprintf(out, "helm install %s %s --namespace %s --create-namespace --set global.imageRegistry=%s\n",
+			installRelease, shellQuote(chartFile), installNamespace, o.Registry)
+		return nil
+	}
+	fmt.Fprintf(out, "helm install %s %s --namespace %s --create-namespace -f %s\n",
+		installRelease, shellQuote(chartFile), installNamespace, shellQuote(valuesFile))
 	return nil
+}
+
+// writeValues writes the bundle's values-airgap.yaml into Out with the registry filled in: global.imageRegistry
+// this mirror's, and global.imageDigests pinning every bundled image. It returns its path ("" for a bundle without
+// one).
+func (o *MirrorOptions) writeValues(files *bundleFiles) (string, error) {
+	if _, ok := files.entries[ValuesFile]; !ok {
+		return "", nil
+	}
+	raw, err := files.readFile(ValuesFile, maxManifestBytes, "")
+	if err != nil {
+		return "", err
+	}
+	placeholder := "  imageRegistry: " + PlaceholderRegistry + "\n"
+	if strings.Count(string(raw), placeholder) != 1 {
+		return "", fmt.Errorf("bundle %s: %s does not set global.imageRegistry to %s once: not a bundle's values file", o.Bundle, ValuesFile, PlaceholderRegistry)
+	}
+	filled := strings.Replace(string(raw), placeholder, fmt.Sprintf("  imageRegistry: %q\n", o.Registry), 1)
+	dst := filepath.Join(o.Out, ValuesFile)
+	if err := writeFileAtomic(o.Out, dst, []byte(filled)); err != nil {
+		return "", fmt.Errorf("write %s: %w", dst, err)
+	}
+	if !filepath.IsAbs(dst) && !strings.HasPrefix(dst, ".") {
+		dst = "." + string(filepath.Separator) + dst
+	}
+	return dst, nil
+}
+
+// writeFileAtomic writes data to dst (in dir) through a temporary file, so dst is never half written.
+func writeFileAtomic(dir, dst string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(dst)+".partial-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }
 
 // tagged is the digest the registry's tag points at; zero when the tag does not exist.

@@ -3,6 +3,7 @@ package chart
 import (
 	"context"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,8 +14,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart/loader"
+	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
@@ -23,8 +26,9 @@ import (
 // TestAirgapBundleMirrorRender: with the chart's real images.txt, an in-process "upstream" registry on 127.0.0.1
 // seeded with a small random image under every listed name, the bundle built from it (the project's own image from
 // a local layout), mirrored into a second in-process "private" registry, and then every profile rendered from the
-// bundle's chart archive with global.imageRegistry set to the private registry: every image a pod runs or
-// launches (image env vars such as CUDA_WORKLOAD_IMAGE) must resolve there, by digest, to the bundled image.
+// bundle's chart archive with the values file the mirror wrote (global.imageRegistry the private registry,
+// global.imageDigests every bundled image's digest): every image a pod runs or launches (image env vars such as
+// CUDA_WORKLOAD_IMAGE) must name its bundled digest, and resolve there, by digest, to the bundled image.
 // Nothing reaches a registry outside the machine.
 func TestAirgapBundleMirrorRender(t *testing.T) {
 	t.Parallel()
@@ -46,7 +50,7 @@ func TestAirgapBundleMirrorRender(t *testing.T) {
 					if err := action.CheckDependencies(chrt, chrt.Metadata.Dependencies); err != nil {
 						t.Fatal(err)
 					}
-					vals, err := chartrender.Values([]string{p.file}, append([]string{"global.imageRegistry=" + m.Private}, set...))
+					vals, err := chartrender.Values([]string{p.file, filepath.Join(filepath.Dir(m.ChartFile), airgap.ValuesFile)}, set)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -72,6 +76,9 @@ func TestAirgapBundleMirrorRender(t *testing.T) {
 							userSupplied[ref] = true
 							mu.Unlock()
 							continue
+						}
+						if !strings.Contains(ref, "@sha256:") {
+							t.Errorf("%s is not pinned by digest", ref)
 						}
 						m.CheckInPrivate(t, ref)
 						mu.Lock()
@@ -174,4 +181,46 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestImageDigestsPinWithoutReinstalling: global.imageDigests pins the image it names (repository:tag as the chart
+// names it, the driver's with its OS) and leaves others alone; an image's own digest wins; and the pin changes no
+// driver config digest, so pinning the tag a node runs reinstalls no driver.
+func TestImageDigestsPinWithoutReinstalling(t *testing.T) {
+	t.Parallel()
+	const (
+		dsName = "nvidia-driver-daemonset-ubuntu2204"
+		pin    = "sha256:" + "ab" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd"
+	)
+	files := []string{profileFile("container-only")}
+	plain := daemonSet(t, render(t, newestKube, files), dsName)
+	driver := plain.Spec.Template.Spec.Containers[0]
+	tag := driver.Image[strings.LastIndex(driver.Image, ":")+1:]
+	key := "nvidia/driver:" + tag
+	pinned := daemonSet(t, render(t, newestKube, files, "global.imageDigests."+strings.NewReplacer(".", `\.`).Replace(key)+"="+pin), dsName)
+	if got := pinned.Spec.Template.Spec.Containers[0].Image; got != driver.Image+"@"+pin {
+		t.Errorf("pinned driver image %s, want %s@%s", got, driver.Image, pin)
+	}
+	if got, want := digestOf(pinned), digestOf(plain); got != want || want == "" {
+		t.Errorf("DRIVER_CONFIG_DIGEST %q with the pin, %q without: a pin must reinstall nothing", got, want)
+	}
+	for i, c := range pinned.Spec.Template.Spec.InitContainers {
+		if c.Image != plain.Spec.Template.Spec.InitContainers[i].Image {
+			t.Errorf("init container %s: %s, want %s: only the named image is pinned", c.Name, c.Image, plain.Spec.Template.Spec.InitContainers[i].Image)
+		}
+	}
+	own := daemonSet(t, render(t, newestKube, files, "global.imageDigests."+strings.NewReplacer(".", `\.`).Replace(key)+"="+pin,
+		"driver.image.digest=sha256:"+strings.Repeat("cd", 32)), dsName)
+	if got := own.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(got, "@sha256:"+strings.Repeat("cd", 32)) {
+		t.Errorf("with the image's own digest: %s, want it kept", got)
+	}
+}
+
+func digestOf(ds *appsv1.DaemonSet) string {
+	for _, c := range append(ds.Spec.Template.Spec.InitContainers, ds.Spec.Template.Spec.Containers...) {
+		if v := containerEnv(c)["DRIVER_CONFIG_DIGEST"]; v != "" {
+			return v
+		}
+	}
+	return ""
 }

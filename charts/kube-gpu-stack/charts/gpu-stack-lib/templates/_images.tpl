@@ -1,6 +1,7 @@
 {{/*
 One image scheme for every image: [global.imageRegistry | image.registry]/repository[:tag][@digest].
-global.imageRegistry replaces the registry of every image, so one mirror serves an air-gapped cluster.
+global.imageRegistry replaces the registry of every image, so one mirror serves an air-gapped cluster;
+global.imageDigests pins repository:tag to a digest where the image sets none.
 */}}
 
 {{/* gpu-stack-lib.image: dict "ctx" . "image" IMAGE ["defaultTag" TAG] */}}
@@ -11,8 +12,11 @@ global.imageRegistry replaces the registry of every image, so one mirror serves 
 {{- if $registry }}{{ $ref = printf "%s/%s" $registry $img.repository }}{{ end -}}
 {{- $tag := $img.tag | default .defaultTag | toString -}}
 {{- if and (not $tag) (not $img.digest) }}{{ fail (printf "image %s has neither a tag nor a digest: set its tag or digest" $img.repository) }}{{ end -}}
+{{- $digest := $img.digest -}}
+{{- /* global.imageDigests pins a tag the values name (airgap bundle writes it for the images it holds) */ -}}
+{{- if and $tag (not $digest) }}{{ $digest = get (.ctx.Values.global.imageDigests | default dict) (printf "%s:%s" $img.repository $tag) }}{{ end -}}
 {{- if $tag }}{{ $ref = printf "%s:%s" $ref $tag }}{{ end -}}
-{{- if $img.digest }}{{ $ref = printf "%s@%s" $ref $img.digest }}{{ end -}}
+{{- if $digest }}{{ $ref = printf "%s@%s" $ref $digest }}{{ end -}}
 {{- $ref -}}
 {{- end }}
 
