@@ -91,6 +91,9 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 		return fmt.Errorf("watch node %s: %w", o.NodeName, err)
 	}
 	shown := ""
+	// calledOffAt is the DaemonSet generation at which a plan called the node off (errCalledOff), -1 for none: the
+	// node stays in service until a plan marks it again or the template changes
+	calledOffAt := int64(-1)
 	for {
 		ds, dsOK := dss.Get(pod.Namespace, owner.Name)
 		node, nodeOK := nodes.Get("", o.NodeName)
@@ -100,6 +103,8 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 			why = "" // the DaemonSet is going (an uninstall): its pod is deleted with it, nothing to replace
 		case nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeFailed:
 			why = "" // `upgrade retry` or the admin moves it on
+		case calledOffAt == ds.Generation && calledOff(node):
+			why = "" // a rollback's plan called it off; its template changes back next
 		default:
 			if change := upgradeplan.PodChange(pod, &ds.Spec.Template); change != "" {
 				why = change
@@ -121,8 +126,11 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 			}
 			// a failed emptying restored the node and marked it upgrade-failed, or the admin held it back: the old
 			// driver serves on
-			if errors.Is(err, errNoLongerOutdated) {
-				log.Info("the driver DaemonSet changed back before the node was emptied; the old driver stays in service", "err", err)
+			if errors.Is(err, errCalledOff) {
+				calledOffAt = ds.Generation
+			}
+			if errors.Is(err, errNoLongerOutdated) || errors.Is(err, errCalledOff) {
+				log.Info("the driver DaemonSet changed back, or its plan called the node off, before the node was emptied; the old driver stays in service", "err", err)
 			} else if errors.Is(err, errHeldMidChange) {
 				log.Info("the node was held back while it was emptied; the old driver stays in service", "err", err)
 			} else {
@@ -225,9 +233,34 @@ func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, da
 // errNoLongerOutdated: the DaemonSet's template changed back to the pod's driver before the node was emptied.
 var errNoLongerOutdated = errors.New("the driver DaemonSet no longer installs another driver")
 
+// calledOff: the node is done with its driver changes (upgrade-done, or no state) and in service.
+func calledOff(n *corev1.Node) bool {
+	st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+	return (st == nodestate.UpgradeDone || st == "") && !underWay(n)
+}
+
+// errCalledOff: a plan judged the node's pod already at the release's driver (a rollback's plan runs before Helm
+// changes the template back) while the gate waited for its turn.
+var errCalledOff = errors.New("a newer plan called the node off: its pod already runs the driver that release goes to")
+
 // stillOutdated stands the emptying down when the pod's DaemonSet no longer changes its driver. A node whose change
-// has started goes on (the new pod's manager finds the driver it keeps); one that took its slot gives it back.
+// has started goes on (the new pod's manager finds the driver it keeps); one that took its slot gives it back. After
+// the turn (tookSlot), a node a plan called off meanwhile (upgrade-done, not cordoned) stands down too: the rollback
+// that called it off changes the template back only after its plan, and a node its plan left in service must stay
+// so, outside the pool's slots.
 func (m *manager) stillOutdated(ctx context.Context, outdated func() string, tookSlot bool) error {
+	if tookSlot && !underWay(m.node) {
+		fresh, err := nodestate.Get(ctx, m.o.Client, m.o.NodeName)
+		if err != nil {
+			return &untouchedError{err}
+		}
+		if calledOff(fresh) {
+			m.node = fresh
+			giveSlotBack(ctx, m.o.Client, m.o.Namespace, fresh, m.log)
+			m.log.Info("a newer plan called the node off while it waited for its turn: nothing to empty")
+			return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errCalledOff)}
+		}
+	}
 	if underWay(m.node) || outdated() != "" {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
@@ -361,6 +362,54 @@ func TestGateWaitingForATurnStandsDownWhenTheTemplateChangesBack(t *testing.T) {
 	}
 	if got := e.evictionsOf(); len(got) > 0 {
 		t.Fatalf("evictions %v for a driver that no longer changes", got)
+	}
+	if got := e.holders(); len(got) > 0 {
+		t.Fatalf("slot holders %v, want none", got)
+	}
+	cancel()
+	<-done
+}
+
+// The rollback's plan runs before Helm changes the template back (pre-rollback): it calls off the node (upgrade-done)
+// just as its old driver pod's gate looks at its turn, the template still another driver's. The gate stands down on
+// the call-off alone: it neither cordons a node the plan left in service nor keeps a slot for it.
+func TestGateStandsDownWhenThePlanCallsItOffAtItsTurn(t *testing.T) {
+	e := slotEnv(t)
+	e.withDriverPod(newDigest)
+	called := false
+	e.client.PrependWatchReactor("nodes", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		// the turn's watch of the failed nodes: the plan's call-off lands between the gate's read and its watch
+		if w, ok := a.(k8stesting.WatchAction); ok && !called && strings.Contains(w.GetWatchRestrictions().Labels.String(), string(nodestate.UpgradeFailed)) {
+			called = true
+			n, err := e.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", nodeName)
+			if err != nil {
+				return true, nil, err
+			}
+			n = n.DeepCopyObject()
+			n.(*corev1.Node).Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeDone)
+			if err := e.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, ""); err != nil {
+				return true, nil, err
+			}
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, out := e.gate(ctx, false, time.Second)
+	defer func() {
+		if t.Failed() {
+			t.Log(out.String())
+		}
+	}()
+	waitUntil(t, "the gate standing down", func() bool { return strings.Contains(out.String(), "called the node off") })
+	e.setTemplate(oldDigest) // the rollback's apply
+	time.Sleep(300 * time.Millisecond)
+	n := e.node()
+	if n.Spec.Unschedulable || nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeDone {
+		t.Fatalf("state=%q unschedulable=%v; want the node left in service, upgrade-done", state(n), n.Spec.Unschedulable)
+	}
+	if got := e.evictionsOf(); len(got) > 0 {
+		t.Fatalf("evictions %v on a node the plan called off", got)
 	}
 	if got := e.holders(); len(got) > 0 {
 		t.Fatalf("slot holders %v, want none", got)

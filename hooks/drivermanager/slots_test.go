@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
@@ -63,6 +64,9 @@ func (e *env) freeSlotOf(holder string, done <-chan error) {
 func (e *env) holders() []string {
 	e.t.Helper()
 	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name("default"), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil // no slot was ever taken
+	}
 	if err != nil {
 		e.t.Fatal(err)
 	}
