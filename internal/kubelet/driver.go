@@ -101,6 +101,20 @@ func (k *Kubelet) SetDriverFault(tag, reason string) {
 	}
 }
 
+// SetDriverFaultOn is SetDriverFault for one node and one tag as the chart names it (the image's tag, or it followed
+// by -<OS>): the driver with that tag fails its validation there only (a driver that does not work on one node's
+// hardware); an empty reason clears it.
+func (k *Kubelet) SetDriverFaultOn(node, tag, reason string) {
+	k.mu.Lock()
+	if reason == "" {
+		delete(k.nodeFaults, node+"/"+tag)
+	} else {
+		k.nodeFaults[node+"/"+tag] = reason
+	}
+	k.mu.Unlock()
+	k.poke(node)
+}
+
 // imageTag is the tag of an image reference ("" without one).
 func imageTag(image string) string {
 	if i := strings.LastIndex(image, ":"); i >= 0 && !strings.Contains(image[i:], "/") {
@@ -491,6 +505,12 @@ func (k *Kubelet) driverCheckOutcome(node string) (nodestate.Validation, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	tag := imageTag(k.loaded[node])
+	for key, reason := range k.nodeFaults {
+		// the tag as the chart names it: the driver image's carries the OS after a dash
+		if n, t, _ := strings.Cut(key, "/"); n == node && tag != "" && (tag == t || strings.HasPrefix(tag, t+"-")) {
+			return nodestate.Validation{State: nodestate.CheckFailed, Reason: reason}, true
+		}
+	}
 	for prefix, reason := range k.faults {
 		if tag != "" && strings.HasPrefix(tag, prefix) {
 			return nodestate.Validation{State: nodestate.CheckFailed, Reason: reason}, true

@@ -87,6 +87,7 @@ type Kubelet struct {
 	driverStops   []DriverStop
 	loaded        map[string]string                // node -> image of the driver its host has loaded
 	faults        map[string]string                // driver image tag prefix -> why its validation fails
+	nodeFaults    map[string]string                // "<node>/<driver image tag>" -> why its validation fails there
 	stops         map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
 	// driverDone: closed when a driver pod's containers all returned; terminating: driver pods being stopped
 	driverDone  map[types.UID]chan struct{}
@@ -103,7 +104,7 @@ type Kubelet struct {
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
-		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{},
+		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{}, nodeFaults: map[string]string{},
 		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}, driverRunning: map[types.UID]bool{}, apiChanged: make(chan struct{}),
 		driverDone: map[types.UID]chan struct{}{}, terminating: map[types.UID]bool{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {

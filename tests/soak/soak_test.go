@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -45,6 +46,10 @@ const (
 	gateTimeout = 10 * time.Minute
 	// settle bounds a seed's rollout: from the driver change until every node runs its pool's driver, validated.
 	settle = 8 * time.Minute
+	// validationTimeout is the gates' wait for a validator with a new driver (upgradePolicy.validationTimeoutSeconds):
+	// short, so that a driver failing on one node reverts it within the seed, yet several times what a working
+	// driver takes on the loaded machine.
+	validationTimeout = 30 * time.Second
 )
 
 // poolBounds are each pool's upgradePolicy.maxUnavailable (by its nvidia.com/driver.pool value; "" is the default
@@ -101,6 +106,11 @@ type soakEnv struct {
 	tag string
 	// moved is the node an admin moved out of its pool (by its label), "" when none is: the next move takes it back
 	moved string
+	// faulty are the nodes where a driver tag fails its validation (node -> tag) until the admin fixes them
+	faulty map[string]string
+	// failures are the nodes seen reverted or upgrade-failed this seed, and what they showed; the admin fixes and
+	// retries each the next time round
+	failures map[string]string
 }
 
 var (
@@ -118,7 +128,8 @@ func installOnce(t *testing.T) *soakEnv {
 	}
 	installFailed = true
 	ctx := t.Context()
-	e := &soakEnv{pool: map[string]string{}, bound: map[string]int{}, hosts: map[string]*kmodtest.Fixture{}, tag: "580.95.05"}
+	e := &soakEnv{pool: map[string]string{}, bound: map[string]int{}, hosts: map[string]*kmodtest.Fixture{}, tag: "580.95.05",
+		faulty: map[string]string{}, failures: map[string]string{}}
 	count := map[string]int{}
 	for _, n := range nodes {
 		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; !ok {
@@ -183,6 +194,7 @@ func soakValues(nameOfB string) string {
     maxUnavailable: %s
     canary: 1
     maxFailures: 1
+    validationTimeoutSeconds: %d
   pools:
 %shooks:
   validation:
@@ -191,7 +203,7 @@ nfd:
   mode: none
 gfd:
   useNodeFeatureAPI: false
-`, yamlValue(poolBounds[""]), pools.String(), int(gateTimeout.Seconds()))
+`, yamlValue(poolBounds[""]), int(validationTimeout.Seconds()), pools.String(), int(gateTimeout.Seconds()))
 }
 
 func (e *soakEnv) helm() install.Target {
@@ -373,7 +385,15 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				e.moved = map[bool]string{true: "", false: n}[n == e.moved]
 			}
 			downMu.Unlock()
+		case op < 92: // the new driver does not work on one node: it fails validation there, and the node goes back
+			if n := e.faultCandidate(ctx, rng); n != "" {
+				check.expectFailure(n)
+				stand.SetDriverFaultOn(n, e.tag, "nvidia-smi: Failed to initialize NVML: Unknown Error")
+				e.faulty[n] = e.tag
+				ops.add("driver %s fails validation on node %s (%s)", e.tag, n, nodeState(ctx, n))
+			}
 		}
+		e.adminFixes(ctx, t, ops)
 	}
 	timers.Wait()
 	helmMu.Lock() // the last Helm operation ended
@@ -383,9 +403,14 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 	// the rollout ends: every node on its pool's driver, validated, in service
 	var why string
 	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Until(deadline.Add(time.Minute)), true, func(ctx context.Context) (bool, error) {
+		e.adminFixes(ctx, t, ops)
 		why = e.converged(ctx)
 		return why == "", nil
 	})
+	for n, tag := range e.faulty { // faults the rollout never reached
+		stand.SetDriverFaultOn(n, tag, "")
+		delete(e.faulty, n)
+	}
 	if err != nil {
 		t.Errorf("the rollout did not end within %s: %s", settle, why)
 		if stuck, _, ok := strings.Cut(strings.TrimPrefix(why, "node "), ":"); ok {
@@ -408,9 +433,13 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 			t.Errorf("old driver of %s (pod %s) stopped at %s with GPU pods running: %v", s.Node, s.Pod, s.At.Format(time.TimeOnly), using)
 		}
 	}
+	failed := len(e.failures) > 0
+	clear(e.failures)
 	for _, h := range helmErrs {
-		// a re-sync the plan refuses while too many of a pool's nodes are NotReady is the plan doing its job
-		if !strings.Contains(h, "are already unavailable") {
+		// a re-sync the plan refuses while too many of a pool's nodes are NotReady is the plan doing its job; and
+		// while a node of it failed (reverted, or upgrade-failed), a release fails (its gate) or is refused (its plan)
+		failedRelease := failed && (strings.Contains(h, "hooks failed") || strings.Contains(h, "in upgrade-failed"))
+		if !strings.Contains(h, "are already unavailable") && !failedRelease {
 			t.Errorf("helm: %s", h)
 			logRuns(t, func(r kubelet.Run) bool { return r.ExitCode != 0 && r.Node == "" })
 		}
@@ -455,6 +484,9 @@ func (e *soakEnv) converged(ctx context.Context) string {
 	for _, n := range list.Items {
 		if _, gpu := e.pool[n.Name]; !gpu {
 			continue
+		}
+		if nodestate.Reverted(&n) {
+			return fmt.Sprintf("node %s: reverted (%s)", n.Name, nodestate.RevertSummary(&n))
 		}
 		if st := n.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) || n.Spec.Unschedulable || !current[n.Name] {
 			return fmt.Sprintf("node %s: %s, unschedulable %v, driver pod of the current config Ready %v", n.Name, st, n.Spec.Unschedulable, current[n.Name])
@@ -774,6 +806,14 @@ func (l *opLog) summary() string {
 			kinds["rollback"]++
 		case len(f) > 2 && f[1] == "pool" && strings.Contains(line, "renamed"):
 			kinds["pool renamed"]++
+		case strings.Contains(line, " fails validation on node "):
+			kinds["driver failing on one node"]++
+		case strings.Contains(line, " reverted: "):
+			kinds["node reverted by itself"]++
+		case strings.Contains(line, " upgrade-failed: "):
+			kinds["node upgrade-failed"]++
+		case strings.Contains(line, "admin fixed node "):
+			kinds["admin fix and retry"]++
 		case strings.Contains(line, " deleted by hand "):
 			kinds["driver pod deleted by hand"]++
 		case len(f) > 2 && f[1] == "driver":
@@ -801,4 +841,59 @@ func yamlValue(v intstr.IntOrString) string {
 		return fmt.Sprint(v.IntVal)
 	}
 	return fmt.Sprintf("%q", v.StrVal)
+}
+
+// faultCandidate picks a node whose driver change has not started (upgrade-required), not the one an admin moved,
+// for a driver that will not work on it ("" when none, or two nodes already have one).
+func (e *soakEnv) faultCandidate(ctx context.Context, rng *rand.Rand) string {
+	if len(e.faulty) >= 2 {
+		return ""
+	}
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: nodestate.UpgradeStateLabel + "=" + string(nodestate.UpgradeRequired)})
+	if err != nil || len(list.Items) == 0 {
+		return ""
+	}
+	n := list.Items[rng.IntN(len(list.Items))].Name
+	if _, gpu := e.pool[n]; !gpu || n == e.moved || e.faulty[n] != "" {
+		return ""
+	}
+	return n
+}
+
+// adminFixes plays the admin on the nodes whose driver change failed: a node seen reverted (back on its old driver,
+// validated, in service) or upgrade-failed is logged, and the next time round it is fixed (its driver fault
+// cleared) and retried (`kube-gpu-stack upgrade retry`), which moves it on to its pool's driver.
+func (e *soakEnv) adminFixes(ctx context.Context, t *testing.T, ops *opLog) {
+	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for i := range list.Items {
+		n := &list.Items[i]
+		st := nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])
+		var what string
+		switch {
+		case nodestate.Reverted(n) && st == nodestate.UpgradeDone:
+			what = "reverted: " + nodestate.RevertSummary(n)
+		case st == nodestate.UpgradeFailed:
+			what = "upgrade-failed: " + n.Annotations[nodestate.UpgradeReasonAnnotation]
+		default:
+			continue
+		}
+		if seen, ok := e.failures[n.Name]; !ok || seen != what {
+			e.failures[n.Name] = what
+			ops.add("node %s %s", n.Name, what)
+			continue
+		}
+		if tag := e.faulty[n.Name]; tag != "" {
+			stand.SetDriverFaultOn(n.Name, tag, "")
+			delete(e.faulty, n.Name)
+		}
+		if err := upgradeplan.Retry(ctx, kube.Client, namespace, release, n.Name, time.Now(), io.Discard); err != nil {
+			t.Logf("upgrade retry %s: %v", n.Name, err)
+			continue
+		}
+		ops.add("admin fixed node %s and retried it", n.Name)
+		e.failures[n.Name] = "retried"
+	}
 }
