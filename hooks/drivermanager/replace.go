@@ -249,7 +249,8 @@ var errCalledOff = errors.New("a newer plan called the node off: its pod already
 // that called it off changes the template back only after its plan, and a node its plan left in service must stay
 // so, outside the pool's slots.
 func (m *manager) stillOutdated(ctx context.Context, outdated func() string, tookSlot bool) error {
-	if tookSlot && !underWay(m.node) {
+	if tookSlot && m.agent && !m.o.Stopping && !underWay(m.node) {
+		// (a driver pod being deleted empties its node whatever a plan says: its driver stops next)
 		fresh, err := nodestate.Get(ctx, m.o.Client, m.o.NodeName)
 		if err != nil {
 			return &untouchedError{err}

@@ -351,7 +351,7 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 			err = derr
 		} else {
 			defer os.RemoveAll(dir)
-			o.Client, o.Hold, o.ReadyFile = k.apiFor(UncordonRun), false, filepath.Join(dir, filepath.Base(o.ReadyFile))
+			o.Client, o.Hold, o.ReadyFile = k.apiFor(UncordonRun, pod.Spec.NodeName), false, filepath.Join(dir, filepath.Base(o.ReadyFile))
 			if o.StopFile != "" {
 				o.StopFile = filepath.Join(dir, filepath.Base(o.StopFile))
 			}
@@ -409,7 +409,7 @@ func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost
 	var out bytes.Buffer
 	o, err := drivermanagercli.OptionsFromEnv(getenv)
 	if err == nil {
-		o.Client, o.Host, o.AfterStep = k.apiFor(DriverManagerRun), h.Fixture.Host(), k.afterStep(ctx, pod, h)
+		o.Client, o.Host, o.AfterStep = k.apiFor(DriverManagerRun, pod.Spec.NodeName), h.Fixture.Host(), k.afterStep(ctx, pod, h)
 		o.Log = slog.New(slog.NewTextHandler(&out, nil))
 		o.Complete()
 		if err = o.Validate(); err == nil {

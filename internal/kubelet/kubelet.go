@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -98,6 +100,8 @@ type Kubelet struct {
 	validating map[types.UID]*sync.Mutex
 	// statuses counts each pod's status writes asked for: a write still retrying gives way to a newer one
 	statuses map[types.UID]uint64
+	// nodeClients are each node's client (apiFor)
+	nodeClients map[string]kubernetes.Interface
 }
 
 // Start watches pods of the handled components and acts on each once it is bound to a node.
@@ -255,14 +259,45 @@ func (k *Kubelet) UseClients(clientFor func(component string) kubernetes.Interfa
 	k.apiMoved()
 }
 
-// apiFor is what component (DriverManagerRun or UncordonRun) talks to now (see UseAPI and UseClients).
-func (k *Kubelet) apiFor(component string) kubernetes.Interface {
+// apiFor is what component (DriverManagerRun or UncordonRun) on node talks to now (see UseAPI and UseClients). By
+// default each node's runs get a client of their own, with its own connection, as each driver pod's containers
+// have in a cluster: one connection shared by a hundred nodes' watches would reach the API server's limit of
+// concurrent HTTP/2 streams on a connection, past which client requests wait for a free stream.
+func (k *Kubelet) apiFor(component, node string) kubernetes.Interface {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.perComponent != nil {
+	switch {
+	case k.perComponent != nil:
 		return k.perComponent(component)
+	case k.api != k.client: // UseAPI moved it
+		return k.api
 	}
-	return k.api
+	if c, ok := k.nodeClients[node]; ok {
+		return c
+	}
+	c, err := nodeClient(k.kubeconfig)
+	if err != nil {
+		return k.api // the shared client, as before
+	}
+	if k.nodeClients == nil {
+		k.nodeClients = map[string]kubernetes.Interface{}
+	}
+	k.nodeClients[node] = c
+	return c
+}
+
+// nodeClient is a client of the kubeconfig with a transport of its own: a Dial of its own keeps client-go from
+// sharing the cached transport (and its connection) of another client of the same config.
+func nodeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	cfg.QPS, cfg.Burst = 100, 200
+	cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	return kubernetes.NewForConfig(cfg)
 }
 
 // apiOf returns what the project's code talks to now (see UseAPI).
