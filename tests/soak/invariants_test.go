@@ -51,6 +51,8 @@ type invariants struct {
 	seen    map[string]string
 	history map[string][]string
 	told    map[string]bool
+	// nodeHistory is each node's last changes (state, cordon, plan, reason), printed with its first breach
+	nodeHistory map[string][]string
 	// faulty are the nodes whose new driver the soak made fail: their failure is no breach
 	faulty map[string]bool
 	cancel context.CancelFunc
@@ -61,7 +63,7 @@ func watchInvariants(t *testing.T, e *soakEnv) *invariants {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	inv := &invariants{e: e, out: map[string]string{}, holders: map[string]map[string]bool{}, leasePool: map[string]string{}, last: map[string]string{}, paused: map[string][][2]int64{},
-		seen: map[string]string{}, history: map[string][]string{}, told: map[string]bool{}, faulty: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+		seen: map[string]string{}, history: map[string][]string{}, told: map[string]bool{}, nodeHistory: map[string][]string{}, faulty: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +139,10 @@ func (inv *invariants) observe(n *corev1.Node) {
 	unvalidated := ""
 	if (state == nodestate.PodRestartRequired || state == nodestate.ValidationRequired) && !n.Spec.Unschedulable {
 		unvalidated = fmt.Sprintf("node %s is schedulable in %s: its new driver has not validated", n.Name, state)
+		if !inv.told[n.Name] {
+			inv.told[n.Name] = true
+			unvalidated += "; the node's changes before it:\n    " + strings.Join(inv.nodeHistory[n.Name], "\n    ")
+		}
 	}
 	inv.breach("schedulable "+n.Name, unvalidated)
 	failed := ""
@@ -202,13 +208,17 @@ const historyLines = 60
 
 // record adds to the pool's history the node's change of state, cordon or plan mark, if any.
 func (inv *invariants) record(pool string, n *corev1.Node, state nodestate.UpgradeState) {
-	now := fmt.Sprintf("%-24s cordoned-by-us=%-5v plan %s", state, nodestate.CordonedByUs(n), n.Annotations[canary.MarkAnnotation])
+	now := fmt.Sprintf("%-24s cordoned-by-us=%-5v unschedulable=%-5v plan %s", state, nodestate.CordonedByUs(n), n.Spec.Unschedulable, n.Annotations[canary.MarkAnnotation])
 	if inv.seen[n.Name] == now {
 		return
 	}
 	inv.seen[n.Name] = now
 	h := append(inv.history[pool], time.Now().Format("15:04:05.000")+" "+n.Name+" "+now)
 	inv.history[pool] = h[max(0, len(h)-historyLines):]
+	line := fmt.Sprintf("%s rv %s %s unschedulable=%v cordon %q revert %q reason %q", time.Now().Format("15:04:05.000"), n.ResourceVersion, now,
+		n.Spec.Unschedulable, n.Annotations[nodestate.CordonedAnnotation], n.Labels[nodestate.RevertLabel], n.Annotations[nodestate.UpgradeReasonAnnotation])
+	nh := append(inv.nodeHistory[n.Name], line)
+	inv.nodeHistory[n.Name] = nh[max(0, len(nh)-historyLines/3):]
 }
 
 // slots adds a slots Lease's holders to every pool's history.
