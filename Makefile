@@ -44,11 +44,12 @@ bench-rollout:
 ## soak: the fleet soak (tests/soak) over seeds 1 to SOAK_SEEDS (`make test` runs seeds 1 and 2): 99 simulated GPU nodes in
 ## three driver pools, a driver change per seed under random re-syncs, NotReady nodes, GPU pods landing on nodes
 ## being emptied (some held by a finalizer), driver pods deleted by hand, Nodes registered again, a pool renamed and a
-## rollback, with the invariant checker; prints the seeds it covered. SOAK_SEED=N replays one
+## rollback, and (here, not in `make test`) new drivers failing validation on a few nodes, which revert by themselves;
+## with the invariant checker; prints the seeds it covered. SOAK_SEED=N replays one
 SOAK_SEEDS ?= 20
 soak:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) $(GO) test ./tests/soak -run TestSoak -count 1 -timeout 180m -v \
-		-args -seeds $(SOAK_SEEDS) $(if $(SOAK_SEED),-seed $(SOAK_SEED))
+		-args -driver-faults -seeds $(SOAK_SEEDS) $(if $(SOAK_SEED),-seed $(SOAK_SEED))
 
 ## controlplane: build (or reuse) kube-apiserver, controller-manager, scheduler, etcd and kwok; prints their folder
 controlplane:

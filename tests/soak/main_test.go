@@ -30,7 +30,10 @@ var (
 	seedsFlag = flag.Int("seeds", 0, "run seeds 1 to N (0: the -seed-list)")
 	// seed 1 rolls back mid-rollout, seed 2 does not; `make soak` runs every seed
 	seedListFlag = flag.String("seed-list", "1,2", "the seeds `go test` runs by default")
-	nodesFlag    = flag.Int("nodes", 99, "simulated GPU nodes, spread evenly over the three driver pools")
+	// faultsFlag adds drivers that fail validation on one node (`make soak` sets it): each such node reverts by itself
+	// and the admin retries it, under a 30 s validation timeout
+	faultsFlag = flag.Bool("driver-faults", false, "make the new driver fail validation on a few nodes (and the validation timeout 30 s)")
+	nodesFlag  = flag.Int("nodes", 99, "simulated GPU nodes, spread evenly over the three driver pools")
 )
 
 // poolLabels are the nodes' nvidia.com/driver.pool values, one per driver pool ("": the default pool).

@@ -194,8 +194,7 @@ func soakValues(nameOfB string) string {
     maxUnavailable: %s
     canary: 1
     maxFailures: 1
-    validationTimeoutSeconds: %d
-  pools:
+%s  pools:
 %shooks:
   validation:
     timeoutSeconds: %d
@@ -203,7 +202,7 @@ nfd:
   mode: none
 gfd:
   useNodeFeatureAPI: false
-`, yamlValue(poolBounds[""]), int(validationTimeout.Seconds()), pools.String(), int(gateTimeout.Seconds()))
+`, yamlValue(poolBounds[""]), validationTimeoutValue(), pools.String(), int(gateTimeout.Seconds()))
 }
 
 func (e *soakEnv) helm() install.Target {
@@ -387,7 +386,7 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 				e.moved = map[bool]string{true: "", false: n}[n == e.moved]
 			}
 			downMu.Unlock()
-		case op < 92: // the new driver does not work on one node: it fails validation there, and the node goes back
+		case op < 92 && *faultsFlag: // the new driver does not work on one node: it fails validation there, and the node goes back
 			if n := e.faultCandidate(ctx, faults); n != "" {
 				check.expectFailure(n)
 				stand.SetDriverFaultOn(n, e.tag, "nvidia-smi: Failed to initialize NVML: Unknown Error")
@@ -859,7 +858,19 @@ func (e *soakEnv) faultCandidate(ctx context.Context, rng *rand.Rand) string {
 	if _, gpu := e.pool[n]; !gpu || n == e.moved || e.faulty[n] != "" {
 		return ""
 	}
+	// only a node whose driver changes to the tag (after a rollback the tag is the one most nodes run)
+	if p := liveDriverPod(ctx, n); p == nil || len(p.Spec.Containers) == 0 || strings.Contains(p.Spec.Containers[0].Image, ":"+e.tag) {
+		return ""
+	}
 	return n
+}
+
+// validationTimeoutValue is the values line for the validation timeout with -driver-faults ("" without: the default).
+func validationTimeoutValue() string {
+	if !*faultsFlag {
+		return ""
+	}
+	return fmt.Sprintf("    validationTimeoutSeconds: %d\n", int(validationTimeout.Seconds()))
 }
 
 // adminFixes plays the admin on the nodes whose driver change failed: a node seen reverted (back on its old driver,
