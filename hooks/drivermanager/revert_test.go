@@ -200,3 +200,48 @@ func TestRevertNeedsTheCopyOfItsOwnDaemonSet(t *testing.T) {
 		t.Fatalf("state %q revert label %q: reverted by another DaemonSet's copy", state(n), n.Labels[nodestate.RevertLabel])
 	}
 }
+
+// A reverted node whose revert DaemonSet let go of it (deleted with its pool's renamed DaemonSet, or the node moved
+// to another pool): the copy's pod's stop takes the node back to its driver DaemonSet (label and record go) and
+// empties it for that DaemonSet's pod, rather than stopping the driver with nothing to take the node over.
+func TestRevertedNodeLeftByItsCopyGoesBackToItsDaemonSet(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone), nodestate.RevertLabel: nodestate.ShortDigest(oldDigest)}))
+	n := e.node()
+	n.Annotations = map[string]string{nodestate.RevertedAnnotation: `{"from":"` + newDigest + `","to":"` + oldDigest + `","daemonSet":"gone","reason":"r","at":"t"}`}
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.withGPUPod(nil)
+	spec := driverSpec(newDigest)
+	spec.NodeName = ""
+	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: nodestate.RevertLabel, Operator: corev1.NodeSelectorOpDoesNotExist}}}}}}}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: driverDS, Namespace: namespace, UID: "ds-uid"},
+		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ComponentLabel: "driver"}}, Spec: spec}}}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Create(context.Background(), ds, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := driverPodObject() // the copy's pod; the copy itself is gone
+	pod.OwnerReferences[0].Name, pod.OwnerReferences[0].UID = revertset.Name(driverDS, oldDigest), "copy-uid"
+	if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, stopFile, _, out := e.stopGate(ctx)
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	<-done
+	raw, err := os.ReadFile(stopFile)
+	if err != nil || !strings.Contains(string(raw), "emptied for "+driverDS) {
+		t.Fatalf("stop file %q (%v), want the node emptied for %s:\n%s", raw, err, driverDS, out.String())
+	}
+	after := e.node()
+	if _, labelled := after.Labels[nodestate.RevertLabel]; labelled || nodestate.Reverted(after) {
+		t.Errorf("node still under the gone copy: labels %v annotations %v", after.Labels, after.Annotations)
+	}
+	if got := e.evictionsOf(); !slices.Equal(got, []string{"train"}) {
+		t.Errorf("evictions %v, want the GPU pod before the driver stops", got)
+	}
+}

@@ -12,6 +12,7 @@ package revertset
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -51,7 +52,7 @@ func Build(ds *appsv1.DaemonSet, digest string) *appsv1.DaemonSet {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      Name(ds.Name, digest),
 			Namespace: ds.Namespace,
-			Labels:    ds.Labels,
+			Labels:    maps.Clone(ds.Labels),
 			Annotations: map[string]string{
 				OfAnnotation:     ds.Name,
 				DigestAnnotation: digest,
@@ -89,10 +90,11 @@ func onlyLabelled(spec *corev1.PodSpec, value string) {
 	}
 }
 
+// with is a copy of m with k set to v.
 func with(m map[string]string, k, v string) map[string]string {
-	out := make(map[string]string, len(m)+1)
-	for key, val := range m {
-		out[key] = val
+	out := maps.Clone(m)
+	if out == nil {
+		out = map[string]string{}
 	}
 	out[k] = v
 	return out

@@ -18,10 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // TestCanaryThenWidenAndTheFailureThreshold installs the chart on the ten GPU nodes of one pool with a canary of
@@ -48,14 +46,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	)
 	ctx := t.Context()
 	client := kube.Client
-	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
-		hosts[n] = kmodtest.New(t)
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n) // an admin's cordon from an earlier test: here every cordon must be the upgrade's
-		}
-	}
+	hosts := freshNodes(t, 0) // an admin's cordon from an earlier test lifted: here every cordon must be the upgrade's
 	if err := client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}

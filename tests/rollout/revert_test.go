@@ -10,11 +10,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/revertset"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )
 
 // TestFailedCanaryGoesBackToItsLastValidatedDriver installs the chart on the ten GPU nodes of one pool with the
@@ -39,14 +37,7 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 	)
 	ctx := t.Context()
 	client := kube.Client
-	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
-		hosts[n] = kmodtest.New(t)
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n)
-		}
-	}
+	hosts := freshNodes(t, 0)
 	before, err := cluster.SnapshotNodes(ctx, client)
 	if err != nil {
 		t.Fatal(err)

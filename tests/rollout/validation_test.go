@@ -38,14 +38,7 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 	)
 	ctx := t.Context()
 	client := kube.Client
-	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
-		hosts[n] = kmodtest.New(t)
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
-		if nodeOf(t, n).Spec.Unschedulable {
-			uncordon(t, n) // an admin's cordon from an earlier test: here every cordon must be the upgrade's
-		}
-	}
+	hosts := freshNodes(t, 0) // an admin's cordon from an earlier test lifted: here every cordon must be the upgrade's
 	// a PodDisruptionBudget left by an earlier test would make the plan refuse
 	if err := client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
@@ -307,11 +300,13 @@ func kubeGPUStack(t *testing.T, args ...string) string {
 
 // freshNodes gives every GPU node a fresh fixture host, whose driver installs take install, and lifts a cordon an
 // earlier test left (here every cordon must be the test's own); with install set, the hosts install at once again
-// after the test.
-func freshNodes(t *testing.T, install time.Duration) {
+// after the test. It returns the hosts by node.
+func freshNodes(t *testing.T, install time.Duration) map[string]*kmodtest.Fixture {
 	t.Helper()
+	hosts := map[string]*kmodtest.Fixture{}
 	for _, n := range gpuNodeNames() {
-		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t), Install: install})
+		hosts[n] = kmodtest.New(t)
+		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n], Install: install})
 		if nodeOf(t, n).Spec.Unschedulable {
 			uncordon(t, n)
 		}
@@ -323,6 +318,7 @@ func freshNodes(t *testing.T, install time.Duration) {
 			}
 		})
 	}
+	return hosts
 }
 
 func uncordon(t *testing.T, name string) {
