@@ -630,9 +630,16 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		case s == "" || s == nodestate.UpgradeDone:
 			pending = ""
 			return nodestate.Merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, ""), nodestate.SetValidated(n, m.o.Digest)), nil
+		case n.Annotations[nodestate.ValidatedDigestAnnotation] == m.o.Digest:
+			// the loaded driver is the one that last validated here (a rollback's template back before its plan
+			// called the node off): nothing to validate
+			pending = fmt.Sprintf("; the node was %s with the driver that last validated on it: back in service", s)
+			return nodestate.Merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, "")), nil
 		default:
-			pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (our cordon kept)", s)
-			return m.setState(n, nodestate.ValidationRequired, ""), nil
+			// an interrupted change: the loaded driver may never have validated, so the node waits for it cordoned
+			// (a cordon of ours is kept; one a killed run did not get to write yet is written now)
+			pending = fmt.Sprintf("; the node was %s: the loaded driver validates before the node returns to workloads (cordoned)", s)
+			return nodestate.Merge(nodestate.Cordon(n, UnvalidatedCordon), m.setState(n, nodestate.ValidationRequired, "")), nil
 		}
 		return nodestate.Patch{}, nil
 	}
@@ -642,17 +649,26 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }
 
+// UnvalidatedCordon is the cordon's reason on a node whose interrupted change left a driver loaded that has not
+// validated on it.
+const UnvalidatedCordon = "its driver change was interrupted with a driver loaded that has not validated here: it validates before workloads return"
+
 // ReregisteredCordon is the cordon's reason (nodestate.CordonedAnnotation) on a node whose Node object forgot its
 // driver's record. Such a node takes no slot of its pool: no driver change took it out, its registration did.
 const ReregisteredCordon = "its Node object was registered again and lost the record of its driver: it validates before workloads return"
 
-// forgotten: a driver manager of the release ran on the node before (known), yet the Node carries no state and no
-// driver record of ours: the Node object was deleted and registered again (the kubelet re-registers it), so
-// whether the loaded driver ever validated is lost with it. It may be one that failed validation; treated as
-// done, the node would return to workloads with it. A node the stack never saw (a first install over a loaded
+// forgotten: a driver manager of the release ran on the node before (known), yet the Node carries no driver record
+// of ours and no state but the one a plan writes: the Node object was deleted and registered again (the kubelet
+// re-registers it), so whether the loaded driver ever validated is lost with it, and a plan that ran since may have
+// marked the bare node upgrade-required. It may be a driver that failed validation; treated as done, or as one in
+// service, the node would return to workloads with it. A node the stack never saw (a first install over a loaded
 // driver, a reinstall after the pre-delete cleanup) has no Lease yet and keeps its driver in service.
 func forgotten(n *corev1.Node, known bool) bool {
-	return known && n.Labels[nodestate.UpgradeStateLabel] == "" && n.Annotations[nodestate.DriverDigestAnnotation] == ""
+	switch nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel]) {
+	case "", nodestate.UpgradeRequired:
+		return known && n.Annotations[nodestate.DriverDigestAnnotation] == ""
+	}
+	return false
 }
 
 // notLoaded: a fresh node, a reboot, or a run killed after it unloaded. The new driver installs next; a cordon of

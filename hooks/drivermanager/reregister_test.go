@@ -179,3 +179,70 @@ func TestNodeRegisteredAgainWithoutADriverIsCordonedUntilItValidates(t *testing.
 		})
 	}
 }
+
+// markUpgradeRequired writes what a plan that ran since writes on a node it finds bare: upgrade-required, and no
+// driver record.
+func (e *env) markUpgradeRequired() {
+	e.t.Helper()
+	if _, err := nodestate.Apply(context.Background(), e.client, nodeName, nodestate.SetUpgradeState(e.node(), nodestate.UpgradeRequired, "pool default driver config a -> b", e.clock().UTC().Format(time.RFC3339))); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Registered again mid-change, then marked upgrade-required by a plan before the next driver pod ran: the plan's
+// mark does not make the node one whose driver is in service. With the new driver loaded (it never validated) or
+// with none, the node waits for validation cordoned; without this, it waited schedulable.
+func TestNodeRegisteredAgainAndMarkedByAPlanValidatesCordoned(t *testing.T) {
+	for _, loaded := range []bool{true, false} {
+		t.Run(fmt.Sprintf("driver loaded=%v", loaded), func(t *testing.T) {
+			f := kmodtest.New(t)
+			e := &env{t: t, host: f, client: fake.NewClientset(gpuNode(nil))}
+			e.knownNode()
+			if loaded {
+				e.host.DriverState(newDigest)
+			}
+			e.markUpgradeRequired()
+			out, err := e.run(e.options(newDigest))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := e.node()
+			if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || n.Annotations[nodestate.CordonedAnnotation] != ReregisteredCordon {
+				t.Fatalf("state=%q unschedulable=%v cordon %q; want validation-required under the registration's cordon\n%s", state(n), n.Spec.Unschedulable, n.Annotations[nodestate.CordonedAnnotation], out)
+			}
+		})
+	}
+}
+
+// A change interrupted before its cordon was written (a killed run, or an admin's uncordon) with the pod's driver
+// already loaded: the driver has not validated on the node, so it waits cordoned. The same state with the driver
+// that last validated there (a rollback's template came back before its plan called the node off) is in service.
+func TestInterruptedChangeWithItsDriverLoadedValidatesCordonedUnlessThatDriverValidatedHere(t *testing.T) {
+	for name, validated := range map[string]string{"not validated here": oldDigest, "validated here": newDigest} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, gpuNode(nil))
+			e.knownNode()
+			e.host.DriverState(newDigest)
+			n := e.node()
+			p := nodestate.Merge(nodestate.SetUpgradeState(n, nodestate.CordonRequired, "pool default driver config a -> b", e.clock().UTC().Format(time.RFC3339)),
+				nodestate.RecordDriverDigest(n, newDigest), nodestate.SetValidated(n, validated))
+			if _, err := nodestate.Apply(context.Background(), e.client, nodeName, p); err != nil {
+				t.Fatal(err)
+			}
+			out, err := e.run(e.options(newDigest))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n = e.node()
+			if validated == newDigest {
+				if state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable {
+					t.Fatalf("state=%q unschedulable=%v; want upgrade-done in service\n%s", state(n), n.Spec.Unschedulable, out)
+				}
+				return
+			}
+			if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable || !nodestate.CordonedByUs(n) {
+				t.Fatalf("state=%q unschedulable=%v ours=%v; want validation-required under our cordon\n%s", state(n), n.Spec.Unschedulable, nodestate.CordonedByUs(n), out)
+			}
+		})
+	}
+}
