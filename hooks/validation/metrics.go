@@ -58,12 +58,13 @@ const (
 	MetricUpgradeState        = "kube_gpu_stack_node_driver_upgrade_state"
 	MetricUpgradeStateSeconds = "kube_gpu_stack_node_driver_upgrade_state_seconds"
 	MetricDriverInfo          = "kube_gpu_stack_node_driver_info"
+	MetricDriverReverted      = "kube_gpu_stack_node_driver_reverted"
 )
 
 // StackMetricNames returns every metric name the node status exporter can emit, sorted: what dashboards and alert
 // rules may reference.
 func StackMetricNames() []string {
-	names := []string{MetricValidationReady, MetricUpgradeState, MetricUpgradeStateSeconds, MetricDriverInfo}
+	names := []string{MetricValidationReady, MetricUpgradeState, MetricUpgradeStateSeconds, MetricDriverInfo, MetricDriverReverted}
 	for _, c := range MetricsComponents {
 		names = append(names, legacyReadyMetric(c))
 	}
@@ -85,7 +86,7 @@ type statusCollector struct {
 	now      func() time.Time
 	legacy   map[string]*prometheus.Desc
 
-	validation, upgradeState, upgradeSeconds, driverInfo *prometheus.Desc
+	validation, upgradeState, upgradeSeconds, driverInfo, driverReverted *prometheus.Desc
 }
 
 func newStatusCollector(dir, nodeName string, node NodeGetter, now func() time.Time) *statusCollector {
@@ -107,6 +108,9 @@ func newStatusCollector(dir, nodeName string, node NodeGetter, now func() time.T
 	c.driverInfo = prometheus.NewDesc(MetricDriverInfo,
 		"Always 1: the node's loaded driver version ("+DriverVersionLabel+") and the config digest of its driver ("+
 			nodestate.DriverDigestAnnotation+").", []string{"node", "version", "config_digest"}, nil)
+	c.driverReverted = prometheus.NewDesc(MetricDriverReverted,
+		"1 while the node runs the driver it went back to (to) after its new driver config (from) failed validation "+
+			"("+nodestate.RevertLabel+"); no series otherwise.", []string{"node", "from", "to"}, nil)
 	return c
 }
 
@@ -119,6 +123,7 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.upgradeState
 	ch <- c.upgradeSeconds
 	ch <- c.driverInfo
+	ch <- c.driverReverted
 }
 
 // Collect implements prometheus.Collector.
@@ -162,6 +167,14 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	version, digest := driverVersion(node), node.Annotations[nodestate.DriverDigestAnnotation]
 	if version != "" || digest != "" {
 		ch <- prometheus.MustNewConstMetric(c.driverInfo, prometheus.GaugeValue, 1, c.nodeName, version, digest)
+	}
+	if nodestate.Reverted(node) {
+		// a record nobody can read still says the node went back (its label does): shown, with digests unknown
+		from, to := "unreadable", "unreadable"
+		if r, err := nodestate.ReadRevert(node); err == nil {
+			from, to = nodestate.ShortDigest(r.From), nodestate.ShortDigest(r.To)
+		}
+		ch <- prometheus.MustNewConstMetric(c.driverReverted, prometheus.GaugeValue, 1, c.nodeName, from, to)
 	}
 }
 

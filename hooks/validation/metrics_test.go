@@ -86,12 +86,14 @@ func metricsNode() *corev1.Node {
 		Labels: map[string]string{
 			nodestate.UpgradeStateLabel: string(nodestate.ValidationRequired),
 			DriverVersionLabel:          "580.95.05",
+			nodestate.RevertLabel:       "1111aaaa2222",
 		},
 		Annotations: map[string]string{
 			nodestate.UpgradeSinceAnnotation:                 "2026-09-01T12:00:00Z",
 			nodestate.DriverDigestAnnotation:                 "sha256:0123abcd",
 			nodestate.ValidationAnnotationPrefix + "dra":     "waiting: no ResourceSlice yet",
 			nodestate.ValidationAnnotationPrefix + "toolkit": "ready",
+			nodestate.RevertedAnnotation:                     `{"from":"3333bbbb4444cccc","to":"1111aaaa2222dddd","daemonSet":"nvidia-driver-revert-1111aaaa2222","reason":"validation timed out","at":"2026-09-01T11:59:00Z"}`,
 		},
 	}}
 }
@@ -123,6 +125,9 @@ gpu_operator_node_toolkit_ready 1
 # HELP kube_gpu_stack_node_driver_info Always 1: the node's loaded driver version (nvidia.com/cuda.driver-version.full) and the config digest of its driver (kube-gpu-stack.io/driver-config-digest).
 # TYPE kube_gpu_stack_node_driver_info gauge
 kube_gpu_stack_node_driver_info{config_digest="sha256:0123abcd",node="gpu-node-1",version="580.95.05"} 1
+# HELP kube_gpu_stack_node_driver_reverted 1 while the node runs the driver it went back to (to) after its new driver config (from) failed validation (kube-gpu-stack.io/driver-revert); no series otherwise.
+# TYPE kube_gpu_stack_node_driver_reverted gauge
+kube_gpu_stack_node_driver_reverted{from="3333bbbb4444",node="gpu-node-1",to="1111aaaa2222"} 1
 # HELP kube_gpu_stack_node_driver_upgrade_state 1 for the node's current nvidia.com/gpu-driver-upgrade-state value, 0 for every other state.
 # TYPE kube_gpu_stack_node_driver_upgrade_state gauge
 kube_gpu_stack_node_driver_upgrade_state{node="gpu-node-1",state="cordon-required"} 0
@@ -166,7 +171,7 @@ func TestMetricsNodeEdgeCases(t *testing.T) {
 	if got := testutil.ToFloat64(gather(t, c, MetricUpgradeState)); got != 0 {
 		t.Fatalf("an unlabelled node is in some state: sum %v", got)
 	}
-	for _, name := range []string{MetricUpgradeStateSeconds, MetricDriverInfo} {
+	for _, name := range []string{MetricUpgradeStateSeconds, MetricDriverInfo, MetricDriverReverted} {
 		if got := testutil.CollectAndCount(c, name); got != 0 {
 			t.Fatalf("%s: %d series for a node without state or driver", name, got)
 		}
@@ -187,6 +192,17 @@ func TestMetricsNodeEdgeCases(t *testing.T) {
 kube_gpu_stack_node_driver_info{config_digest="",node="gpu-node-1",version="550.127.05"} 1
 `
 	if err := testutil.CollectAndCompare(c, strings.NewReader(want), MetricDriverInfo); err != nil {
+		t.Fatal(err)
+	}
+	// a revert record nobody can read: the label still says the node went back
+	node.Labels[nodestate.RevertLabel] = "1111aaaa2222"
+	node.Annotations[nodestate.RevertedAnnotation] = "{not json"
+	want = `
+# HELP kube_gpu_stack_node_driver_reverted 1 while the node runs the driver it went back to (to) after its new driver config (from) failed validation (kube-gpu-stack.io/driver-revert); no series otherwise.
+# TYPE kube_gpu_stack_node_driver_reverted gauge
+kube_gpu_stack_node_driver_reverted{from="unreadable",node="gpu-node-1",to="unreadable"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), MetricDriverReverted); err != nil {
 		t.Fatal(err)
 	}
 	// no node known (no API access): only the status files
