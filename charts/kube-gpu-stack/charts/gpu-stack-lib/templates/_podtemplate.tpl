@@ -48,6 +48,10 @@ operand priorityClassName over the global one, global + operand pull secrets.
 {{- $pod = omit $pod "runtimeClass" "volumes" "initContainers" -}}
 {{- with $inits }}{{ $_ := set $pod "initContainers" . }}{{ end -}}
 {{- with $volumes }}{{ $_ := set $pod "volumes" . }}{{ end -}}
+{{- /* seccomp RuntimeDefault for every container the pod does not set otherwise: privileged containers run
+unconfined whatever the pod says (the container runtimes skip seccomp for them), so this confines exactly the others */ -}}
+{{- $podSecurity := deepCopy ($pod.securityContext | default dict) -}}
+{{- if not $podSecurity.seccompProfile }}{{ $_ := set $podSecurity "seccompProfile" (dict "type" "RuntimeDefault") }}{{ $_ := set $pod "securityContext" $podSecurity }}{{ end -}}
 {{- /* containers that need the API mount its token themselves (gpu-stack-lib.apiAccessMount): no other gets it */ -}}
 {{- range $volumes }}{{ if eq .name "kube-api-access" }}{{ $_ := set $pod "automountServiceAccountToken" false }}{{ end }}{{ end -}}
 {{- if .operand -}}
