@@ -208,3 +208,59 @@ func TestUnprivilegedContainersRunUnderSeccomp(t *testing.T) {
 		t.Fatal("no unprivileged container seen: the profiles render none?")
 	}
 }
+
+// TestPodsWithoutAPIRightsGetNoToken: a pod whose ServiceAccount no role grants anything (an OpenShift SCC `use`
+// grant is admission's, not an API right) makes no API call it could be allowed, so it mounts no token: one stolen
+// from it would still name the account to the API server. Derived from each profile's render (its bindings and
+// roles), so a new operand without rights is held to it too.
+func TestPodsWithoutAPIRightsGetNoToken(t *testing.T) {
+	t.Parallel()
+	checked := 0
+	for _, p := range profiles(t) {
+		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		apiRules := map[string]bool{} // Role or ClusterRole (kind/name) with a rule beyond SCC use
+		for _, o := range objs {
+			if o.kind() != "Role" && o.kind() != "ClusterRole" {
+				continue
+			}
+			rules, _ := o.Raw["rules"].([]any)
+			for _, r := range rules {
+				resources, _ := r.(map[string]any)["resources"].([]any)
+				if len(resources) != 1 || resources[0] != "securitycontextconstraints" {
+					apiRules[o.kind()+"/"+o.name()] = true
+				}
+			}
+		}
+		hasRights := map[string]bool{}
+		for _, o := range objs {
+			if o.kind() != "RoleBinding" && o.kind() != "ClusterRoleBinding" {
+				continue
+			}
+			ref, _ := o.Raw["roleRef"].(map[string]any)
+			if !apiRules[fmt.Sprint(ref["kind"], "/", ref["name"])] {
+				continue
+			}
+			subjects, _ := o.Raw["subjects"].([]any)
+			for _, s := range subjects {
+				if sm, _ := s.(map[string]any); sm["kind"] == "ServiceAccount" {
+					hasRights[fmt.Sprint(sm["name"])] = true
+				}
+			}
+		}
+		for _, o := range objs {
+			for where, ps := range podSpecs(o) {
+				sa, _ := ps["serviceAccountName"].(string)
+				if sa == "" || hasRights[sa] {
+					continue
+				}
+				checked++
+				if auto, ok := ps["automountServiceAccountToken"].(bool); !ok || auto {
+					t.Errorf("%s: %s runs as %s, which no role grants anything, yet mounts its token: set automountServiceAccountToken: false", p.name, where, sa)
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no pod without API rights seen: the test checks nothing")
+	}
+}
