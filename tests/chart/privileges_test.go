@@ -264,3 +264,30 @@ func TestPodsWithoutAPIRightsGetNoToken(t *testing.T) {
 		t.Fatal("no pod without API rights seen: the test checks nothing")
 	}
 }
+
+// TestProjectContainersHaveReadOnlyRootFilesystems: every container of the project's image, privileged or not,
+// writes only to its mounts (host paths, emptyDirs), so its root filesystem is read-only: a compromised one cannot
+// plant a binary in its own image layer for the next exec.
+func TestProjectContainersHaveReadOnlyRootFilesystems(t *testing.T) {
+	t.Parallel()
+	seen := 0
+	for _, p := range profiles(t) {
+		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+			for where, ps := range podSpecs(o) {
+				for _, c := range containersOf(ps) {
+					if img, _ := c["image"].(string); !strings.Contains(img, "/"+projectImageRepo) {
+						continue
+					}
+					seen++
+					sc, _ := c["securityContext"].(map[string]any)
+					if ro, _ := sc["readOnlyRootFilesystem"].(bool); !ro {
+						t.Errorf("%s: %s container %s (the project's image) has a writable root filesystem", p.name, where, c["name"])
+					}
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no container of the project's image seen")
+	}
+}

@@ -44,7 +44,7 @@ the driver manager's rights.
     (dict "name" "host-sys" "mountPath" "/sys")
     (include "gpu-stack-lib.apiAccessMount" . | fromJson))
     (.volumeMounts | default list))
-  "securityContext" (dict "privileged" true "runAsUser" 0)
+  "securityContext" (dict "privileged" true "runAsUser" 0 "readOnlyRootFilesystem" true)
 ) -}}
 {{- end }}
 

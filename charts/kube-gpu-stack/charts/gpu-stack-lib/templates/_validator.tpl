@@ -33,7 +33,7 @@ so it could neither write the validations dir, chroot nor create the /dev/char l
   (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
   (dict "name" "driver-install-dir" "mountPath" "/run/nvidia/driver" "readOnly" true "mountPropagation" "HostToContainer")
   (dict "name" "host-dev-char" "mountPath" "/host-dev-char") -}}
-{{- $sc := dict "privileged" true "runAsUser" 0 -}}
+{{- $sc := dict "privileged" true "runAsUser" 0 "readOnlyRootFilesystem" true -}}
 {{- if .statusOnly -}}
 {{- $mounts = list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "readOnly" true "mountPropagation" "HostToContainer") -}}
 {{- $sc = dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "capabilities" (dict "drop" (list "ALL")) -}}
