@@ -283,7 +283,7 @@ func (k *Kubelet) terminateDriver(ctx context.Context, pod *corev1.Pod) {
 			return
 		}
 	}
-	k.recordDriverStop(ctx, pod)
+	k.recordDriverStop(ctx, pod, false)
 	now := int64(0)
 	err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &now,
 		Preconditions: &metav1.Preconditions{UID: &pod.UID}})
@@ -303,6 +303,10 @@ type DriverStop struct {
 	Pod, Node string
 	At        time.Time
 	GPUPods   []string
+	// Forced: the pod was deleted with no grace period (the pod garbage collector's delete of a gone Node's pods,
+	// or a forced delete by hand), so its driver stopped at once: no preStop holds it, nothing could empty the
+	// node first.
+	Forced bool
 }
 
 // DriverStops are the driver containers' stops so far, oldest first.
@@ -314,7 +318,7 @@ func (k *Kubelet) DriverStops() []DriverStop {
 
 // recordDriverStop records a deleted driver pod's stop when its driver container ran, with the GPU pods the API
 // server still has on its node at that moment.
-func (k *Kubelet) recordDriverStop(ctx context.Context, pod *corev1.Pod) {
+func (k *Kubelet) recordDriverStop(ctx context.Context, pod *corev1.Pod, forced bool) {
 	k.mu.Lock()
 	ran := k.driverRunning[pod.UID]
 	delete(k.driverRunning, pod.UID)
@@ -322,7 +326,7 @@ func (k *Kubelet) recordDriverStop(ctx context.Context, pod *corev1.Pod) {
 	if !ran {
 		return
 	}
-	stop := DriverStop{Pod: pod.Name, Node: pod.Spec.NodeName, At: time.Now()}
+	stop := DriverStop{Pod: pod.Name, Node: pod.Spec.NodeName, At: time.Now(), Forced: forced}
 	pods, err := k.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + pod.Spec.NodeName})
 	if err != nil {
 		stop.GPUPods = []string{"(the node's pods could not be listed: " + err.Error() + ")"}

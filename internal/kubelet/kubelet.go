@@ -126,7 +126,7 @@ func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) 
 		}
 		if pod, ok := obj.(*corev1.Pod); ok {
 			if pod.Labels[ComponentLabel] == DriverComponent {
-				k.recordDriverStop(ctx, pod) // deleted at once (no grace period): the stop came now
+				k.recordDriverStop(ctx, pod, true) // deleted at once (no grace period): the stop came now
 				k.mu.Lock()
 				delete(k.terminating, pod.UID)
 				delete(k.driverDone, pod.UID)

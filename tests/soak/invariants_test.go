@@ -218,7 +218,14 @@ func (inv *invariants) record(pool string, n *corev1.Node, state nodestate.Upgra
 	line := fmt.Sprintf("%s rv %s %s unschedulable=%v cordon %q revert %q reason %q", time.Now().Format("15:04:05.000"), n.ResourceVersion, now,
 		n.Spec.Unschedulable, n.Annotations[nodestate.CordonedAnnotation], n.Labels[nodestate.RevertLabel], n.Annotations[nodestate.UpgradeReasonAnnotation])
 	nh := append(inv.nodeHistory[n.Name], line)
-	inv.nodeHistory[n.Name] = nh[max(0, len(nh)-historyLines/3):]
+	inv.nodeHistory[n.Name] = nh[max(0, len(nh)-historyLines):]
+}
+
+// changesOf returns the node's last changes as record keeps them, one per line.
+func (inv *invariants) changesOf(node string) string {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	return strings.Join(inv.nodeHistory[node], "\n    ")
 }
 
 // slots adds a slots Lease's holders to every pool's history.
