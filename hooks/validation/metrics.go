@@ -2,6 +2,7 @@ package validation
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/hostfs"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/metricsauth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -252,18 +254,37 @@ func (o *Options) watchNode(ctx context.Context, out io.Writer) NodeGetter {
 	}
 }
 
-// serveMetrics serves the status files as gauges on MetricsAddr /metrics until ctx ends.
+// serveMetrics serves the status files as gauges on MetricsAddr /metrics until ctx ends; with MetricsSecure over
+// TLS and only to callers the API server lets GET /metrics. /healthz answers anyone (the readiness probe).
 func (o *Options) serveMetrics(ctx context.Context, out io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newStatusCollector(o.OutputDir, o.NodeName, o.watchNode(ctx, out), time.Now))
+	var metrics http.Handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	scheme := "http"
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second}
+	if o.MetricsSecure {
+		if o.Client == nil {
+			return errors.New("metrics: secure metrics need the API server (for token and access reviews), and there is no API access")
+		}
+		metrics = metricsauth.New(o.Client).Protect(metrics)
+		var err error
+		if srv.TLSConfig, err = metricsauth.SelfSignedTLS(o.NodeName); err != nil {
+			return err
+		}
+		scheme = "https"
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metrics)
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv.Handler = mux
 	ln, err := net.Listen("tcp", o.MetricsAddr)
 	if err != nil {
 		return fmt.Errorf("metrics: listen on %s: %w", o.MetricsAddr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(out, "metrics: serving the status files of %s on http://%s/metrics\n", o.OutputDir, ln.Addr())
+	if srv.TLSConfig != nil {
+		ln = tls.NewListener(ln, srv.TLSConfig)
+	}
+	fmt.Fprintf(out, "metrics: serving the status files of %s on %s://%s/metrics\n", o.OutputDir, scheme, ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -113,6 +113,9 @@ type Options struct {
 
 	// MetricsAddr is where the metrics component listens (default ":8000").
 	MetricsAddr string
+	// MetricsSecure serves /metrics over TLS to callers the API server authenticates and authorizes (GET on the
+	// non-resource URL /metrics), through Client's account; /healthz stays open for the kubelet's probe.
+	MetricsSecure bool
 
 	// Client reaches the API server; nil skips recording outcomes (cuda and plugin need it).
 	Client kubernetes.Interface

@@ -154,7 +154,9 @@ const envHelp = `Environment (as the chart sets it):
   VALIDATOR_RUNTIME_CLASS          cuda, plugin, dra: runtime class of the workload pods
   VALIDATOR_WORKLOAD_SERVICE_ACCOUNT  cuda, plugin, dra: service account of the workload pods (default: the namespace's default)
   DEFAULT_GPU_WORKLOAD_CONFIG      vfio-pci, vgpu-*: role of a node without a valid nvidia.com/gpu.workload.config (default container)
-  METRICS_PORT                     metrics: port to serve /metrics on (default 8000)`
+  METRICS_PORT                     metrics: port to serve /metrics on (default 8000)
+  METRICS_SECURE                   metrics: true serves /metrics over TLS, only to callers the API server authenticates
+                                   and lets GET /metrics (token and access reviews; /healthz stays open)`
 
 const healthEnvHelp = `Environment (as the chart sets it, from global.health):
   NODE_NAME                 this node, whose condition (and taint) the agent writes (required)
@@ -256,7 +258,7 @@ func fromEnv(component, dir string) (validation.Options, error) {
 	var err error
 	for name, dst := range map[string]*bool{
 		"WITH_WAIT": &o.WithWait, "WITH_WORKLOAD": &o.WithWorkload, "DRIVER_VALIDATION_SKIP_GPU_INIT": &o.SkipGPUInit,
-		"DISABLE_DEV_CHAR_SYMLINK_CREATION": &o.DisableDevCharSymlinks,
+		"DISABLE_DEV_CHAR_SYMLINK_CREATION": &o.DisableDevCharSymlinks, "METRICS_SECURE": &o.MetricsSecure,
 	} {
 		if *dst, err = envBool(name); err != nil {
 			return o, err

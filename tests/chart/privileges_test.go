@@ -2,6 +2,7 @@ package chart
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -289,5 +290,56 @@ func TestProjectContainersHaveReadOnlyRootFilesystems(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Fatal("no container of the project's image seen")
+	}
+}
+
+// TestSecureMetricsRenderAGuardedExporterAndAScraperThatCanPass: with nodeStatusExporter.secureMetrics the
+// exporter is told to guard /metrics, its probe goes to the open /healthz over HTTPS, its account may ask the API
+// server about tokens and access, the chart offers a ClusterRole that lets a scraper GET /metrics, and the
+// ServiceMonitor scrapes with HTTPS and Prometheus' token. (tests/admission runs the exporter behind these roles.)
+func TestSecureMetricsRenderAGuardedExporterAndAScraperThatCanPass(t *testing.T) {
+	t.Parallel()
+	stream := render(t, newestKube, []string{profileFile("monitoring")}, "nodeStatusExporter.secureMetrics=true")
+	exporter := containerNamed(t, daemonSet(t, stream, "nvidia-node-status-exporter"), "nvidia-node-status-exporter")
+	env := map[string]string{}
+	for _, e := range exporter.Env {
+		env[e.Name] = e.Value
+	}
+	if env["METRICS_SECURE"] != "true" {
+		t.Errorf("METRICS_SECURE=%q, want true", env["METRICS_SECURE"])
+	}
+	if p := exporter.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != "HTTPS" {
+		t.Errorf("readiness probe %+v, want HTTPS /healthz (it has no token for /metrics)", p)
+	}
+	rules := map[string]bool{}
+	for _, o := range objects(t, stream) {
+		if o.kind() != "ClusterRole" {
+			continue
+		}
+		list, _ := o.Raw["rules"].([]any)
+		for _, r := range list {
+			rm := r.(map[string]any)
+			rules[o.name()+" "+fmt.Sprint(rm["resources"], rm["nonResourceURLs"], rm["verbs"])] = true
+		}
+	}
+	for _, want := range []string{
+		"nvidia-node-status-exporter-gpu-operator [tokenreviews] <nil> [create]",
+		"nvidia-node-status-exporter-gpu-operator [subjectaccessreviews] <nil> [create]",
+		"nvidia-node-status-exporter-metrics-reader-gpu-operator <nil> [/metrics] [get]",
+	} {
+		if !rules[want] {
+			t.Errorf("no ClusterRole rule %q among %v", want, slices.Sorted(maps.Keys(rules)))
+		}
+	}
+	sm := ""
+	for _, doc := range strings.Split(stream, "\n---") {
+		if strings.Contains(doc, "kind: ServiceMonitor") && strings.Contains(doc, "name: nvidia-node-status-exporter\n") {
+			sm = doc
+		}
+	}
+	for _, want := range []string{"scheme: https", "insecureSkipVerify: true", "bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"} {
+		if !strings.Contains(sm, want) {
+			t.Errorf("the exporter's ServiceMonitor lacks %q:\n%s", want, sm)
+		}
 	}
 }
