@@ -27,12 +27,14 @@ progress_start "nfd $nfd_version" "about 3 minutes on a 2-core machine (its Kube
 rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
 # GOTOOLCHAIN=local: a module that wants a newer Go fails here, naming the version, instead of fetching a toolchain
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+field() { sed -n "s/^\t*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$2"; }
 # download MODULE: the module's `go mod download -json`; exits 3 (the source cannot be had) when the proxy fails
 download() {
-  go mod download -json "$1@$nfd_version" ||
-    { echo "cannot download $1@$nfd_version through the Go module proxy ($(go env GOPROXY))" >&2; exit 3; }
+  local json
+  json=$(go mod download -json "$1@$nfd_version") ||
+    { echo "cannot download $1@$nfd_version through the Go module proxy ($(go env GOPROXY)): $(field Error "$json")" >&2; exit 3; }
+  echo "$json"
 }
-field() { sed -n "s/^\t*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$2"; }
 main_json=$(download "$module")
 # NFD's go.mod replaces its API module with ./api/nfd, a nested module the main module's zip leaves out: it comes
 # from its own tag (api/nfd/v0.19.0), which must be the same commit.
