@@ -17,6 +17,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/cli"
 	"helm.sh/helm/v3/pkg/kube"
+	"helm.sh/helm/v3/pkg/postrender"
 	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,9 @@ type Target struct {
 	// Chart, when set, is what `helm install CHART` gets instead of the repository's chart: a chart archive or an
 	// oci:// reference (pulled with ChartVersion, over plain HTTP: the tests' registries are loopback ones).
 	Chart string
+	// PostRenderer, when set, edits the rendered manifests before Helm applies them, as `helm install
+	// --post-renderer` does (a test pointing a host path at its fixture, say).
+	PostRenderer postrender.PostRenderer
 }
 
 func (t Target) config() (*action.Configuration, error) {
@@ -115,7 +119,7 @@ func (t Target) Install(ctx context.Context, valueFiles []string, set ...string)
 	}
 	inst := action.NewInstall(cfg)
 	inst.ReleaseName, inst.Namespace, inst.CreateNamespace = t.Release, t.Namespace, true
-	inst.Wait, inst.Timeout = !t.NoWait, t.Timeout
+	inst.Wait, inst.Timeout, inst.PostRenderer = !t.NoWait, t.Timeout, t.PostRenderer
 	rel, err := inst.RunWithContext(ctx, chrt, vals)
 	if err != nil {
 		if !t.KeepFailed {
@@ -209,7 +213,7 @@ func (t Target) Upgrade(ctx context.Context, valueFiles []string, set ...string)
 		return nil, err
 	}
 	up := action.NewUpgrade(cfg)
-	up.Namespace, up.Wait, up.Timeout = t.Namespace, !t.NoWait, t.Timeout
+	up.Namespace, up.Wait, up.Timeout, up.PostRenderer = t.Namespace, !t.NoWait, t.Timeout, t.PostRenderer
 	rel, err := up.RunWithContext(ctx, t.Release, chrt, vals)
 	if err != nil {
 		return rel, fmt.Errorf("helm upgrade %v: %w", valueFiles, err)

@@ -553,6 +553,8 @@ var Table = []Contract{
 		Repository: "nfd/node-feature-discovery",
 		Tags:       regexp.MustCompile(`^v0\.19\.0(-minimal)?$`),
 		Source:     "github.com/kubernetes-sigs/node-feature-discovery@v0.19.0",
+		// The real-node tier (tests/node) runs nfd-master, nfd-worker and nfd-gc built from this source at v0.19.0
+		// (ci/build-nfd.sh, with the Makefile's ldflags), in an image laid out as this row says.
 		// Dockerfile minimal stage: scratch, USER 65534:65534, nfd-master, nfd-worker, nfd-topology-updater, nfd-gc,
 		// kubectl-nfd, nfd in /usr/bin; no ENTRYPOINT (the deployment names the binary).
 		Binaries: []string{"/usr/bin/nfd-master", "/usr/bin/nfd-worker", "/usr/bin/nfd-topology-updater", "/usr/bin/nfd-gc", "/usr/bin/kubectl-nfd", "/usr/bin/nfd"},
@@ -564,7 +566,9 @@ var Table = []Contract{
 			"NODE_NAME": {Required: true, Binaries: []string{"nfd-worker", "nfd-topology-updater"}},
 		}),
 		HostPaths: []HostPath{
-			// pkg/utils/hostpath: the worker reads the host's sysfs and os-release under /host-*.
+			// pkg/utils/hostpath: the worker reads the host's sysfs and os-release under /host-*: the image's build
+			// sets that prefix (Makefile, Dockerfile: -X .../pkg/utils/hostpath.pathPrefix=/host-; the source's
+			// default is /).
 			{Container: "/host-sys", Host: "/sys", Binaries: []string{"nfd-worker"}, Why: "PCI and kernel features (worker)"},
 			{Container: "/host-etc/os-release", Host: "/etc/os-release", Binaries: []string{"nfd-worker"}, Why: "system-os_release labels the driver pools select on (worker)"},
 		},

@@ -130,3 +130,37 @@ func MountKernelFS(dir string) (func() error, error) {
 	}
 	return undo, nil
 }
+
+// NVIDIAGPU is the PCI function PCIDevice adds for a GPU: an NVIDIA (vendor 10de) 3D controller (class 0302,
+// programming interface 00), an A100's device and subsystem IDs, at a typical address.
+var NVIDIAGPU = PCIFunction{Address: "0000:3b:00.0", Parent: "pci0000:3a/0000:3a:00.0",
+	Vendor: "0x10de", Device: "0x20b0", Class: "0x030200", SubsystemVendor: "0x10de", SubsystemDevice: "0x134f"}
+
+// PCIFunction is a PCI function as sysfs shows it.
+type PCIFunction struct {
+	// Address is its bus address; Parent the path of its bridge under sys/devices.
+	Address, Parent string
+	// The attribute files' contents, as sysfs writes them (0x-prefixed hex).
+	Vendor, Device, Class, SubsystemVendor, SubsystemDevice string
+}
+
+// PCIDevice adds f to the fixture sysfs under sysDir as Linux lays it out: its folder under devices/, with the
+// attributes NFD's pci source reads, and the bus/pci/devices link to it.
+func PCIDevice(sysDir string, f PCIFunction) error {
+	rel := filepath.Join("devices", f.Parent, f.Address)
+	dev := filepath.Join(sysDir, rel)
+	if err := os.MkdirAll(dev, 0o755); err != nil {
+		return err
+	}
+	for name, v := range map[string]string{"vendor": f.Vendor, "device": f.Device, "class": f.Class,
+		"subsystem_vendor": f.SubsystemVendor, "subsystem_device": f.SubsystemDevice} {
+		if err := os.WriteFile(filepath.Join(dev, name), []byte(v+"\n"), 0o444); err != nil {
+			return err
+		}
+	}
+	bus := filepath.Join(sysDir, "bus", "pci", "devices")
+	if err := os.MkdirAll(bus, 0o755); err != nil {
+		return err
+	}
+	return os.Symlink(filepath.Join("..", "..", "..", rel), filepath.Join(bus, f.Address))
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
@@ -31,9 +32,10 @@ const PauseImage = "registry.k8s.io/pause:3.10"
 type GoImage struct {
 	// Ref is the image's name, as pods refer to it.
 	Ref string
-	// Package is the main package, relative to the module root (e.g. ./tests/node/standin/pause).
+	// Package is the main package, relative to the module root (e.g. ./tests/node/standin/pause); empty for an
+	// image of binaries built elsewhere (Files).
 	Package string
-	// Binary is where the binary lies in the image; the entrypoint unless Entrypoint is set.
+	// Binary is where Package's binary lies in the image; the entrypoint unless Entrypoint is set.
 	Binary string
 	// Entrypoint and Cmd are the image config's (default: [Binary]).
 	Entrypoint, Cmd []string
@@ -53,33 +55,22 @@ type GoImage struct {
 // shellApplets are the busybox applets linked into images with Shell set.
 var shellApplets = []string{"sh", "rm", "cat", "sleep", "echo", "test", "[", "ls", "mkdir", "true"}
 
-// Build compiles the package statically for linux/amd64 and packages it.
+// Build compiles the package statically for linux/amd64 (when Package is set) and packages it with Files.
 func (g GoImage) Build(ctx context.Context, moduleDir string) (v1.Image, error) {
-	dir, err := os.MkdirTemp("", "standin-")
-	if err != nil {
-		return nil, err
+	files := map[string]tarFile{}
+	if g.Package != "" {
+		bin, err := g.compile(ctx, moduleDir)
+		if err != nil {
+			return nil, err
+		}
+		files[g.Binary] = tarFile{mode: 0o755, data: bin}
 	}
-	defer os.RemoveAll(dir)
-	out := filepath.Join(dir, "bin")
-	// a stand-in's contract check looks its row up by the reference it was built for
-	ldflags := "-s -w -X github.com/kube-gpu-stack/kube-gpu-stack/tests/node/standin/contract.Image=" + g.Ref
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", out, g.Package)
-	cmd.Dir = moduleDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build %s: %v: %s", g.Package, err, b)
-	}
-	bin, err := os.ReadFile(out)
-	if err != nil {
-		return nil, err
-	}
-	files := map[string]tarFile{g.Binary: {mode: 0o755, data: bin}}
 	for p, target := range g.Links {
 		files[p] = tarFile{link: target}
 	}
-	copies := map[string]string{}
-	for k, v := range g.Files {
-		copies[k] = v
+	copies := maps.Clone(g.Files)
+	if copies == nil {
+		copies = map[string]string{}
 	}
 	if g.Shell {
 		copies["/bin/busybox"] = "/bin/busybox"
@@ -99,17 +90,36 @@ func (g GoImage) Build(ctx context.Context, moduleDir string) (v1.Image, error) 
 		return nil, err
 	}
 	entry := g.Entrypoint
-	if entry == nil {
+	if entry == nil && g.Binary != "" {
 		entry = []string{g.Binary}
 	}
 	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-	if dir := filepath.Dir(g.Binary); !strings.Contains(":"+path+":", ":"+dir+":") {
+	if dir := filepath.Dir(g.Binary); g.Binary != "" && !strings.Contains(":"+path+":", ":"+dir+":") {
 		path = dir + ":" + path
 	}
 	return configure(layer, v1.Config{
 		Entrypoint: entry, Cmd: g.Cmd, User: g.User, WorkingDir: "/",
 		Env: append([]string{"PATH=" + path}, g.Env...),
 	})
+}
+
+// compile builds Package statically for linux/amd64 and returns the binary.
+func (g GoImage) compile(ctx context.Context, moduleDir string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "standin-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "bin")
+	// a stand-in's contract check looks its row up by the reference it was built for
+	ldflags := "-s -w -X github.com/kube-gpu-stack/kube-gpu-stack/tests/node/standin/contract.Image=" + g.Ref
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", out, g.Package)
+	cmd.Dir = moduleDir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build %s: %v: %s", g.Package, err, b)
+	}
+	return os.ReadFile(out)
 }
 
 // StandIn is the stand-in image for a third-party image: the stand-in program (package) at the image's binary

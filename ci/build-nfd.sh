@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds Node Feature Discovery's nfd-master, nfd-worker and nfd-gc (the three daemons the chart runs) from the
+# upstream module at the chart's pinned version, through the Go module proxy, for the real-node test tier, into a
+# folder of the same cache as the kubelet (ci/build-node.sh), and prints that folder. A complete folder is reused,
+# so only the first run on a machine pays the build, and prints its progress meanwhile.
+#
+# NFD's go.mod carries replace directives (Kubernetes staging modules), so `go install pkg@version` refuses it: the
+# module is downloaded and built inside a copy of its folder, with its own go.mod and go.sum; this repository's
+# go.mod is not involved. The flags are those of NFD's Makefile: static, the version stamp, and the host mount
+# prefix its container image is built with (/host-: the worker reads /host-sys, /host-etc, ... where the chart
+# mounts the host's folders).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/progress.sh"
+nfd_version=v0.19.0
+module=sigs.k8s.io/node-feature-discovery
+bins=(nfd-master nfd-worker nfd-gc)
+ldflags="-s -w -X $module/pkg/version.version=$nfd_version -X $module/pkg/utils/hostpath.pathPrefix=/host-"
+# The key covers what the binaries are built from: the module's version, the toolchain, the flags and the list.
+key=$( { echo "$module@$nfd_version" "$ldflags" "${bins[*]}"; go env GOVERSION GOARCH; } | sha256sum | cut -c1-12)
+dir=${KGS_NFD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-gpu-stack/nfd-$key}
+
+complete() { for b in "${bins[@]}"; do [ -x "$dir/$b" ] || return 1; done; }
+if complete; then echo "$dir"; exit 0; fi
+
+progress_start "nfd $nfd_version" "3 to 6 minutes on a 2-core machine, 40 s with its packages in the Go build cache"
+rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+# GOTOOLCHAIN=local: a module that wants a newer Go fails here, naming the version, instead of fetching a toolchain
+export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
+field() { sed -n "s/^\t*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$2"; }
+# download MODULE: the module's `go mod download -json`; exits 3 (the source cannot be had) when the proxy fails
+download() {
+  local json
+  json=$(go mod download -json "$1@$nfd_version") ||
+    { echo "cannot download $1@$nfd_version through the Go module proxy ($(go env GOPROXY)): $(field Error "$json")" >&2; exit 3; }
+  echo "$json"
+}
+main_json=$(download "$module")
+# NFD's go.mod replaces its API module with ./api/nfd, a nested module the main module's zip leaves out: it comes
+# from its own tag (api/nfd/v0.19.0), which must be the same commit.
+api_json=$(download "$module/api/nfd")
+src=$(field Dir "$main_json") api=$(field Dir "$api_json")
+if [ "$(field Hash "$main_json")" != "$(field Hash "$api_json")" ]; then
+  echo "$module@$nfd_version and its api/nfd module are not the same commit" >&2
+  exit 1
+fi
+cp -r "$src" "$dir.tmp/src" && chmod -R u+w "$dir.tmp/src"
+rm -rf "$dir.tmp/src/api/nfd" && cp -r "$api" "$dir.tmp/src/api/nfd" && chmod -R u+w "$dir.tmp/src/api/nfd"
+progress_run "modules (download)" bash -c 'cd "$1" && go mod download' _ "$dir.tmp/src" ||
+  { echo "cannot download the modules $module@$nfd_version needs through the Go module proxy ($(go env GOPROXY))" >&2; exit 3; }
+n=0
+for b in "${bins[@]}"; do
+  n=$((n + 1))
+  progress_run "$b ($n of ${#bins[@]})" \
+    bash -c 'cd "$1" && go build -trimpath -tags osusergo,netgo -ldflags "$2" -o "$3" "./cmd/$4"' _ "$dir.tmp/src" "$ldflags" "$dir.tmp/$b" "$b"
+done
+rm -rf "$dir.tmp/src" "$dir" && mv "$dir.tmp" "$dir"
+progress_done
+echo "$dir"
