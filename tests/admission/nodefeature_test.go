@@ -33,14 +33,7 @@ func TestNodeFeatureWritersWriteOnlyTheirOwnNodes(t *testing.T) {
 	installNodeFeatureCRD(t)
 	ctx := t.Context()
 	nf := func(name, node string) *unstructured.Unstructured {
-		u := &unstructured.Unstructured{}
-		u.SetAPIVersion("nfd.k8s-sigs.io/v1alpha1")
-		u.SetKind("NodeFeature")
-		u.SetNamespace(ns)
-		u.SetName(name)
-		u.SetLabels(map[string]string{"nfd.node.kubernetes.io/node-name": node})
-		_ = unstructured.SetNestedStringMap(u.Object, map[string]string{"nvidia.com/gpu.deploy.driver": "false"}, "spec", "labels")
-		return u
+		return nodeFeature(name, node, map[string]string{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
 	}
 	admin := dynamic.NewForConfigOrDie(kube.Config).Resource(nodeFeatures).Namespace(ns)
 	if _, err := admin.Create(ctx, nf("gfd-"+nodeB, nodeB), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -81,6 +74,55 @@ func TestNodeFeatureWritersWriteOnlyTheirOwnNodes(t *testing.T) {
 		})
 	}
 	t.Logf("NodeFeature writes: %d refused, %d allowed", refused, allowed)
+}
+
+// nodeFeature is a NodeFeature of node named name that asks nfd-master for labels.
+func nodeFeature(name, node string, labels map[string]string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("nfd.k8s-sigs.io/v1alpha1")
+	u.SetKind("NodeFeature")
+	u.SetNamespace(ns)
+	u.SetName(name)
+	u.SetLabels(map[string]string{"nfd.node.kubernetes.io/node-name": node})
+	_ = unstructured.SetNestedStringMap(u.Object, labels, "spec", "labels")
+	return u
+}
+
+// TestNodeFeatureWritersPublishNoSwitches: nfd-master (v0.19.0) writes a NodeFeature's labels over any the node has
+// (its restrictions.allowOverwrite=false refuses to update the labels it manages instead: the real-node tier saw
+// it), so a compromised node's feature writer could turn its node's operands off, set its MIG or CC mode, or claim
+// a GPU on a CPU node. The policy refuses, for each writer on its own node, a NodeFeature carrying a label the admin
+// or the stack steers the node with (nvidia.com/gpu.deploy.*, mig.config, cc.mode, gpu.workload.config,
+// gpu.present, kube-gpu-stack.io/...), on create and on update; the labels GFD publishes pass.
+func TestNodeFeatureWritersPublishNoSwitches(t *testing.T) {
+	install(t)
+	installNodeFeatureCRD(t)
+	ctx := t.Context()
+	refused := 0
+	for _, sa := range []string{workerSA, gfdSA} {
+		t.Run(sa, func(t *testing.T) {
+			c := dynamic.NewForConfigOrDie(restConfigAs(t, sa, podOn(t, sa, nodeA))).Resource(nodeFeatures).Namespace(ns)
+			for _, label := range []string{"nvidia.com/gpu.deploy.driver", "nvidia.com/mig.config", "nvidia.com/cc.mode",
+				"nvidia.com/gpu.workload.config", "nvidia.com/gpu.present", "kube-gpu-stack.io/driver-revert"} {
+				err := refusedByPolicy(t, func(ctx context.Context) error {
+					_, err := c.Create(ctx, nodeFeature(sa+"-switch", nodeA, map[string]string{label: "x"}), metav1.CreateOptions{})
+					return err
+				})
+				if !strings.Contains(err.Error(), "may not publish the labels the admin and the stack steer a node with: "+label) {
+					t.Fatalf("refusal does not name %s: %v", label, err)
+				}
+				refused++
+			}
+			own, err := c.Create(ctx, nodeFeature(sa+"-labels", nodeA, map[string]string{"nvidia.com/gpu.count": "8", "nvidia.com/mig.capable": "true"}), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("GFD's labels on its own node: %v", err)
+			}
+			_ = unstructured.SetNestedStringMap(own.Object, map[string]string{"nvidia.com/gpu.count": "8", "nvidia.com/gpu.deploy.device-plugin": "false"}, "spec", "labels")
+			refusedByPolicy(t, func(ctx context.Context) error { _, err := c.Update(ctx, own, metav1.UpdateOptions{}); return err })
+			refused++
+		})
+	}
+	t.Logf("NodeFeature switch labels: %d writes refused", refused)
 }
 
 // installNodeFeatureCRD creates the rendered chart's NodeFeature CRD (kept when there) and waits until it is served.

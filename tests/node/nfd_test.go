@@ -18,7 +18,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -26,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
@@ -138,6 +141,7 @@ func TestNFDLabelsNode(t *testing.T) {
 	}) {
 		t.Error("the chart's admission policy is not bound: the worker's NodeFeature went unchecked")
 	}
+	overwriteRefused(t, ctx)
 	pods, err := c.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -316,5 +320,86 @@ func logNodeFeature(t *testing.T, ctx context.Context) {
 	for _, nf := range list.Items {
 		pci, _, _ := unstructured.NestedSlice(nf.Object, "spec", "features", "instances", "pci.device", "elements")
 		t.Logf("NodeFeature %s: pci.device %v", nf.GetName(), pci)
+	}
+}
+
+// overwriteRefused: a NodeFeature carrying nvidia.com/gpu.deploy.driver, as a compromised node's feature writer would
+// publish one for its own node, is refused to the real nfd-worker's account (a token bound to its pod) by the
+// chart's admission policy. The policy is what stops it: the same object from an account outside the policy (the
+// admin's) has nfd-master v0.19.0 write the label over the admin's value (its restrictions.allowOverwrite=false
+// does not protect foreign labels; it keeps nfd-master from updating its own), and its other label, new on the
+// node, shows nfd-master read it.
+func overwriteRefused(t *testing.T, ctx context.Context) {
+	t.Helper()
+	const switchLabel, marker = "nvidia.com/gpu.deploy.driver", "nvidia.com/kgs-test.overwrite-probe"
+	c := testNode.Cluster.Client
+	patch(t, ctx, map[string]any{"labels": map[string]any{switchLabel: "false"}})
+	probe := func(name string) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "nfd.k8s-sigs.io/v1alpha1", "kind": "NodeFeature",
+			"metadata": map[string]any{"name": name, "namespace": namespace,
+				"labels": map[string]any{"nfd.node.kubernetes.io/node-name": testNode.Name}},
+			"spec": map[string]any{"labels": map[string]any{switchLabel: "true", marker: "1"}},
+		}}
+	}
+	gvr := schema.GroupVersionResource{Group: "nfd.k8s-sigs.io", Version: "v1alpha1", Resource: "nodefeatures"}
+
+	// the worker's own account, with a token bound to its pod on this node
+	pods, err := c.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + testNode.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(pods.Items, func(p corev1.Pod) bool { return runs(p.Spec, "nfd-worker") })
+	if i < 0 {
+		t.Fatal("no nfd-worker pod on the node")
+	}
+	worker := pods.Items[i]
+	tok, err := c.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, worker.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: worker.Name, UID: worker.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(testNode.Cluster.Config)
+	cfg.BearerToken = tok.Status.Token
+	asWorker, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = asWorker.Resource(gvr).Namespace(namespace).Create(ctx, probe(testNode.Name+"-worker-probe"), metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), switchLabel) {
+		t.Errorf("the nfd-worker's account published a NodeFeature with %s: %v; want it refused by the chart's admission policy", switchLabel, err)
+	}
+
+	// the same from the admin: nfd-master writes it over the admin's value
+	admin, err := dynamic.NewForConfig(testNode.Cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := probe(testNode.Name + "-overwrite-probe")
+	if _, err := admin.Resource(gvr).Namespace(namespace).Create(ctx, nf, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := admin.Resource(gvr).Namespace(namespace).Delete(context.Background(), nf.GetName(), metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	}()
+	var node *corev1.Node
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := c.CoreV1().Nodes().Get(ctx, testNode.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		node = n
+		return n.Labels[marker] == "1", nil
+	})
+	if err != nil {
+		t.Fatalf("nfd-master did not apply the probe NodeFeature's new label %s: %v", marker, err)
+	}
+	if got := node.Labels[switchLabel]; got != "true" {
+		t.Errorf("nfd-master left the admin's %s=false (got %q): it no longer overwrites foreign labels, so the chart may rely on restrictions.allowOverwrite=false; revisit the policy's reasoning", switchLabel, got)
+	} else {
+		t.Logf("nfd-master v0.19.0 wrote %s=true over the admin's false from a NodeFeature: the admission policy is what keeps the feature writers from it", switchLabel)
 	}
 }
