@@ -122,8 +122,16 @@ func (c *converter) apply(r *Rule, path string, v any) {
 		e.Key = path
 		c.add(e)
 	case r.Action == Mapped:
-		// an empty map changes nothing in Helm's merge; an empty list does (it replaces the default), so it is kept
-		if m, ok := v.(map[string]any); !ok || len(m) > 0 {
+		// an empty map changes nothing in Helm's merge; an empty list does (it replaces the default), so it is kept;
+		// a list for a target an earlier key of the input filled (gds.imagePullSecrets and gdrcopy.imagePullSecrets
+		// after driver.imagePullSecrets) adds to it: a full upstream copy's empty defaults must not wipe a set value
+		prev, had := getPath(c.out, r.To)
+		prevList, wasList := prev.([]any)
+		list, isList := v.([]any)
+		switch m, isMap := v.(map[string]any); {
+		case had && wasList && isList:
+			c.set(r.To, union(prevList, list))
+		case !isMap || len(m) > 0:
 			c.set(r.To, v)
 		}
 		c.add(Entry{Key: path, Action: Mapped, To: []string{r.To}})
@@ -136,6 +144,17 @@ func (c *converter) apply(r *Rule, path string, v any) {
 	default:
 		c.add(Entry{Key: path, Action: r.Action, Why: r.Why})
 	}
+}
+
+// union is a followed by the items of b it lacks, in order.
+func union(a, b []any) []any {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.ContainsFunc(out, func(y any) bool { return equal(x, y) }) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // set writes v at the dotted output path, creating maps on the way.

@@ -376,3 +376,29 @@ driver:
 		entry(t, r, key)
 	}
 }
+
+// A full upstream values copy carries gds.imagePullSecrets: [] and gdrcopy.imagePullSecrets: [] beside the site's
+// driver.imagePullSecrets; all three go to driver.imagePullSecrets, and the empty ones sorted after the driver's
+// used to replace it, so a private-registry site's driver pods had no pull secret. Now the lists add up.
+func TestSideContainersPullSecretsAddToTheDrivers(t *testing.T) {
+	for name, tc := range map[string]struct {
+		gds, gdrcopy []any
+		want         []any
+	}{
+		"empty upstream defaults": {[]any{}, []any{}, []any{"regcred"}},
+		"another secret":          {[]any{"gds-cred"}, []any{}, []any{"regcred", "gds-cred"}},
+		"the same secret":         {[]any{"regcred"}, []any{"regcred"}, []any{"regcred"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := map[string]any{
+				"driver":  map[string]any{"imagePullSecrets": []any{"regcred"}},
+				"gds":     map[string]any{"imagePullSecrets": tc.gds},
+				"gdrcopy": map[string]any{"imagePullSecrets": tc.gdrcopy},
+			}
+			got, _ := getPath(Convert(in, nil).Values, "driver.imagePullSecrets")
+			if !equal(got, tc.want) {
+				t.Fatalf("driver.imagePullSecrets = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
