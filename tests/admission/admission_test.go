@@ -66,7 +66,9 @@ func install(t *testing.T) {
 	ctx := t.Context()
 	// the GPU health agent and its taint on, so its account is rendered and held to its node too; the DRA driver on,
 	// so the policy holds its ComputeDomain controller
-	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true", "draDriver.enabled=true"})
+	// and kata sandboxes on, so it holds the kata plugin's GFD pods
+	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true", "draDriver.enabled=true",
+		"global.sandboxWorkloads.enabled=true", "global.sandboxWorkloads.mode=kata"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +76,7 @@ func install(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true, cdDaemonSA: true, cdControllerSA: true}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true, cdDaemonSA: true, cdControllerSA: true, kataSA: true}
 	nodeWriters = map[string]string{}
 	// the operands that write their node in other profiles: the CC and vGPU device managers, the DRA kubelet plugin
 	streams := []string{stream}

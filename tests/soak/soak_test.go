@@ -408,7 +408,11 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 	var why string
 	err := wait.PollUntilContextTimeout(ctx, time.Second, time.Until(deadline.Add(time.Minute)), true, func(ctx context.Context) (bool, error) {
 		e.adminFixes(ctx, t, ops)
-		why = e.converged(ctx)
+		now := e.converged(ctx)
+		if ctx.Err() != nil {
+			return false, nil // the deadline cut the look short: the last full look says what is left
+		}
+		why = now
 		return why == "", nil
 	})
 	for n, tag := range e.faulty { // faults the rollout never reached
