@@ -626,7 +626,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 		case waitingForValidation(n):
 		case forgotten(n, m.known):
 			pending = "; the Node object lost the stack's record of this driver (deleted and registered again): it validates before the node returns to workloads (cordoned)"
-			return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(m.now())), nil
+			return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), m.setState(n, nodestate.ValidationRequired, ""), nodestate.DriverInstalls(registeredSince(n, m.o.Now()))), nil
 		case s == "" || s == nodestate.UpgradeDone:
 			pending = ""
 			return nodestate.Merge(nodestate.Uncordon(n), m.setState(n, nodestate.UpgradeDone, ""), nodestate.SetValidated(n, m.o.Digest)), nil
@@ -656,6 +656,19 @@ const UnvalidatedCordon = "its driver change was interrupted with a driver loade
 // ReregisteredCordon is the cordon's reason (nodestate.CordonedAnnotation) on a node whose Node object forgot its
 // driver's record. Such a node takes no slot of its pool: no driver change took it out, its registration did.
 const ReregisteredCordon = "its Node object was registered again and lost the record of its driver: it validates before workloads return"
+
+// registeredSince is the time from which a validator vouches for the driver a node registered again kept loaded:
+// the Node object's creation. A validator that turned Ready since ran against that driver (keep changes none),
+// one Ready from before vouches for nothing; taking now instead would refuse a validator that passed in the seconds
+// between the registration and this run, and the gate would wait for one that never comes. Without a creation time
+// (or one ahead of now): now.
+func registeredSince(n *corev1.Node, now time.Time) string {
+	t := n.CreationTimestamp.Time
+	if t.IsZero() || t.After(now) {
+		t = now
+	}
+	return t.UTC().Format(time.RFC3339)
+}
 
 // forgotten: a driver manager of the release ran on the node before (known), yet the Node carries no driver record
 // of ours and no state but the one a plan writes: the Node object was deleted and registered again (the kubelet

@@ -246,3 +246,41 @@ func TestInterruptedChangeWithItsDriverLoadedValidatesCordonedUnlessThatDriverVa
 		})
 	}
 }
+
+// A node registered again keeps its loaded driver; the validator that turned Ready after the Node object came back
+// (between the registration and the driver manager's run) ran against that driver and vouches for it; one Ready
+// before the registration does not. The clock started at the manager's run instead refused the former, and the
+// gate waited for a validator that never came.
+func TestValidatorReadySinceTheRegistrationVouches(t *testing.T) {
+	for name, tc := range map[string]struct {
+		readyBefore time.Duration // the validator's Ready, this long before the manager's run
+		passes      bool
+	}{
+		"Ready after the registration":  {time.Minute, true},
+		"Ready before the registration": {3 * time.Minute, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, gpuNode(nil))
+			e.knownNode()
+			n := e.node()
+			n.CreationTimestamp = metav1.NewTime(e.clock().Add(-2 * time.Minute).Truncate(time.Second))
+			if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			e.host.DriverState(newDigest)
+			if _, err := e.run(e.options(newDigest)); err != nil {
+				t.Fatal(err)
+			}
+			validatorReady(t, e, e.clock().Add(-tc.readyBefore))
+			o := UncordonOptions{Client: e.client, NodeName: nodeName, Namespace: namespace, Timeout: 300 * time.Millisecond, Now: e.clock}
+			o.Complete()
+			err := o.Run(context.Background(), &bytes.Buffer{})
+			if tc.passes != (err == nil) {
+				t.Fatalf("gate: %v; want it to pass %v", err, tc.passes)
+			}
+			if n := e.node(); tc.passes && (state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable) {
+				t.Fatalf("state=%q unschedulable=%v; want upgrade-done and schedulable", state(n), n.Spec.Unschedulable)
+			}
+		})
+	}
+}

@@ -169,7 +169,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 				if !forgotten(n, true) {
 					return nodestate.Patch{}, nil
 				}
-				return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(now())), nil
+				return nodestate.Merge(nodestate.Cordon(n, ReregisteredCordon), nodestate.SetUpgradeState(n, nodestate.ValidationRequired, "", now()), nodestate.DriverInstalls(registeredSince(n, o.Now()))), nil
 			}); err != nil {
 				return "", err
 			}
