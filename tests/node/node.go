@@ -53,6 +53,8 @@ var Packages = map[string]string{
 	"runc":                        "/usr/sbin/runc",
 	"containernetworking-plugins": "/usr/lib/cni/bridge",
 	"iproute2":                    "/usr/sbin/ip",
+	// setpriv: containerd gets a parent-death signal under the loop that restarts it
+	"util-linux": "/usr/bin/setpriv",
 	// a static shell for the stand-in images (the upstream images run `sh -c` commands)
 	"busybox-static": "/bin/busybox",
 	// the fixture driver's nvidia-smi and libraries are C, dynamically linked against glibc as the real ones are
@@ -267,8 +269,9 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	noRegistry := []string{"HTTPS_PROXY=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9", "NO_PROXY=", "https_proxy=", "http_proxy=", "no_proxy="}
 	// containerd runs as systemd runs it on a node (containerd.service: Restart=always): started again whenever it
 	// exits. The NVIDIA toolkit's installer "restarts" it by SIGHUP, which containerd does not handle, so it exits.
-	// The loop is the process group Stop kills; the pause stands for systemd's RestartSec.
-	loop := `while :; do "$0" --config "$1"; echo "containerd exited ($?), starting it again" >&2; sleep 1; done`
+	// The loop is the process group Stop kills; the pause stands for systemd's RestartSec. containerd dies with the
+	// loop (setpriv's parent-death signal), as the loop dies with the test binary: a killed run leaves no containerd.
+	loop := `while :; do setpriv --pdeathsig KILL "$0" --config "$1"; echo "containerd exited ($?), starting it again" >&2; sleep 1; done`
 	if err := n.spawnEnv(noRegistry, "/bin/sh", "-c", loop, Packages["containerd"], n.ContainerdConfig()); err != nil {
 		return err
 	}
