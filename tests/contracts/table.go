@@ -173,15 +173,27 @@ var Table = []Contract{
 		Repository: "nvidia/k8s/container-toolkit",
 		Tags:       regexp.MustCompile(`^v1\.20\.0$`),
 		Source:     "github.com/NVIDIA/nvidia-container-toolkit@v1.20.0",
+		// The real-node tier (tests/node) runs the installer and the programs it installs built from this source at
+		// v1.20.0 (ci/build-toolkit.sh, with the Makefile's flags), in an image laid out as this row says, against
+		// the node's real containerd 1.6 (TestToolkitConfiguresContainerd); libnvidia-container's files are
+		// placeholders there, and CDI spec generation is off (it calls NVML).
 		// deployments/container/Dockerfile: distroless/go + busybox; USER 0:0; binaries under /work (on PATH);
 		// ENTRYPOINT ["/work/nvidia-ctk-installer"]; RUN ln -s /work/nvidia-ctk-installer /work/nvidia-toolkit.
 		Entrypoint: []string{"/work/nvidia-ctk-installer"},
-		// The build stage makes only cmd-nvidia-ctk-installer into /artifacts/bin -> /work; the toolkit's own
-		// binaries come from the deb/rpm packages under /artifacts, which the installer unpacks on the host.
+		// The build stage makes only cmd-nvidia-ctk-installer into /artifacts/bin -> /work. The toolkit's own
+		// programs (nvidia-ctk, nvidia-cdi-hook, nvidia-container-runtime{,.cdi,.legacy},
+		// nvidia-container-runtime-hook) and libnvidia-container's (nvidia-container-cli, libnvidia-container.so.1,
+		// libnvidia-container-go.so.1) are its deb and rpm packages, unpacked at image build into /artifacts/deb and
+		// /artifacts/rpm; the installer copies them from there (deb unless the host root has /usr/bin/rpm) into
+		// ROOT/toolkit, the runtimes behind shell wrappers that exec runc directly while no nvidia module is loaded.
 		Binaries:  []string{"/work/nvidia-ctk-installer", "/work/nvidia-toolkit"},
 		Shell:     busybox,
 		User:      "0",
 		NeedsRoot: true,
+		// RUNTIME_RESTART_MODE defaults to signal for containerd: SIGHUP to the pid behind RUNTIME_SOCKET, which
+		// containerd (1.6 on the real node) does not handle, so it exits and its service manager starts it again;
+		// RUNTIME_CONFIG_SOURCES defaults to "command,file": `chroot HOST_ROOT_MOUNT containerd config dump` first,
+		// then RUNTIME_CONFIG.
 		// cmd/nvidia-ctk-installer/{main.go,toolkit/toolkit.go,container/**}: cli.EnvVars sources. None is required;
 		// DRIVER_ROOT_CTR_PATH defaults to /run/nvidia/driver, so a driver root mounted elsewhere needs it (the
 		// chart's wrapper takes it from driver-ready).

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -47,6 +48,8 @@ type GoImage struct {
 	Links map[string]string
 	// Files are copied from this machine into the image (path in the image -> path here).
 	Files map[string]string
+	// Path are folders put first on the config's PATH (upstream's images that run their binaries by name).
+	Path []string
 	// Shell adds a static busybox as /bin/sh (and its applets the charts' probes and hooks use): the upstream images
 	// run `sh -c` commands.
 	Shell bool
@@ -93,7 +96,7 @@ func (g GoImage) Build(ctx context.Context, moduleDir string) (v1.Image, error) 
 	if entry == nil && g.Binary != "" {
 		entry = []string{g.Binary}
 	}
-	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	path := strings.Join(append(slices.Clone(g.Path), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"), ":")
 	if dir := filepath.Dir(g.Binary); g.Binary != "" && !strings.Contains(":"+path+":", ":"+dir+":") {
 		path = dir + ":" + path
 	}

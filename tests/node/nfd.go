@@ -19,16 +19,22 @@ import (
 // pinned version; a complete cache folder is reused) and returns the folder it prints. When the source cannot be
 // downloaded (no module proxy) the error wraps ErrMissing.
 func BuildNFD(ctx context.Context, moduleDir string, log io.Writer) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(moduleDir, "ci", "build-nfd.sh"))
+	return buildUpstream(ctx, moduleDir, "build-nfd.sh", log)
+}
+
+// buildUpstream runs a ci/ build script of an upstream operand, which prints its folder and exits 3 when the
+// source cannot be downloaded (then the error wraps ErrMissing).
+func buildUpstream(ctx context.Context, moduleDir, script string, log io.Writer) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(moduleDir, "ci", script))
 	var stderr strings.Builder
 	cmd.Stderr = io.MultiWriter(log, &stderr)
 	out, err := cmd.Output()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) && exit.ExitCode() == 3 {
-		return "", fmt.Errorf("%w: ci/build-nfd.sh: %s", ErrMissing, lastLine(stderr.String()))
+		return "", fmt.Errorf("%w: ci/%s: %s", ErrMissing, script, lastLine(stderr.String()))
 	}
 	if err != nil {
-		return "", fmt.Errorf("ci/build-nfd.sh: %w: %s", err, stderr.String())
+		return "", fmt.Errorf("ci/%s: %w: %s", script, err, stderr.String())
 	}
 	return strings.TrimSpace(string(out)), nil
 }

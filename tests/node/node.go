@@ -53,6 +53,8 @@ var Packages = map[string]string{
 	"runc":                        "/usr/sbin/runc",
 	"containernetworking-plugins": "/usr/lib/cni/bridge",
 	"iproute2":                    "/usr/sbin/ip",
+	// setpriv: containerd gets a parent-death signal under the loop that restarts it
+	"util-linux": "/usr/bin/setpriv",
 	// a static shell for the stand-in images (the upstream images run `sh -c` commands)
 	"busybox-static": "/bin/busybox",
 	// the fixture driver's nvidia-smi and libraries are C, dynamically linked against glibc as the real ones are
@@ -125,10 +127,12 @@ type Node struct {
 	Cleared []string
 
 	socket string
-	lock   *HostLock
-	procs  []*proc
-	once   sync.Once
-	errs   []error
+	// containerdLoop is the shell that keeps containerd running (see startContainerd)
+	containerdLoop *proc
+	lock           *HostLock
+	procs          []*proc
+	once           sync.Once
+	errs           []error
 }
 
 // Start takes the machine's node lock, installs missing packages, builds or reuses the kubelet, clears what a run
@@ -257,8 +261,78 @@ func (n *Node) startContainerd(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := n.writeContainerdConfig(n.Runtimes); err != nil {
+		return err
+	}
+	// Every registry request goes to a proxy on a closed loopback port: an image that was not imported fails at once,
+	// and no request (not even a DNS lookup) leaves the machine.
+	noRegistry := []string{"HTTPS_PROXY=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9", "NO_PROXY=", "https_proxy=", "http_proxy=", "no_proxy="}
+	// containerd runs as systemd runs it on a node (containerd.service: Restart=always): started again whenever it
+	// exits. The NVIDIA toolkit's installer "restarts" it by SIGHUP, which containerd does not handle, so it exits.
+	// The loop is the process group Stop kills; the pause stands for systemd's RestartSec. containerd dies with the
+	// loop (setpriv's parent-death signal), as the loop dies with the test binary: a killed run leaves no containerd.
+	loop := `while :; do setpriv --pdeathsig KILL "$0" --config "$1"; echo "containerd exited ($?), starting it again" >&2; sleep 1; done`
+	if err := n.spawnEnv(noRegistry, "/bin/sh", "-c", loop, Packages["containerd"], n.ContainerdConfig()); err != nil {
+		return err
+	}
+	n.containerdLoop = n.procs[len(n.procs)-1]
+	return n.waitContainerd(ctx)
+}
+
+// ContainerdConfig is containerd's main config file.
+func (n *Node) ContainerdConfig() string { return filepath.Join(n.Dir, "containerd", "config.toml") }
+
+// ContainerdSocket is containerd's socket.
+func (n *Node) ContainerdSocket() string { return n.socket }
+
+// ContainerdPID is the pid of the containerd now running (0 when none is).
+func (n *Node) ContainerdPID() int {
+	loop := n.containerdLoop.cmd.Process.Pid
+	raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", loop, loop))
+	for _, f := range strings.Fields(string(raw)) {
+		var pid int
+		if _, err := fmt.Sscan(f, &pid); err == nil {
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe == Packages["containerd"] {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// RestartContainerd writes containerd's config with these extra runtime handlers (handler -> binary runc is
+// replaced by; what else the file held is lost) and restarts containerd, as an admin's edit and `systemctl restart`
+// would; it returns once the new containerd answers and the node is Ready again.
+func (n *Node) RestartContainerd(ctx context.Context, runtimes map[string]string) error {
+	if err := n.writeContainerdConfig(runtimes); err != nil {
+		return err
+	}
+	if pid := n.ContainerdPID(); pid != 0 {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			return err
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			return n.ContainerdPID() != pid, nil
+		}); err != nil {
+			return fmt.Errorf("containerd %d did not stop: %w", pid, err)
+		}
+	}
+	if err := n.waitContainerd(ctx); err != nil {
+		return err
+	}
+	return n.waitReady(ctx)
+}
+
+func (n *Node) waitContainerd(ctx context.Context) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return exec.CommandContext(ctx, "ctr", "--address", n.socket, "version").Run() == nil, nil
+	})
+}
+
+func (n *Node) writeContainerdConfig(handlers map[string]string) error {
+	dir := filepath.Join(n.Dir, "containerd")
 	var runtimes strings.Builder
-	for handler, bin := range n.Runtimes {
+	for handler, bin := range handlers {
 		fmt.Fprintf(&runtimes, `
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
           runtime_type = "io.containerd.runc.v2"
@@ -301,19 +375,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             SystemdCgroup = false
 %s`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), n.socket, n.socket+".ttrpc", filepath.Join(dir, "opt"),
 		PauseImage, filepath.Join(n.Dir, "cni", "net.d"), runtimes.String())
-	path := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		return err
-	}
-	// Every registry request goes to a proxy on a closed loopback port: an image that was not imported fails at once,
-	// and no request (not even a DNS lookup) leaves the machine.
-	noRegistry := []string{"HTTPS_PROXY=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9", "NO_PROXY=", "https_proxy=", "http_proxy=", "no_proxy="}
-	if err := n.spawnEnv(noRegistry, "containerd", "--config", path); err != nil {
-		return err
-	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		return exec.CommandContext(ctx, "ctr", "--address", n.socket, "version").Run() == nil, nil
-	})
+	return os.WriteFile(n.ContainerdConfig(), []byte(cfg), 0o600)
 }
 
 // Import imports a docker-archive or OCI tarball into containerd's CRI namespace, where the kubelet finds it.
