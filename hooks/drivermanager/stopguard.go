@@ -11,8 +11,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
@@ -70,7 +72,7 @@ func (o *UncordonOptions) letDriverStop(ctx context.Context, base *slog.Logger, 
 // emptyBeforeStop empties the node for the DaemonSet that runs the next driver pod on it, and says why the driver
 // may now stop.
 func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod) (string, error) {
-	node, err := nodestate.Get(ctx, o.Client, o.NodeName)
+	node, err := o.nodeBack(ctx, base)
 	if err != nil {
 		return "", err
 	}
@@ -131,6 +133,36 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 	}
 	fmt.Fprintf(out, "node %s emptied before its driver pod %s stops; the DaemonSet %s's next pod takes the node over\n", o.NodeName, pod.Name, next.Name)
 	return "its node is emptied for " + next.Name + "'s next pod", nil
+}
+
+// nodeGoneWait bounds nodeBack's wait: past it the pod garbage collector has deleted the gone node's pods (after
+// 40 s), this one with no grace period, and the driver stops whatever the gate does.
+const nodeGoneWait = 90 * time.Second
+
+// nodeBack reads the node; while its Node object is gone (deleted, registered again next) it waits for it, up to
+// nodeGoneWait within ctx's deadline: the registered Node takes pods at once, a GPU pod among them, which must go
+// before the driver stops. A Node that does not come back takes no pod: the driver may stop.
+func (o *UncordonOptions) nodeBack(ctx context.Context, base *slog.Logger) (*corev1.Node, error) {
+	ctx, cancel := context.WithTimeout(ctx, nodeGoneWait)
+	defer cancel()
+	var node *corev1.Node
+	logged := false
+	err := kwait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		n, err := nodestate.Get(ctx, o.Client, o.NodeName)
+		if apierrors.IsNotFound(err) {
+			if !logged {
+				base.With("node", o.NodeName).Info("the Node object is gone: waiting for it to register again before the driver stops")
+				logged = true
+			}
+			return false, nil
+		}
+		node = n
+		return err == nil, err
+	})
+	if node == nil && err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("its Node object is gone and was not registered again within %s or the pod's grace period: %w", nodeGoneWait, context.Cause(ctx))
+	}
+	return node, err
 }
 
 // nextDriverDaemonSet is the driver DaemonSet of the release that runs a pod on node after pod: the pod's own while

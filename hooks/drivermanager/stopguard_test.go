@@ -394,3 +394,47 @@ func TestStoppingDriverPodOfANodeCalledOffWaitsForASlot(t *testing.T) {
 		t.Errorf("state %q, evictions %v: want the node emptied once it had its slot", state(n), e.evictionsOf())
 	}
 }
+
+// A driver pod deleted while its Node object is gone (deleted, its kubelet about to register it again): the Node that
+// comes back takes pods at once, a GPU pod among them, so the gate waits for it and empties it before the driver
+// stops, rather than letting the driver stop because the node could not be read.
+func TestDriverPodDeletedWhileItsNodeIsGoneEmptiesTheNodeThatComesBack(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)}))
+	e.withDriverPod(oldDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done, stopFile, stopFileAt, out := e.stopGate(ctx)
+	defer func() {
+		if t.Failed() {
+			t.Log(out.String())
+		}
+	}()
+	time.Sleep(300 * time.Millisecond) // the gate runs as the node's agent
+	if err := e.client.CoreV1().Nodes().Delete(context.Background(), nodeName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel() // the kubelet's SIGTERM to the sidecar
+	time.Sleep(500 * time.Millisecond)
+	if _, err := os.Stat(stopFile); err == nil {
+		t.Fatal("the driver was let stop while its Node object was gone")
+	}
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), gpuNode(nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.withGPUPod(nil) // scheduled on the Node registered again
+	if err := <-done; err != nil {
+		t.Fatalf("gate: %v", err)
+	}
+	if _, err := os.Stat(stopFile); err != nil {
+		t.Fatalf("the gate never let the driver stop: %v", err)
+	}
+	for _, step := range []string{"cordon", "evict"} {
+		if at, ok := stopFileAt[step]; !ok || at {
+			t.Errorf("step %s: ran %v, stop file already written %v; want it run before the driver may stop", step, ok, at)
+		}
+	}
+	if got := e.evictionsOf(); !slices.Equal(got, []string{"train"}) {
+		t.Errorf("evictions %v, want the GPU pod that came with the Node registered again", got)
+	}
+}
