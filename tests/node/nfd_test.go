@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -63,15 +62,7 @@ func TestNFDLabelsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := g.Build(ctx, testNode.ModuleDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(testNode.Dir, "nfd.tar")
-	if err := WriteArchive(archive, map[string]v1.Image{nfdImage: img}); err != nil {
-		t.Fatal(err)
-	}
-	if err := testNode.Import(ctx, archive); err != nil {
+	if _, err := testNode.ImportImage(ctx, g); err != nil {
 		t.Fatal(err)
 	}
 	var size int64

@@ -378,6 +378,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	return os.WriteFile(n.ContainerdConfig(), []byte(cfg), 0o600)
 }
 
+// ImportImage builds g and imports it into containerd under g.Ref, through an archive in the node's folder, and
+// returns the archive's size.
+func (n *Node) ImportImage(ctx context.Context, g GoImage) (int64, error) {
+	img, err := g.Build(ctx, n.ModuleDir)
+	if err != nil {
+		return 0, err
+	}
+	archive := filepath.Join(n.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(g.Ref)+".tar")
+	if err := WriteArchive(archive, map[string]v1.Image{g.Ref: img}); err != nil {
+		return 0, err
+	}
+	info, err := os.Stat(archive)
+	if err != nil {
+		return 0, err
+	}
+	return info.Size(), n.Import(ctx, archive)
+}
+
 // Import imports a docker-archive or OCI tarball into containerd's CRI namespace, where the kubelet finds it.
 func (n *Node) Import(ctx context.Context, archive string) error {
 	out, err := exec.CommandContext(ctx, "ctr", "--address", n.socket, "-n", "k8s.io", "images", "import", archive).CombinedOutput()

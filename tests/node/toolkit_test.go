@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,20 +49,9 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := g.Build(ctx, testNode.ModuleDir)
+	size, err := testNode.ImportImage(ctx, g)
 	if err != nil {
 		t.Fatal(err)
-	}
-	archive := filepath.Join(testNode.Dir, "toolkit.tar")
-	if err := WriteArchive(archive, map[string]v1.Image{toolkitTestImage: img}); err != nil {
-		t.Fatal(err)
-	}
-	if err := testNode.Import(ctx, archive); err != nil {
-		t.Fatal(err)
-	}
-	var size int64
-	if info, err := os.Stat(archive); err == nil {
-		size = info.Size()
 	}
 	t.Logf("the toolkit built (or reused) and its image (%d files, %.1f MB) imported in %s", len(g.Files), float64(size)/1e6,
 		time.Since(start).Round(100*time.Millisecond))
