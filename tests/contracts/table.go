@@ -192,6 +192,8 @@ var Table = []Contract{
 		NeedsRoot: true,
 		// RUNTIME_RESTART_MODE defaults to signal for containerd: SIGHUP to the pid behind RUNTIME_SOCKET, which
 		// containerd (1.6 on the real node) does not handle, so it exits and its service manager starts it again;
+		// the pid comes from the credentials of containerd's first message, with SO_PASSCRED set only after the
+		// connect: a message sent before carries pid 0, and the SIGHUP then goes to the installer's own group;
 		// RUNTIME_CONFIG_SOURCES defaults to "command,file": `chroot HOST_ROOT_MOUNT containerd config dump` first,
 		// then RUNTIME_CONFIG.
 		// cmd/nvidia-ctk-installer/{main.go,toolkit/toolkit.go,container/**}: cli.EnvVars sources. None is required;
