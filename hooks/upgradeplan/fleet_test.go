@@ -2,12 +2,15 @@ package upgradeplan
 
 import (
 	"bytes"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -241,5 +244,73 @@ func TestPlanNamesSlotsByTheNodeSelection(t *testing.T) {
 		{Key: "nvidia.com/driver.pool", Operator: corev1.NodeSelectorOpDoesNotExist}}}}
 	if got := slotsOf(pools); got == before {
 		t.Errorf("a pool of another node selection shares the slots %s", got)
+	}
+}
+
+// A node is judged by the driver it runs, not by its driver pod's template alone: a node waiting for its turn whose
+// old pod was deleted (by hand, a pool rename, a re-registration) already has the new pod, which installs the
+// target, while its host runs the old driver. A re-sync that called it off (upgrade-done, "its pod has this release's
+// config") was undone by that pod's manager a moment later (it installs another driver than the node runs, so it
+// waits for its turn again), at every re-sync, for as long as the rollout lasted.
+func TestNodeWaitingWithItsNewPodIsNotCalledOff(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(1))
+	ran := map[string]string{nodestate.DriverDigestAnnotation: "old"}
+	nodes := []runtime.Object{readyNode("a", nil), readyNode("b", nil), readyNode("c", nil)}
+	for _, o := range nodes {
+		o.(*corev1.Node).Annotations = maps.Clone(ran)
+	}
+	client := fake.NewClientset(append(nodes, driverPod("a", "old"), driverPod("b", "old"), driverPod("c", "old"))...)
+	if _, err := runAt(t, client, pools, time.Unix(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	before := marks(t, client)
+	// b's old pod is deleted while b waits; its new pod waits in its driver manager (not Ready), b still runs "old"
+	repod(t, client, "b", "new")
+	waiting := node(t, client, "b").DeepCopy()
+	pod, err := client.CoreV1().Pods("gpu").Get(t.Context(), "driver-b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Conditions = nil
+	if _, err := client.CoreV1().Pods("gpu").UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(200, 0) }}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(plan.CalledOff) > 0 {
+		t.Errorf("the re-sync called off %v: node b runs the old driver, its new pod only waits to install the new one\n%s", plan.CalledOff, out.String())
+	}
+	b := node(t, client, "b")
+	if st := b.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
+		t.Errorf("node b is %s after the re-sync, want upgrade-required (it runs the old driver)", st)
+	}
+	if b.Annotations[canary.MarkAnnotation] != before["b"] || b.ResourceVersion != waiting.ResourceVersion {
+		t.Errorf("the re-sync rewrote node b (mark %s, was %s): a waiting node keeps its plan", b.Annotations[canary.MarkAnnotation], before["b"])
+	}
+	if !slices.ContainsFunc(plan.Nodes, func(np NodePlan) bool { return np.Node == "b" && np.From == "old" && np.To == "new" }) {
+		t.Errorf("node b is not planned old -> new: %+v", plan.Nodes)
+	}
+
+	// once b's new driver validated (recorded, the pod Ready, upgrade-done), the next re-sync has nothing for it
+	setState(t, client, "b", nodestate.UpgradeDone, false)
+	done := node(t, client, "b")
+	done.Annotations[nodestate.DriverDigestAnnotation] = "new"
+	if _, err := client.CoreV1().Nodes().Update(t.Context(), done, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	repod(t, client, "b", "new")
+	out.Reset()
+	plan, err = Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(300, 0) }}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if slices.ContainsFunc(plan.Nodes, func(np NodePlan) bool { return np.Node == "b" }) {
+		t.Errorf("node b, done with the new driver, is planned again: %+v", plan.Nodes)
 	}
 }

@@ -253,6 +253,11 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			if k.kind == KindDriver && pool.RevertOn() {
 				plan.Reverts[ds.Name] = plan.Reverts[ds.Name].add(ds.Digest, from, node)
 			}
+			// a node is judged by the driver it runs as well as by its pod: a new pod that has not validated yet (it
+			// waits for the node's turn, or installs) on a node whose recorded driver is another still has a change to make
+			if running := node.Annotations[nodestate.DriverDigestAnnotation]; from == ds.Digest && running != "" && running != from && !podReady(pod) {
+				from = running
+			}
 			if from == ds.Digest && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
 				plan.CalledOff = append(plan.CalledOff, node.Name)
 			}
