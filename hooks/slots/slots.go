@@ -112,8 +112,16 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 			return err
 		}
 		if _, ok := holders[node]; ok {
-			claim.Taken = true
-			return nil
+			// its own slot (taken before a wait, or by its previous manager): the claim is stamped again, by an
+			// update that conflicts with a concurrent drop of it as stale. Either this one wins and the claim is
+			// fresh for the cordon that follows, or the drop does and the node takes a slot anew, or waits.
+			holders[node] = stamp(now)
+			if err := write(lease, holders); err != nil {
+				return err
+			}
+			_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+			claim.Taken = err == nil
+			return err
 		}
 		if len(holders) >= p.Max {
 			if err := p.dropIdle(ctx, holders, now); err != nil {

@@ -158,6 +158,65 @@ func TestRaceForTheLastSlotHasOneWinner(t *testing.T) {
 	}
 }
 
+// A holder whose claim went stale while it waited (a new plan's canary went first) takes its turn at the moment a
+// waiting node, finding the pool full, drops it as idle. The holder's own take stamps its claim again by an update,
+// so the two conflict: here the drop lands first, and the holder, reading again, finds itself dropped and the pool
+// full, and is held. Its take used to answer "yours" without a write, and both nodes went out of service on one
+// slot (the soak's pool "a": 4 nodes out of 3).
+func TestStaleHolderDroppedMidTakeDoesNotGo(t *testing.T) {
+	old := now.Add(-ClaimGrace - time.Second).Format(time.RFC3339)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace, ResourceVersion: "5"}}
+	if err := write(lease, map[string]string{"h": old, "other": now.Format(time.RFC3339)}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(lease, node("h", nodestate.UpgradeRequired, false), node("other", nodestate.CordonRequired, true), node("w", nodestate.UpgradeRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	dropped := false
+	c.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if dropped {
+			return false, nil, nil
+		}
+		dropped = true // w's take (drop h, add w) lands between h's read and h's write
+		cur, err := c.Tracker().Get(leases, namespace, Name("a100"))
+		if err != nil {
+			return true, nil, err
+		}
+		l := cur.(*coordinationv1.Lease).DeepCopy()
+		if err := write(l, map[string]string{"other": now.Format(time.RFC3339), "w": now.Format(time.RFC3339)}); err != nil {
+			return true, nil, err
+		}
+		l.ResourceVersion += "-w"
+		if err := c.Tracker().Update(leases, l, namespace); err != nil {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+	if got := take(t, p, "h"); !dropped || got.Taken || strings.Join(got.Holders, ",") != "other,w" {
+		t.Fatalf("h: %+v (dropped %v), want held by other and w; holders %v", got, dropped, holders(t, c, "a100"))
+	}
+	if h := holders(t, c, "a100"); len(h) != 2 || h["h"] != "" {
+		t.Fatalf("holders %v, want other and w", h)
+	}
+}
+
+// The same holder taking its turn before any drop stamps its claim fresh, so a waiting node's look, reading the
+// Lease after it, counts it as out and is held.
+func TestHolderTakingItsTurnRenewsItsClaim(t *testing.T) {
+	old := now.Add(-ClaimGrace - time.Second).Format(time.RFC3339)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: Name("a100"), Namespace: namespace, ResourceVersion: "5"}}
+	if err := write(lease, map[string]string{"h": old, "other": now.Format(time.RFC3339)}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(lease, node("h", nodestate.UpgradeRequired, false), node("other", nodestate.CordonRequired, true), node("w", nodestate.UpgradeRequired, false))
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	if !take(t, p, "h").Taken {
+		t.Fatal("the holder lost its own slot")
+	}
+	if got := take(t, p, "w"); got.Taken {
+		t.Fatalf("w: %+v, want held: h renewed its claim for the cordon it writes next", got)
+	}
+}
+
 // Two managers create the pool's Lease at once: the second's create fails with AlreadyExists, and it reads the
 // first's and finds the one slot taken.
 func TestRaceToCreateTheLease(t *testing.T) {
