@@ -176,6 +176,8 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		}
 		if st := nodestate.UpgradeState(fresh.Labels[nodestate.UpgradeStateLabel]); st == nodestate.UpgradeDone || st == "" {
 			m.node = fresh
+			// in service, it holds no slot while it waits: kept, a node called off at each turn would hold it for good
+			giveSlotBack(ctx, m.o.Client, m.o.Namespace, fresh, m.log)
 			m.log.Info("a newer plan called the node off while it waited, yet this pod installs another driver: waiting for its turn again")
 			return m.waitTurn(ctx, block)
 		}

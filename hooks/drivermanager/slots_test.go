@@ -3,6 +3,7 @@ package drivermanager
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
@@ -16,6 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -391,5 +394,51 @@ func TestRenamedPoolKeepsItsSlots(t *testing.T) {
 	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name(key), metav1.GetOptions{})
 	if err != nil || !strings.Contains(l.Annotations[slots.HoldersAnnotation], nodeName) {
 		t.Fatalf("the pool's slots %v (%v): want %s holding one", l, err, nodeName)
+	}
+}
+
+// A turn taken that does not go gives its slot back: a node a plan calls off just after its manager took the
+// pool's slot (its pod installs another driver, so it waits for its turn again) is in service, and holds no slot
+// while it waits. Kept, its claim was stamped afresh at each turn it took again (slots.Pool.Take), so a node that
+// kept being called off held a slot for good while in service.
+func TestNodeCalledOffJustAfterItTookItsSlotGivesItBack(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	var took, gave atomic.Bool
+	calledOff := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(interface{ GetObject() runtime.Object }).GetObject().(*coordinationv1.Lease)
+		h, err := slots.Holders(l)
+		if err != nil || l.Name != slots.Name("default") {
+			return false, nil, nil
+		}
+		if _, ok := h[nodeName]; ok && !took.Swap(true) {
+			// the plan's CalledOff lands right after the claim (the tracker directly: the fake's lock is held here)
+			n, err := e.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("nodes"), "", nodeName)
+			if err != nil {
+				return false, nil, err
+			}
+			n = n.DeepCopyObject()
+			n.(*corev1.Node).Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeDone)
+			return false, nil, e.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("nodes"), n, "")
+		}
+		if _, ok := h[nodeName]; !ok && took.Load() && !gave.Swap(true) {
+			// gpu-7, waiting, takes the slot the moment it is free
+			h["gpu-7"] = e.clock().UTC().Format(time.RFC3339)
+			b, _ := json.Marshal(h)
+			l.Annotations[slots.HoldersAnnotation] = string(b)
+		}
+		return false, nil, nil
+	}
+	e.client.PrependReactor("create", "leases", calledOff)
+	e.client.PrependReactor("update", "leases", calledOff)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := e.start(ctx)
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if got := e.holders(); !slices.Equal(got, []string{"gpu-7"}) {
+		t.Fatalf("holders %v while the called-off node waits, want gpu-7 alone (the slot it gave back)", got)
+	}
+	e.freeSlotOf("gpu-7", done)
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v after the change, want the node's own slot", got)
 	}
 }
