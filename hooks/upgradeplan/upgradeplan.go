@@ -164,6 +164,9 @@ type Plan struct {
 	// release renders (that upgrade was reverted before the rollout reached them): nothing will move them on, so
 	// Run sets them back to upgrade-done, or the post-upgrade gate would wait for them to its deadline.
 	CalledOff []string
+	// LeftOver are driver and vGPU manager DaemonSets of the release that no pool of this release renders, left by
+	// upgrades that failed (leftOver); Run deletes them.
+	LeftOver []string
 }
 
 // Compute builds the plan from the cluster without changing it.
@@ -186,7 +189,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	dsNodes := map[string][]*corev1.Node{} // target DaemonSet -> the nodes it will serve
 	dsPool := map[string]driverpools.Pool{}
 	dsKind := map[string]string{}
-	owner := map[string]NodePlan{} // node -> the pool of the first kind whose pod runs there
+	owner := map[string]NodePlan{}  // node -> the pool of the first kind whose pod runs there
+	podsOf := map[string][]string{} // DaemonSet -> the nodes its pods run on
+	targetOf := map[string]string{} // node -> the DaemonSet this release gives it
 	listed := holdList(o.Pools, o.VGPUPools)
 	for _, k := range []struct {
 		kind  string
@@ -204,6 +209,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			node := nodes[pod.Spec.NodeName]
 			if node == nil || pod.DeletionTimestamp != nil {
 				continue
+			}
+			if ref := metav1.GetControllerOf(pod); ref != nil && ref.Kind == "DaemonSet" {
+				podsOf[ref.Name] = append(podsOf[ref.Name], node.Name)
 			}
 			matched, err := driverpools.Matching(k.pools, node)
 			if err != nil {
@@ -243,6 +251,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 					node.Labels[kernelLabel], poolNoun(k.kind), pool.Name, kindNoun[k.kind]))
 				continue
 			}
+			targetOf[node.Name] = ds.Name
 			if k.kind == KindDriver {
 				pools[pool.Name] = pool
 			}
@@ -284,6 +293,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 				plan.Unrevert = append(plan.Unrevert, node.Name)
 			}
 		}
+	}
+	if plan.LeftOver, err = leftOver(ctx, o, podsOf, targetOf); err != nil {
+		return nil, err
 	}
 	slices.Sort(plan.CalledOff)
 	slices.Sort(plan.Unrevert)
@@ -767,6 +779,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)
 	}
+	if err := deleteLeftOver(ctx, o, plan, out); err != nil {
+		return plan, err
+	}
 	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes)-kept)
 	if kept > 0 {
 		fmt.Fprintf(out, "pre-upgrade: %d GPU nodes already planned so, left as they are\n", kept)
@@ -872,6 +887,9 @@ func previous(m map[string]string, k string) *string {
 func (p *Plan) Write(out io.Writer) {
 	if len(p.Nodes) == 0 {
 		fmt.Fprintln(out, "pre-upgrade: no GPU node's driver changes; nothing to do")
+	}
+	for _, name := range p.LeftOver {
+		fmt.Fprintf(out, "DaemonSet %s is no pool's of this release (an upgrade that failed left it): it is deleted, its pods stop through their gates\n", name)
 	}
 	for _, pool := range slices.Sorted(maps.Keys(p.Resumed)) {
 		fmt.Fprintf(out, "pool %s resumes its plan %s: this release moves it to the same drivers, so its canary (%s) and the "+
