@@ -169,18 +169,27 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Print the node × operand table: the last report saved by the post-install hook, or --live",
+		Long: "Prints the node × operand table: the last report the post-install hook saved, or with --live the cluster as it\n" +
+			"is now. It fails when the namespace holds no report (no release with --live). " + NamespaceHelp,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, client, ns, err := clients(flags)
+			client, ns, from, err := adminClients(flags)
 			if err != nil {
 				return err
 			}
 			r, pools, err := releasecheck.LoadConfigMap(cmd.Context(), client, ns, name)
 			if !live {
 				if err != nil {
-					return fmt.Errorf("%w (or use --live)", err)
+					return fmt.Errorf("%w (namespace from %s; or use --live)", err, from)
+				}
+				// one report per namespace: another release's is not this one's
+				if *release != "" && r.Release != *release {
+					return fmt.Errorf("the report in %s/%s is release %q's, not %q's (namespace from %s)", ns, name, r.Release, *release, from)
 				}
 				r.WriteTable(out)
 				return nil
+			}
+			if err := findRelease(cmd.Context(), client, ns, from, *release); err != nil {
+				return err
 			}
 			o := releasecheck.Options{Client: client, Namespace: ns, Release: *release, Pools: pools, Once: true}
 			if r != nil {

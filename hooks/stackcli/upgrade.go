@@ -47,9 +47,14 @@ func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",
 		Short: "Print each GPU node's driver upgrade state, driver, since when and why",
+		Long: "Prints each GPU node's driver upgrade state, driver, since when and why, for the release's driver pods (of\n" +
+			"every release in the namespace without --release). It fails when the namespace holds no such release.\n" + NamespaceHelp,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, client, ns, err := clients(flags)
+			client, ns, from, err := adminClients(flags)
 			if err != nil {
+				return err
+			}
+			if err := findRelease(cmd.Context(), client, ns, from, *release); err != nil {
 				return err
 			}
 			return upgradeplan.WriteStatus(cmd.Context(), client, ns, *release, out)
@@ -57,10 +62,15 @@ func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 	}, &cobra.Command{
 		Use:   "retry NODE",
 		Short: "Move a node out of upgrade-failed and restart its driver pod",
+		Long:  "Moves a node out of upgrade-failed and restarts its driver pod of the release. " + NamespaceHelp,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, client, ns, err := clients(flags)
+			client, ns, from, err := adminClients(flags)
 			if err != nil {
+				return err
+			}
+			// in the wrong namespace it would find no driver pod to restart, after marking the node
+			if err := findRelease(cmd.Context(), client, ns, from, *release); err != nil {
 				return err
 			}
 			return upgradeplan.Retry(cmd.Context(), client, ns, *release, args[0], time.Now(), out)
