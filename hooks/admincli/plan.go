@@ -18,15 +18,16 @@ func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 			"of --nodes FILE: its role and driver pool, the operands that will run, the driver DaemonSet and whether the\n" +
 			"driver changes (its running driver pod's config digest against the rendered one), whether its GPU allocation\n" +
 			"switches, the GPU pods that change evicts and the PodDisruptionBudgets that hold them; then the GPU nodes no\n" +
-			"pool or OS tag covers. It only reads (nodes, pods, PodDisruptionBudgets, resource claims).",
+			"pool or OS tag covers. It only reads (nodes, pods, PodDisruptionBudgets, resource claims).\n" +
+			"The release is --release, else gpu. " + stackcli.NamespaceHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Release = *scope.Release
-			if scope.Flags.Namespace != nil {
-				o.Namespace = *scope.Flags.Namespace
+			var err error
+			if o.Namespace, _, err = scope.Namespace(); err != nil {
+				return err
 			}
 			if o.NodesFile == "" {
-				var err error
 				if _, o.Client, _, err = scope.Clients(); err != nil {
 					return err
 				}
@@ -35,7 +36,7 @@ func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err := placementplan.Run(cmd.Context(), o, out)
+			_, err = placementplan.Run(cmd.Context(), o, out)
 			return err
 		},
 	}
