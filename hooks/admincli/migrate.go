@@ -16,11 +16,12 @@ func migrateCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 		Use:   "migrate (-f VALUES | --from-cluster) [-o FILE] [--report FILE]",
 		Short: "Convert GPU Operator values, or a running operator's ClusterPolicy and NVIDIADrivers, into this chart's values",
 		Long: "Reads a GPU Operator values file (-f; YAML with a ClusterPolicy and NVIDIADriver objects works too) and/or the\n" +
-			"cluster (--from-cluster: the ClusterPolicy " + gpumigrate.ClusterPolicyName + ", every NVIDIADriver, and the labels the operator\n" +
-			"wrote on the nodes), and writes a values file for `helm install -f` (-o) and a report (--report, else standard\n" +
-			"output) that accounts for every input key: mapped to what, dropped and why, needing a decision, or with no place\n" +
-			"in kube-gpu-stack. NVIDIADrivers become driver.pools; the one marked default becomes the top-level driver values.\n" +
-			"With -f and --from-cluster both, the file's values refine the cluster's. It changes nothing in the cluster.",
+			"cluster (--from-cluster: the ClusterPolicy " + gpumigrate.ClusterPolicyName + ", else the cluster's only one, every NVIDIADriver, and\n" +
+			"the labels the operator wrote on the nodes; it fails without a ClusterPolicy), and writes a values file for\n" +
+			"`helm install -f` (-o) and a report (--report, else standard output) that accounts for every input key: mapped to\n" +
+			"what, dropped and why, needing a decision, or with no place in kube-gpu-stack. NVIDIADrivers become driver.pools;\n" +
+			"the one marked default becomes the top-level driver values. With -f and --from-cluster both, the file's values\n" +
+			"refine the cluster's. It changes nothing in the cluster.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Stderr = cmd.ErrOrStderr()
@@ -32,6 +33,7 @@ func migrateCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 				if o.Dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 					return err
 				}
+				o.Server = cfg.Host
 			}
 			if err := o.Validate(); err != nil {
 				return err

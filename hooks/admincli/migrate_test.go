@@ -2,6 +2,9 @@ package admincli
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,5 +41,43 @@ func TestMigrateCommand(t *testing.T) {
 	cmd.SetErr(&bytes.Buffer{})
 	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--from-cluster") {
 		t.Errorf("migrate without input: %v", err)
+	}
+}
+
+// `migrate --from-cluster` on a cluster where no GPU Operator runs used to exit 0 with values made from nothing. It
+// fails, naming the ClusterPolicy it looked for and the cluster it asked.
+func TestMigrateFromClusterWithoutTheOperator(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/api/v1/nodes" {
+			fmt.Fprint(w, `{"apiVersion":"v1","kind":"NodeList","items":[]}`)
+			return
+		}
+		w.WriteHeader(http.StatusNotFound) // no nvidia.com resources: the operator's CRDs are not installed
+		fmt.Fprintf(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"NotFound","code":404,"message":"%s not found"}`, r.URL.Path)
+	}))
+	defer srv.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+srv.URL+`"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout bytes.Buffer
+	cmd := NewCommand(&stdout)
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"migrate", "--from-cluster", "--kubeconfig", kubeconfig, "-o", filepath.Join(t.TempDir(), "values.yaml")})
+	err := cmd.Execute()
+	if err == nil {
+		t.Fatalf("exit 0 on a cluster without a ClusterPolicy; report:\n%s", stdout.String())
+	}
+	for _, want := range []string{`ClusterPolicy "cluster-policy"`, "nvidia.com/v1", srv.URL} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
 	}
 }

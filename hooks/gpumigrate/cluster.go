@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 )
@@ -34,13 +35,13 @@ type NodeLabelCount struct {
 // Cluster is what --from-cluster read.
 type Cluster struct {
 	Input
+	// Policy is the ClusterPolicy read: ClusterPolicyName, or the cluster's only one by another name.
+	Policy string
 	Labels []NodeLabelCount
 	// Kernels are the GPU nodes' kernels (feature.node.kubernetes.io/kernel-version.full), for precompiled drivers.
 	Kernels []string
 	// OS counts the GPU nodes' operating systems (NFD's os_release ID and VERSION_ID).
 	OS map[string]int
-	// Missing names what was looked for and not found.
-	Missing []string
 }
 
 // labelNotes says, for each operator node label, what it means to this chart; labels not listed are not reported.
@@ -60,16 +61,15 @@ var labelNotes = []struct{ prefix, note string }{
 // FromCluster reads the ClusterPolicy, every NVIDIADriver and the operator's labels on the nodes.
 func FromCluster(ctx context.Context, dyn dynamic.Interface) (Cluster, error) {
 	var c Cluster
-	cp, err := dyn.Resource(ClusterPolicyGVR).Get(ctx, ClusterPolicyName, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
+	cp, err := clusterPolicy(ctx, dyn)
+	if err != nil {
+		return c, err
+	}
+	c.Policy = cp.GetName()
+	spec, _ := cp.Object["spec"].(map[string]any)
+	c.Values = spec
+	if c.Values == nil {
 		c.Values = map[string]any{}
-		c.Missing = append(c.Missing, "ClusterPolicy "+ClusterPolicyName)
-	case err != nil:
-		return c, fmt.Errorf("reading ClusterPolicy %s: %w", ClusterPolicyName, err)
-	default:
-		spec, _ := cp.Object["spec"].(map[string]any)
-		c.Values = spec
 	}
 	drivers, err := dyn.Resource(NVIDIADriverGVR).List(ctx, metav1.ListOptions{})
 	switch {
@@ -124,13 +124,43 @@ func FromCluster(ctx context.Context, dyn dynamic.Interface) (Cluster, error) {
 	return c, nil
 }
 
+// clusterPolicy reads ClusterPolicyName, else the cluster's only ClusterPolicy (the operator acts on one; OpenShift's
+// documented one is gpu-cluster-policy). Without one there is nothing to convert: values made from nothing would
+// install as if the site had changed no setting.
+func clusterPolicy(ctx context.Context, dyn dynamic.Interface) (*unstructured.Unstructured, error) {
+	cp, err := dyn.Resource(ClusterPolicyGVR).Get(ctx, ClusterPolicyName, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		if err != nil {
+			return nil, fmt.Errorf("reading ClusterPolicy %s: %w", ClusterPolicyName, err)
+		}
+		return cp, nil
+	}
+	looked := fmt.Sprintf("no ClusterPolicy %q (%s, the GPU Operator's)", ClusterPolicyName, ClusterPolicyGVR.GroupVersion())
+	list, err := dyn.Resource(ClusterPolicyGVR).List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("%s: the cluster serves no %s %s, so no GPU Operator runs there; convert its values file with -f instead",
+			looked, ClusterPolicyGVR.GroupVersion(), ClusterPolicyGVR.Resource)
+	case err != nil:
+		return nil, fmt.Errorf("%s; listing ClusterPolicies: %w", looked, err)
+	case len(list.Items) == 1:
+		return &list.Items[0], nil
+	case len(list.Items) == 0:
+		return nil, fmt.Errorf("%s, and no other ClusterPolicy: the GPU Operator is not set up there; convert its values file with -f instead", looked)
+	}
+	var names []string
+	for _, p := range list.Items {
+		names = append(names, p.GetName())
+	}
+	slices.Sort(names)
+	return nil, fmt.Errorf("%s, and several others (%s): the operator acts on one; convert its values with -f (kubectl get clusterpolicy NAME -o yaml)",
+		looked, strings.Join(names, ", "))
+}
+
 // ConvertCluster converts what FromCluster read; precompiled drivers get the GPU nodes' kernels.
 func ConvertCluster(c Cluster) Result {
 	r := Convert(c.Values, c.Drivers)
 	r.Nodes = c.Labels
-	for _, m := range c.Missing {
-		r.Report = append(r.Report, Entry{Key: "(cluster) " + m, Action: Decision, Why: "not found: nothing was read from it"})
-	}
 	if precompiledAnywhere(r.Values) {
 		if kernels := slices.Compact(slices.Sorted(slices.Values(c.Kernels))); len(kernels) > 0 {
 			ks := make([]any, len(kernels))

@@ -364,17 +364,50 @@ driver:
 	if e := entry(t, r, "(nodes) feature.node.kubernetes.io/system-os_release"); !strings.Contains(e.Why, "ubuntu24.04 x2") {
 		t.Errorf("OS summary %q", e.Why)
 	}
-	empty, err := FromCluster(t.Context(), dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		ClusterPolicyGVR: "ClusterPolicyList", NVIDIADriverGVR: "NVIDIADriverList", nodeGVR: "NodeList"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e := entry(t, ConvertCluster(empty), "(cluster) ClusterPolicy cluster-policy"); e.Action != Decision {
-		t.Errorf("a missing ClusterPolicy is reported as %s", e.Action)
-	}
 	for _, key := range []string{"NVIDIADriver/h100.spec.version", "NVIDIADriver/default.spec.default", "toolkit.env", "driver.useNvidiaDriverCRD"} {
 		entry(t, r, key)
 	}
+}
+
+// --from-cluster on a cluster without the operator's ClusterPolicy used to exit 0 with an empty values file: the
+// report's one line was easy to miss, and installing those values drops every setting. It fails, naming what it
+// looked for; a single ClusterPolicy of another name (OpenShift's documented one is gpu-cluster-policy) is read.
+func TestFromClusterNeedsTheClusterPolicy(t *testing.T) {
+	kinds := map[schema.GroupVersionResource]string{ClusterPolicyGVR: "ClusterPolicyList", NVIDIADriverGVR: "NVIDIADriverList", nodeGVR: "NodeList"}
+	policy := func(name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"sandboxWorkloads": map[string]any{"enabled": true}}}}
+		u.SetGroupVersionKind(schema.GroupVersionKind{Group: "nvidia.com", Version: "v1", Kind: "ClusterPolicy"})
+		u.SetName(name)
+		return u
+	}
+	for name, tc := range map[string]struct {
+		objs []runtime.Object
+		want []string // in the error
+	}{
+		"none":    {nil, []string{`no ClusterPolicy "cluster-policy"`, "nvidia.com/v1", "-f"}},
+		"several": {[]runtime.Object{policy("a"), policy("b")}, []string{`no ClusterPolicy "cluster-policy"`, "a, b"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := FromCluster(t.Context(), dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kinds, tc.objs...))
+			if err == nil {
+				t.Fatal("no error: a cluster without the operator's ClusterPolicy converts to nothing")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error does not say %q: %v", w, err)
+				}
+			}
+		})
+	}
+
+	c, err := FromCluster(t.Context(), dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), kinds, policy("gpu-cluster-policy")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Policy != "gpu-cluster-policy" {
+		t.Errorf("read ClusterPolicy %q, want gpu-cluster-policy", c.Policy)
+	}
+	wantValues(t, ConvertCluster(c), `{global: {sandboxWorkloads: {enabled: true}}}`)
 }
 
 // A full upstream values copy carries gds.imagePullSecrets: [] and gdrcopy.imagePullSecrets: [] beside the site's

@@ -18,6 +18,8 @@ type Options struct {
 	// FromCluster reads the ClusterPolicy, the NVIDIADrivers and the node labels through Dynamic.
 	FromCluster bool
 	Dynamic     dynamic.Interface
+	// Server is the address Dynamic reads, named in its errors: the kubeconfig may point at another cluster.
+	Server string
 	// Kernels are the GPU nodes' kernels for precompiled drivers, added to those --from-cluster finds.
 	Kernels []string
 	// Out is the values file to write ("" or "-": standard output).
@@ -49,9 +51,9 @@ func (o *Options) Run(ctx context.Context, stdout io.Writer) (Result, error) {
 	if o.FromCluster {
 		var err error
 		if cluster, err = FromCluster(ctx, o.Dynamic); err != nil {
-			return r, err
+			return r, fmt.Errorf("--from-cluster, the cluster at %s: %w", o.Server, err)
 		}
-		sources = append(sources, "the cluster's ClusterPolicy "+ClusterPolicyName+" and NVIDIADrivers")
+		sources = append(sources, "the cluster's ClusterPolicy "+cluster.Policy+" and NVIDIADrivers")
 	}
 	if o.File != "" {
 		data, err := os.ReadFile(o.File)
