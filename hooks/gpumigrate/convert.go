@@ -613,14 +613,42 @@ func serviceMonitor(c *converter, at string, v any) Entry {
 var operatorDefaults []byte
 
 // nfdSubchart: the operator's NFD subchart values. Its defaults (PCI whitelist, GPU tolerations, GC) are what the
-// bundled NFD here does; anything changed from them must be carried over by hand, the keys differ.
+// bundled NFD here does; anything changed from them must be carried over by hand, the keys differ, so the report
+// names each changed key.
 func nfdSubchart(c *converter, at string, v any) Entry {
 	in, err := ParseFile(operatorDefaults)
-	if err == nil && equal(v, in.Values["node-feature-discovery"]) {
+	if err != nil {
+		return Entry{Action: Decision, To: []string{"nfd.worker", "nfd.master", "nfd.gc"},
+			Why: "carry any change from the operator's defaults over to nfd.worker / nfd.master / nfd.gc, whose keys differ"}
+	}
+	changed := changedKeys(at, v, in.Values["node-feature-discovery"])
+	if len(changed) == 0 {
 		return Entry{Action: Dropped, Why: "the operator's defaults: the bundled NFD (nfd.mode=bundled) has the same PCI whitelist, GPU tolerations and GC"}
 	}
 	return Entry{Action: Decision, To: []string{"nfd.worker", "nfd.master", "nfd.gc"},
-		Why: "changed from the operator's defaults: carry the changes over to nfd.worker / nfd.master / nfd.gc (operands/node-feature-discovery/values.yaml), whose keys differ"}
+		Why: "changed from the operator's defaults: " + strings.Join(changed, ", ") +
+			"; carry them over to nfd.worker / nfd.master / nfd.gc (operands/node-feature-discovery/values.yaml), whose keys differ"}
+}
+
+// changedKeys are the paths under at whose values in v differ from def, down to scalars and lists. A key v leaves
+// out keeps its default, and so does an empty map (Helm merges values files), so only v's keys count.
+func changedKeys(at string, v, def any) []string {
+	m, isMap := v.(map[string]any)
+	dm, defIsMap := def.(map[string]any)
+	switch {
+	case isMap && len(m) == 0:
+		return nil
+	case !isMap || !defIsMap:
+		if equal(v, def) {
+			return nil
+		}
+		return []string{at}
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, changedKeys(at+"."+k, m[k], dm[k])...)
+	}
+	return out
 }
 
 // migConfigData: the operator's MIG ConfigMap data is a map of file name to content; here it is the one config.yaml.

@@ -410,6 +410,38 @@ func TestFromClusterNeedsTheClusterPolicy(t *testing.T) {
 	wantValues(t, ConvertCluster(c), `{global: {sandboxWorkloads: {enabled: true}}}`)
 }
 
+// The operator's NFD subchart values were one "needs a decision" line naming no key: the reader had to diff a
+// full values copy against the operator's by hand. The line names the keys changed from the operator's defaults,
+// and values equal to them (a full upstream copy's) need no decision.
+func TestNFDDecisionNamesTheChangedKeys(t *testing.T) {
+	r := convertYAML(t, `node-feature-discovery:
+  priorityClassName: system-node-critical
+  gc: {enable: true, interval: 2h}
+  worker:
+    tolerations: [{key: dedicated, operator: Exists}]
+    serviceAccount: {name: node-feature-discovery, create: false}
+  master: {replicaCount: 2}`)
+	e := entry(t, r, "node-feature-discovery")
+	if e.Action != Decision {
+		t.Fatalf("changed NFD values: %s (%s), want a decision", e.Action, e.Why)
+	}
+	for _, k := range []string{"node-feature-discovery.gc.interval", "node-feature-discovery.worker.tolerations", "node-feature-discovery.master.replicaCount"} {
+		if !strings.Contains(e.Why, k) {
+			t.Errorf("the decision does not name %s: %s", k, e.Why)
+		}
+	}
+	for _, k := range []string{"priorityClassName", "gc.enable", "serviceAccount"} {
+		if strings.Contains(e.Why, k) {
+			t.Errorf("the decision names %s, which has the operator's default: %s", k, e.Why)
+		}
+	}
+
+	same := convertYAML(t, `node-feature-discovery: {priorityClassName: system-node-critical, worker: {serviceAccount: {create: false}}}`)
+	if e := entry(t, same, "node-feature-discovery"); e.Action != Dropped {
+		t.Errorf("NFD values equal to the operator's defaults: %s (%s), want dropped", e.Action, e.Why)
+	}
+}
+
 // A full upstream values copy carries gds.imagePullSecrets: [] and gdrcopy.imagePullSecrets: [] beside the site's
 // driver.imagePullSecrets; all three go to driver.imagePullSecrets, and the empty ones sorted after the driver's
 // used to replace it, so a private-registry site's driver pods had no pull secret. Now the lists add up.
