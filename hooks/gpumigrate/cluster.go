@@ -174,13 +174,19 @@ func ConvertCluster(c Cluster) Result {
 			r.Report = append(r.Report, Entry{Key: "(nodes) feature.node.kubernetes.io/kernel-version.full", Action: Decision, To: []string{"driver.kernels"}, Why: "precompiled drivers, but no kernels known (no GPU node with an NFD kernel label, no --kernel): list them in driver.kernels, or the chart refuses to render"})
 		}
 	}
+	// the operator finds each node's OS; this chart runs a driver only on the OS tags driver.os lists
+	osEntry := Entry{Key: "(nodes) feature.node.kubernetes.io/system-os_release", Action: Decision, To: []string{"driver.os"}}
 	if len(c.OS) > 0 {
 		var parts []string
 		for _, os := range slices.Sorted(maps.Keys(c.OS)) {
 			parts = append(parts, fmt.Sprintf("%s x%d", os, c.OS[os]))
 		}
-		r.Report = append(r.Report, Entry{Key: "(nodes) feature.node.kubernetes.io/system-os_release", Action: Decision, To: []string{"driver.os"},
-			Why: "GPU nodes run " + strings.Join(parts, ", ") + ": check that driver.os (and each pool's os) has a tag for each"})
+		osEntry.Why = "GPU nodes run " + strings.Join(parts, ", ") + ": check that driver.os (and each pool's os) has a tag for each"
+		r.Report = append(r.Report, osEntry)
+	} else if enabled, _ := getPath(r.Values, "driver.enabled"); enabled != false {
+		osEntry.Why = "the GPU nodes' operating systems were not read (no --from-cluster, or no NFD os_release labels): a GPU node " +
+			"whose OS has no tag in driver.os gets no driver; `kube-gpu-stack plan -f VALUES` lists the GPU nodes no OS tag covers"
+		r.Report = append(r.Report, osEntry)
 	}
 	return r
 }

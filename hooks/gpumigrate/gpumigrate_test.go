@@ -410,6 +410,24 @@ func TestFromClusterNeedsTheClusterPolicy(t *testing.T) {
 	wantValues(t, ConvertCluster(c), `{global: {sandboxWorkloads: {enabled: true}}}`)
 }
 
+// The operator finds each node's OS itself; this chart runs a driver only on the OS tags driver.os lists. From a
+// values file alone the report said nothing about it, so a site on another OS learnt it from nodes with no driver.
+func TestOSHintWithoutTheNodes(t *testing.T) {
+	in, err := ParseFile([]byte(`{driver: {version: "580.95.05"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := entry(t, ConvertCluster(Cluster{Input: in}), "(nodes) feature.node.kubernetes.io/system-os_release")
+	if e.Action != Decision || !slices.Contains(e.To, "driver.os") {
+		t.Fatalf("OS hint: %s -> %v, want a decision on driver.os", e.Action, e.To)
+	}
+	for _, want := range []string{"--from-cluster", "kube-gpu-stack plan"} {
+		if !strings.Contains(e.Why, want) {
+			t.Errorf("the OS hint does not say %q: %s", want, e.Why)
+		}
+	}
+}
+
 // The operator's NFD subchart values were one "needs a decision" line naming no key: the reader had to diff a
 // full values copy against the operator's by hand. The line names the keys changed from the operator's defaults,
 // and values equal to them (a full upstream copy's) need no decision.
