@@ -21,6 +21,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecleanup"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 // DefaultReportConfigMap is where the post-install hook leaves its report.
@@ -103,6 +104,7 @@ func releaseScope(flags *genericclioptions.ConfigFlags, rawPools string) (kubern
 func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	o := releasecheck.Options{}
 	var pools string
+	var deleteLeftOver bool
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Wait until every operand rolled out and every GPU node validated; print the node × operand table",
@@ -119,10 +121,17 @@ func checkCommand(flags *genericclioptions.ConfigFlags, release *string, out io.
 			if err := o.Validate(); err != nil {
 				return err
 			}
+			if deleteLeftOver {
+				if err := upgradeplan.DeleteLeftOverDrivers(cmd.Context(), upgradeplan.Options{Client: o.Client, Namespace: o.Namespace,
+					Release: o.Release, Pools: o.Pools}, out); err != nil {
+					return err
+				}
+			}
 			_, err = releasecheck.Run(cmd.Context(), o, out)
 			return err
 		},
 	}
+	cmd.Flags().BoolVar(&deleteLeftOver, "delete-left-over", false, "first delete the release's driver DaemonSets that no pool renders once their nodes' DaemonSets exist (left by upgrades that failed; needs delete on daemonsets)")
 	cmd.Flags().DurationVar(&o.Timeout, "timeout", 4*time.Minute, "deadline; keep it below the Helm/Flux timeout")
 	cmd.Flags().StringVar(&o.ReportConfigMap, "report-configmap", "", "save the report to this ConfigMap")
 	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")

@@ -78,3 +78,40 @@ func TestPlanLeavesARenamedPoolsDaemonSetToHelm(t *testing.T) {
 		t.Errorf("the renamed pool's DaemonSet: %v\n%s", err, out.String())
 	}
 }
+
+// The pre-upgrade plan of the upgrade that renames a pool back cannot delete the failed revisions' DaemonSet (its
+// successor does not exist yet, and Helm, diffing against the last deployed release, never deletes it); the gate,
+// after Helm applied the release, does. A vGPU manager DaemonSet, whose pools the gate does not know, is left alone.
+func TestGateDeletesADriverDaemonSetLeftOnceItsSuccessorExists(t *testing.T) {
+	target := releaseDaemonSet("nvidia-driver-daemonset-ubuntu22.04")
+	left := releaseDaemonSet("nvidia-driver-b-renamed-ubuntu22.04")
+	vgpu := releaseDaemonSet("nvidia-vgpu-manager-daemonset-ubuntu22.04")
+	vgpu.Labels["app.kubernetes.io/component"] = KindVGPUManager
+	o := Options{Namespace: "gpu", Release: "rel", Pools: pool("new", intstr.FromInt32(1))}
+	o.Client = fake.NewClientset(readyNode("a", nil), left, vgpu, ownedBy(driverPod("a", "old"), left))
+	var out bytes.Buffer
+	if err := DeleteLeftOverDrivers(t.Context(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Client.AppsV1().DaemonSets("gpu").Get(t.Context(), left.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("deleted before its successor exists (%v):\n%s", err, out.String())
+	}
+	// Helm created the successor
+	if _, err := o.Client.AppsV1().DaemonSets("gpu").Create(t.Context(), target, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteLeftOverDrivers(t.Context(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Client.AppsV1().DaemonSets("gpu").Get(t.Context(), left.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the left-over DaemonSet is still there (%v):\n%s", err, out.String())
+	}
+	for _, kept := range []string{target.Name, vgpu.Name} {
+		if _, err := o.Client.AppsV1().DaemonSets("gpu").Get(t.Context(), kept, metav1.GetOptions{}); err != nil {
+			t.Errorf("%s: %v", kept, err)
+		}
+	}
+	if !strings.Contains(out.String(), "validation gate: DaemonSet "+left.Name+" deleted") {
+		t.Errorf("the gate does not say what it deleted:\n%s", out.String())
+	}
+}

@@ -294,7 +294,11 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 			}
 		}
 	}
-	if plan.LeftOver, err = leftOver(ctx, o, podsOf, targetOf); err != nil {
+	kinds := []string{KindDriver}
+	if o.VGPUPools != nil {
+		kinds = append(kinds, KindVGPUManager) // without them, a vGPU manager DaemonSet is not known for left over
+	}
+	if plan.LeftOver, err = leftOver(ctx, o, podsOf, targetOf, kinds); err != nil {
 		return nil, err
 	}
 	slices.Sort(plan.CalledOff)
@@ -779,7 +783,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 		fmt.Fprintf(out, "pre-upgrade: node %s was upgrade-required but its driver pod already has this release's driver config: upgrade-done\n", name)
 	}
-	if err := deleteLeftOver(ctx, o, plan, out); err != nil {
+	if err := deleteLeftOver(ctx, o, plan.LeftOver, "pre-upgrade", out); err != nil {
 		return plan, err
 	}
 	fmt.Fprintf(out, "pre-upgrade: %d GPU nodes marked upgrade-required\n", len(plan.Nodes)-kept)
