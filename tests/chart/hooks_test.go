@@ -397,7 +397,9 @@ func TestHookRBAC(t *testing.T) {
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{reportName}, Verbs: []string{"get", "update", "patch"}},
 	}
 	for key, want := range map[string][]rbacv1.PolicyRule{
-		"role/" + gateName:                     append(slices.Clone(checkRead), report...),
+		// and the one write beyond its report: deleting a driver DaemonSet upgrades that failed left (--delete-left-over)
+		"role/" + gateName: append(append(slices.Clone(checkRead), report...),
+			rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"delete"}}),
 		"clusterrole/" + clusterName(gateName): nodesRead,
 		"role/" + testName:                     checkRead,
 		"clusterrole/" + clusterName(testName): nodesRead,
