@@ -314,3 +314,30 @@ func TestNodeWaitingWithItsNewPodIsNotCalledOff(t *testing.T) {
 		t.Errorf("node b, done with the new driver, is planned again: %+v", plan.Nodes)
 	}
 }
+
+// A node whose driver pod is being deleted (by hand, a pool rename, its node moved) is being emptied by that pod's
+// gate before its driver stops, whatever the next pod installs: a re-sync does not call it off. It did (the next pod
+// has this release's config and the node records that driver), the gate set it back to wait for its turn, and the
+// two took turns at every re-sync while the node never went (the soak, seed 3 with failing drivers).
+func TestNodeWhoseDriverPodStopsIsNotCalledOff(t *testing.T) {
+	pools := pool("new", intstr.FromInt32(1))
+	b := readyNode("b", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeRequired)})
+	b.Annotations = map[string]string{nodestate.DriverDigestAnnotation: "new"}
+	stopping := driverPod("b", "new")
+	stopping.Name = "driver-b-old"
+	now := metav1.Now()
+	stopping.DeletionTimestamp, stopping.Finalizers = &now, []string{"test/stopping"}
+	client := fake.NewClientset(readyNode("a", nil), b, driverPod("a", "new"), stopping, driverPod("b", "new"))
+	var out bytes.Buffer
+	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+		Now: func() time.Time { return time.Unix(200, 0) }}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if len(plan.CalledOff) > 0 {
+		t.Errorf("the re-sync called off %v while b's old driver pod stops\n%s", plan.CalledOff, out.String())
+	}
+	if st := node(t, client, "b").Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
+		t.Errorf("node b is %s, want upgrade-required while its old driver pod's gate empties it", st)
+	}
+}

@@ -191,6 +191,7 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	dsKind := map[string]string{}
 	owner := map[string]NodePlan{}  // node -> the pool of the first kind whose pod runs there
 	podsOf := map[string][]string{} // DaemonSet -> the nodes its pods run on
+	stopping := map[string]bool{}   // nodes with a driver pod being deleted: its gate empties them before it stops
 	targetOf := map[string]string{} // node -> the DaemonSet this release gives it
 	listed := holdList(o.Pools, o.VGPUPools)
 	for _, k := range []struct {
@@ -207,6 +208,9 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 		for i := range kindPods.Items {
 			pod := &kindPods.Items[i]
 			node := nodes[pod.Spec.NodeName]
+			if node != nil && pod.DeletionTimestamp != nil {
+				stopping[node.Name] = true
+			}
 			if node == nil || pod.DeletionTimestamp != nil {
 				continue
 			}
@@ -301,6 +305,8 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	if plan.LeftOver, err = leftOver(ctx, o, podsOf, targetOf, kinds); err != nil {
 		return nil, err
 	}
+	// a node whose driver pod stops is being emptied by that pod's gate, whatever its next pod installs
+	plan.CalledOff = slices.DeleteFunc(plan.CalledOff, func(n string) bool { return stopping[n] })
 	slices.Sort(plan.CalledOff)
 	slices.Sort(plan.Unrevert)
 	slices.Sort(plan.Forgive)
