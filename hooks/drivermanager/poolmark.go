@@ -14,6 +14,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 )
 
 // A node's pool, when its own plan mark does not say it: the plan marks the nodes it reads, but a node registered
@@ -113,9 +114,6 @@ func (m *manager) markOfPeers(ctx context.Context, name string, uid types.UID, p
 			peers[p.Spec.NodeName] = true
 		}
 	}
-	if len(peers) == 0 {
-		return nil, "", nil
-	}
 	// every planned node carries an upgrade state: one list of those, not a read per peer
 	marked, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.NodeList, error) {
 		return m.o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: nodestate.UpgradeStateLabel})
@@ -132,7 +130,38 @@ func (m *manager) markOfPeers(ctx context.Context, name string, uid types.UID, p
 			latest = mk
 		}
 	}
+	if latest == nil {
+		// a DaemonSet just created (its pool renamed, or renamed back) has no pods on the other nodes yet: the nodes it
+		// selects carry the pool's plan; without it the node went alone, outside the pool's bound
+		latest = m.markOfSelected(ctx, name, uid, marked.Items)
+	}
 	return latest, name, nil
+}
+
+// markOfSelected is the latest plan mark on the nodes other than this one that DaemonSet name (uid) selects; nil when
+// none carries one or the DaemonSet cannot be read (its pods' nodes had none to offer either).
+func (m *manager) markOfSelected(ctx context.Context, name string, uid types.UID, marked []corev1.Node) *canary.Mark {
+	ds, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSet, error) {
+		return m.o.Client.AppsV1().DaemonSets(m.o.Namespace).Get(ctx, name, metav1.GetOptions{})
+	})
+	if err != nil || ds.UID != uid {
+		return nil
+	}
+	fitter := schedule.NewDaemonSetFitter(&ds.Spec.Template.Spec)
+	var latest *canary.Mark
+	for i := range marked {
+		n := &marked[i]
+		if n.Name == m.o.NodeName {
+			continue
+		}
+		if fits, err := fitter.Fits(n); err != nil || !fits {
+			continue
+		}
+		if mk, err := canary.Read(n); err == nil && mk != nil && (latest == nil || !canary.NotBefore(latest, mk)) {
+			latest = mk
+		}
+	}
+	return latest
 }
 
 // followNewPool re-marks a node, not yet under way, that moved to another pool (Options.PoolDaemonSet: the DaemonSet
