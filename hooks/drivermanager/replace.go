@@ -305,6 +305,9 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 	if err := m.waitTurn(ctx, false); err != nil {
 		return err
 	}
+	if err := m.podStillThere(ctx); err != nil {
+		return err
+	}
 	if err := m.stillOutdated(ctx, outdated, true); err != nil {
 		return err
 	}
@@ -328,6 +331,27 @@ func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string
 	}
 	m.log.Info("node emptied: the old driver pod may stop", "state", m.node.Labels[nodestate.UpgradeStateLabel])
 	return nil
+}
+
+// errPodGone: the stopping driver pod was removed with no grace while its gate waited for the node's turn.
+var errPodGone = errors.New("its driver pod is gone")
+
+// podStillThere stands a stopping pod's emptying down, its slot given back, when the pod was removed meanwhile with
+// no grace (the pod garbage collector, for a Node deleted and registered again): its containers went with it, its
+// driver stopped already, and a newer pod's manager may have taken the node over since.
+func (m *manager) podStillThere(ctx context.Context) error {
+	if !m.o.Stopping {
+		return nil
+	}
+	_, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.Pod, error) {
+		return m.o.Client.CoreV1().Pods(m.o.Namespace).Get(ctx, m.o.Lease.Identity, metav1.GetOptions{})
+	})
+	if !apierrors.IsNotFound(err) {
+		return nil // there, or unreadable: the emptying goes on, as before its turn
+	}
+	giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
+	m.log.Info("the driver pod was removed with no grace while the node waited for its turn: nothing to empty", "pod", m.o.Lease.Identity)
+	return &untouchedError{fmt.Errorf("node %s: %w (%s)", m.o.NodeName, errPodGone, m.o.Lease.Identity)}
 }
 
 // errHeldMidChange: the admin labelled the node to skip driver changes while it was emptied.

@@ -438,3 +438,43 @@ func TestDriverPodDeletedWhileItsNodeIsGoneEmptiesTheNodeThatComesBack(t *testin
 		t.Errorf("evictions %v, want the GPU pod that came with the Node registered again", got)
 	}
 }
+
+// A stopping driver pod removed with no grace while its gate waits for the node's turn (the pod garbage collector,
+// for a Node deleted and registered again) is gone with its containers: its driver stopped already, and a newer pod's
+// manager may have taken the node over meanwhile. The gate stands down when its turn comes instead of emptying the
+// node: it did, after the next pod's manager had kept the driver, and left the node pod-restart-required with no
+// manager to move it on (the soak, seed 3 with failing drivers).
+func TestStoppingGateWhosePodIsGoneStandsDownAtItsTurn(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	ctx, cancel := context.WithCancel(context.Background())
+	done, _, _, out := e.stopGate(ctx)
+	waitUntil(t, "the gate's agent", func() bool { return strings.Contains(out.String(), "nothing to do") })
+	time.Sleep(300 * time.Millisecond)
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if err := e.client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), namespace, driverPod); err != nil {
+		t.Fatal(err)
+	}
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the gate did not end\n%s", out)
+	}
+	if n := e.node(); nodestate.CordonedByUs(n) || state(n) != nodestate.UpgradeRequired || len(e.evictionsOf()) > 0 {
+		t.Errorf("state %q, cordoned %v, evictions %v: a gone pod's gate emptied the node\n%s", state(n), nodestate.CordonedByUs(n), e.evictionsOf(), out)
+	}
+	if got := e.holders(); len(got) > 0 {
+		t.Errorf("holders %v: the gate that stood down kept a slot\n%s", got, out)
+	}
+}
