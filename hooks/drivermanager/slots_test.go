@@ -274,31 +274,44 @@ func TestCalledOffNodeWhosePodChangesTheDriverWaitsForASlot(t *testing.T) {
 
 // A node no plan marked (its Node object registered again, or added to the pool after the plan) whose driver pod
 // installs another driver takes the latest mark of its DaemonSet's other nodes: it waits for its pool's slots
-// instead of going at once, one node more out than the pool's bound.
+// instead of going at once, one node more out than the pool's bound. While its DaemonSet is new (its pool renamed,
+// or renamed back: no pod of it runs on another node yet), the nodes the DaemonSet selects carry the pool's plan;
+// without them the node found no mark and went at once, and a stopping pod's gate took a pool of its own DaemonSet
+// with one slot, beside the pool's (the soak: pool b, 8 nodes out against 7).
 func TestUnmarkedNodeTakesItsPoolsPlanFromItsDaemonSet(t *testing.T) {
-	e := newEnv(t, gpuNode(nil))
-	e.withDriverPod(newDigest)
-	peer := planned("gpu-7", nodestate.PodRestartRequired, slotMark)
-	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		// siblingPod: the DaemonSet runs a pod on the marked peer (else it only selects it)
+		siblingPod bool
+	}{{"from its pods' nodes", true}, {"a new DaemonSet, from the nodes it selects", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, gpuNode(nil))
+			e.withDriverPod(newDigest)
+			peer := planned("gpu-7", nodestate.PodRestartRequired, slotMark)
+			if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.siblingPod {
+				e.withSiblingDriverPod("gpu-7")
+			}
+			if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+				t.Fatalf("gpu-7: %+v %v", c, err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				o := e.options(newDigest)
+				o.Lease.Identity = driverPod
+				done <- o.Run(ctx, &bytes.Buffer{})
+			}()
+			assertHeld(t, e, "waiting for a slot of pool default")
+			if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" || mark.MaxUnavailable != 1 {
+				t.Fatalf("mark %+v (%v), want pool default's", mark, err)
+			}
+			e.freeSlotOf("gpu-7", done)
+		})
 	}
-	e.withSiblingDriverPod("gpu-7")
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		o := e.options(newDigest)
-		o.Lease.Identity = driverPod
-		done <- o.Run(ctx, &bytes.Buffer{})
-	}()
-	assertHeld(t, e, "waiting for a slot of pool default")
-	if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" || mark.MaxUnavailable != 1 {
-		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
-	}
-	e.freeSlotOf("gpu-7", done)
 }
 
 // A waiting node held by its pool's failure threshold, moved by the admin to another pool (its new pool's
@@ -441,33 +454,4 @@ func TestNodeCalledOffJustAfterItTookItsSlotGivesItBack(t *testing.T) {
 	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
 		t.Fatalf("holders %v after the change, want the node's own slot", got)
 	}
-}
-
-// The same, while its DaemonSet is new (its pool renamed, or renamed back: no pod of it runs on another node yet):
-// the nodes the DaemonSet selects carry the pool's plan. Without them the node found no mark and went at once, and a
-// stopping pod's gate took a pool of its own DaemonSet with one slot, beside the pool's (the soak: pool b, 8 nodes
-// out against 7).
-func TestUnmarkedNodeOfANewDaemonSetTakesThePlanOfTheNodesItSelects(t *testing.T) {
-	e := newEnv(t, gpuNode(nil))
-	e.withDriverPod(newDigest)
-	peer := planned("gpu-7", nodestate.PodRestartRequired, slotMark)
-	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		o := e.options(newDigest)
-		o.Lease.Identity = driverPod
-		done <- o.Run(ctx, &bytes.Buffer{})
-	}()
-	assertHeld(t, e, "waiting for a slot of pool default")
-	if mark, err := canary.Read(e.node()); err != nil || mark == nil || mark.Pool != "default" || mark.MaxUnavailable != 1 {
-		t.Fatalf("mark %+v (%v), want pool default's", mark, err)
-	}
-	e.freeSlotOf("gpu-7", done)
 }

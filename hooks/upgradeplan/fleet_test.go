@@ -145,10 +145,17 @@ func TestALaterPlanIsLaterWhateverTheClock(t *testing.T) {
 
 func runAt(t *testing.T, client *fake.Clientset, pools []driverpools.Pool, at time.Time) (string, error) {
 	t.Helper()
+	_, out, err := planAt(t, client, pools, at)
+	return out, err
+}
+
+// planAt is runAt with the plan it made.
+func planAt(t *testing.T, client *fake.Clientset, pools []driverpools.Pool, at time.Time) (*Plan, string, error) {
+	t.Helper()
 	var out bytes.Buffer
-	_, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
+	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
 		Now: func() time.Time { return at }}, &out)
-	return out.String(), err
+	return plan, out.String(), err
 }
 
 func node(t *testing.T, client *fake.Clientset, name string) *corev1.Node {
@@ -276,14 +283,12 @@ func TestNodeWaitingWithItsNewPodIsNotCalledOff(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var out bytes.Buffer
-	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
-		Now: func() time.Time { return time.Unix(200, 0) }}, &out)
+	plan, out, err := planAt(t, client, pools, time.Unix(200, 0))
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if len(plan.CalledOff) > 0 {
-		t.Errorf("the re-sync called off %v: node b runs the old driver, its new pod only waits to install the new one\n%s", plan.CalledOff, out.String())
+		t.Errorf("the re-sync called off %v: node b runs the old driver, its new pod only waits to install the new one\n%s", plan.CalledOff, out)
 	}
 	b := node(t, client, "b")
 	if st := b.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
@@ -304,11 +309,9 @@ func TestNodeWaitingWithItsNewPodIsNotCalledOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	repod(t, client, "b", "new")
-	out.Reset()
-	plan, err = Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
-		Now: func() time.Time { return time.Unix(300, 0) }}, &out)
+	plan, out, err = planAt(t, client, pools, time.Unix(300, 0))
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if slices.ContainsFunc(plan.Nodes, func(np NodePlan) bool { return np.Node == "b" }) {
 		t.Errorf("node b, done with the new driver, is planned again: %+v", plan.Nodes)
@@ -328,14 +331,12 @@ func TestNodeWhoseDriverPodStopsIsNotCalledOff(t *testing.T) {
 	now := metav1.Now()
 	stopping.DeletionTimestamp, stopping.Finalizers = &now, []string{"test/stopping"}
 	client := fake.NewClientset(readyNode("a", nil), b, driverPod("a", "new"), stopping, driverPod("b", "new"))
-	var out bytes.Buffer
-	plan, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
-		Now: func() time.Time { return time.Unix(200, 0) }}, &out)
+	plan, out, err := planAt(t, client, pools, time.Unix(200, 0))
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if len(plan.CalledOff) > 0 {
-		t.Errorf("the re-sync called off %v while b's old driver pod stops\n%s", plan.CalledOff, out.String())
+		t.Errorf("the re-sync called off %v while b's old driver pod stops\n%s", plan.CalledOff, out)
 	}
 	if st := node(t, client, "b").Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
 		t.Errorf("node b is %s, want upgrade-required while its old driver pod's gate empties it", st)

@@ -43,16 +43,15 @@ func TestPlanDeletesADriverDaemonSetLeftByFailedReleases(t *testing.T) {
 	pools := pool("new", intstr.FromInt32(1))
 	client := fake.NewClientset(readyNode("a", nil), readyNode("b", nil), target, left, copyOf,
 		ownedBy(driverPod("a", "old"), left), ownedBy(driverPod("b", "old"), target))
-	var out bytes.Buffer
-	if _, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
-		Now: func() time.Time { return time.Unix(100, 0) }}, &out); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+	_, out, err := planAt(t, client, pools, time.Unix(100, 0))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if _, err := client.AppsV1().DaemonSets("gpu").Get(t.Context(), left.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the DaemonSet left by the failed releases is still there (%v):\n%s", err, out.String())
+		t.Errorf("the DaemonSet left by the failed releases is still there (%v):\n%s", err, out)
 	}
-	if !strings.Contains(out.String(), left.Name) {
-		t.Errorf("the plan does not say it deletes %s:\n%s", left.Name, out.String())
+	if !strings.Contains(out, left.Name) {
+		t.Errorf("the plan does not say it deletes %s:\n%s", left.Name, out)
 	}
 	for _, kept := range []string{target.Name, copyOf.Name} {
 		if _, err := client.AppsV1().DaemonSets("gpu").Get(t.Context(), kept, metav1.GetOptions{}); err != nil {
@@ -69,13 +68,12 @@ func TestPlanLeavesARenamedPoolsDaemonSetToHelm(t *testing.T) {
 	old := releaseDaemonSet("nvidia-driver-b-ubuntu22.04")
 	pools := pool("new", intstr.FromInt32(1)) // renders nvidia-driver-daemonset-ubuntu22.04, not there yet
 	client := fake.NewClientset(readyNode("a", nil), old, ownedBy(driverPod("a", "old"), old))
-	var out bytes.Buffer
-	if _, err := Run(t.Context(), Options{Client: client, Namespace: "gpu", Release: "rel", Pools: pools, Evict: true,
-		Now: func() time.Time { return time.Unix(100, 0) }}, &out); err != nil {
-		t.Fatalf("%v\n%s", err, out.String())
+	_, out, err := planAt(t, client, pools, time.Unix(100, 0))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if _, err := client.AppsV1().DaemonSets("gpu").Get(t.Context(), old.Name, metav1.GetOptions{}); err != nil {
-		t.Errorf("the renamed pool's DaemonSet: %v\n%s", err, out.String())
+		t.Errorf("the renamed pool's DaemonSet: %v\n%s", err, out)
 	}
 }
 
