@@ -17,6 +17,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 )
 
@@ -68,6 +69,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	}
 	shown := m.node.Annotations[nodestate.UpgradeReasonAnnotation]
 	lookedForMove := false
+	left := false // a stopping pod's node left the DaemonSet it waits to be emptied for
 	for {
 		// the watches follow the mark's canary nodes: a new plan naming others starts them over
 		watched := slices.Sorted(maps.Keys(mark.Canary))
@@ -98,6 +100,10 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 				self := nodes[i]
 				if nodestate.UpgradeState(self.Labels[nodestate.UpgradeStateLabel]) != nodestate.UpgradeRequired {
 					return true, nil // moved on by someone else: the upgrade path reads it afresh
+				}
+				if block && m.leftPoolDaemonSet(self) {
+					left = true
+					return true, nil // a fresh run under the Lease finds the DaemonSet that takes the node over now
 				}
 				switch fresh, err := canary.Read(self); {
 				case err == nil && fresh == nil:
@@ -159,6 +165,10 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 	}
 	if err != nil {
 		return &untouchedError{fmt.Errorf("node %s: stopped while its driver change was held (%w); nothing changed on the node, the loaded driver stays", m.o.NodeName, err)}
+	}
+	if block && left {
+		m.log.Info("the node moved to another driver DaemonSet while it waited: looking again under the node's lease", "left", m.o.PoolDaemonSet.Name)
+		return nil
 	}
 	if block {
 		m.log.Info("the node's turn came: starting over under the node's lease", "pool", mark.Pool, "canary", mark.Canary)
@@ -237,6 +247,16 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 		return canary.Turn{Go: true}, nil
 	}
 	return full(holders), nil
+}
+
+// leftPoolDaemonSet: a stopping driver pod's run empties its node for the DaemonSet that takes it over
+// (Options.PoolDaemonSet), and that DaemonSet no longer selects the node (an admin moved it to another pool again).
+func (m *manager) leftPoolDaemonSet(self *corev1.Node) bool {
+	if !m.o.Stopping || m.o.PoolDaemonSet == nil {
+		return false
+	}
+	fits, err := schedule.FitsDaemonSet(&m.o.PoolDaemonSet.Spec.Template.Spec, self)
+	return err == nil && !fits
 }
 
 // errTurnHeld ends waitTurn's look under the Lease at a node whose turn has not come.

@@ -70,12 +70,25 @@ func (o *UncordonOptions) letDriverStop(ctx context.Context, base *slog.Logger, 
 }
 
 // emptyBeforeStop empties the node for the DaemonSet that runs the next driver pod on it, and says why the driver
-// may now stop.
+// may now stop. A node moved to another pool while it waits for its turn (moved back, say, within seconds) is
+// emptied for the pool it is in when its turn comes: under the pool it left it went out beyond its own pool's bound.
 func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod) (string, error) {
-	node, err := o.nodeBack(ctx, base)
-	if err != nil {
-		return "", err
+	for {
+		node, err := o.nodeBack(ctx, base)
+		if err != nil {
+			return "", err
+		}
+		why, err := o.emptyForNext(ctx, base, out, pod, node)
+		if !errors.Is(err, errNoLongerOutdated) {
+			return why, err
+		}
+		base.With("node", o.NodeName).Info("the node moved to another driver DaemonSet while it waited for its turn: emptying it for that one instead")
 	}
+}
+
+// emptyForNext is emptyBeforeStop for the node as read: errNoLongerOutdated when another DaemonSet than the one it
+// found takes the node over by the node's turn.
+func (o *UncordonOptions) emptyForNext(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod, node *corev1.Node) (string, error) {
 	if nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]) == nodestate.PodRestartRequired {
 		return "its node is emptied (" + nodestate.UpgradeStateLabel + "=" + string(nodestate.PodRestartRequired) + ")", nil
 	}
@@ -104,11 +117,17 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 		return "no driver DaemonSet of the release runs on the node any more (an uninstall, or the node left every driver pool): nothing to empty it for", nil
 	}
 	why := "its driver pod " + pod.Name + " is being deleted"
-	// the node goes under the pool of the DaemonSet that takes it over: its plan's mark as the other nodes of that
-	// DaemonSet carry it, or without one one node of that DaemonSet at a time
-	moved := true
-	if owner := metav1.GetControllerOf(pod); owner != nil && owner.UID == next.UID {
-		moved = false
+	// still the DaemonSet that takes the node over, as its labels are now (a fresh read)
+	stillNext := func() string {
+		fresh, err := nodestate.Get(ctx, o.Client, o.NodeName)
+		if err != nil {
+			return why // unreadable: the emptying goes on for the DaemonSet it found, as before its turn
+		}
+		now, err := o.nextDriverDaemonSet(ctx, pod, fresh)
+		if err == nil && (now == nil || now.UID != next.UID) {
+			return ""
+		}
+		return why
 	}
 	if o.ManagerOptions == nil {
 		return "", errors.New("no driver-manager settings reader: cannot empty the node")
@@ -118,17 +137,16 @@ func (o *UncordonOptions) emptyBeforeStop(ctx context.Context, base *slog.Logger
 		return "", fmt.Errorf("the driver DaemonSet %s's driver-manager settings: %w", next.Name, err)
 	}
 	mo.Client, mo.Log, mo.Now, mo.Lease.Identity = o.Client, base, o.Now, pod.Name
-	mo.NodeName, mo.Namespace, mo.Stopping = o.NodeName, o.Namespace, true
-	if moved {
-		mo.PoolDaemonSet = next
-	}
+	// the node goes under the pool of the DaemonSet that takes it over, its own or another (the node moved): its
+	// plan's mark as the other nodes of that DaemonSet carry it, or without one one node of that DaemonSet at a time
+	mo.NodeName, mo.Namespace, mo.Stopping, mo.PoolDaemonSet = o.NodeName, o.Namespace, true, next
 	mo.Complete()
 	if err := errors.Join(append(scopeErrors(mo.Client, mo.NodeName, mo.Namespace), mo.Lease.validate())...); err != nil {
 		return "", err
 	}
 	base.With("node", o.NodeName).Info("the driver pod is being deleted while its node has a driver DaemonSet: emptying the node before the driver stops",
 		"pod", pod.Name, "next", next.Name, "deadline", deadlineOf(ctx))
-	if err := mo.empty(ctx, base, out, next.Name, why, func() string { return why }); err != nil {
+	if err := mo.empty(ctx, base, out, next.Name, why, stillNext); err != nil {
 		return "", err
 	}
 	fmt.Fprintf(out, "node %s emptied before its driver pod %s stops; the DaemonSet %s's next pod takes the node over\n", o.NodeName, pod.Name, next.Name)

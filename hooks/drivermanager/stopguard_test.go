@@ -2,6 +2,7 @@ package drivermanager
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -280,6 +281,48 @@ func TestNewDriverPodWaitsForTheOlderOneToGo(t *testing.T) {
 	}
 }
 
+// withPoolPeer adds pool's driver DaemonSet ds (its template selects pool=pool), and node peer in that pool with
+// mark and a pod of ds: the pool's plan, as the other nodes of its DaemonSet carry it.
+func (e *env) withPoolPeer(ds, pool, peer, mark string) {
+	e.t.Helper()
+	e.withDriverDaemonSet(ds, map[string]string{"pool": pool})
+	n := planned(peer, nodestate.UpgradeDone, mark)
+	n.Labels["pool"] = pool
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+	d, err := e.client.AppsV1().DaemonSets(namespace).Get(context.Background(), ds, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: ds + "-" + peer, Namespace: namespace, UID: types.UID(pool + "-pod-" + peer),
+		Labels:          map[string]string{ComponentLabel: "driver", "pool": pool},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds, UID: d.UID, Controller: ptrTo(true)}}},
+		Spec: d.Spec.Template.Spec}
+	pod.Spec.NodeName = peer
+	if err := e.client.Tracker().Add(pod); err != nil {
+		e.t.Fatal(err)
+	}
+	d.Spec.Template.Labels = map[string]string{ComponentLabel: "driver", "pool": pool}
+	if _, err := e.client.AppsV1().DaemonSets(namespace).Update(context.Background(), d, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// slotHolders are the holders of pool's slots Lease, sorted; none when it was never taken.
+func (e *env) slotHolders(pool string) []string {
+	e.t.Helper()
+	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name(pool), metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	h, err := slots.Holders(l)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return slices.Sorted(maps.Keys(h))
+}
+
 // A node moved from pool a to pool b (relabelled by the admin) still carries pool a's mark when its old driver pod is
 // deleted (its DaemonSet no longer selects it): its gate empties it under pool b's plan, as the other nodes of pool
 // b's DaemonSet carry it, and takes a slot of pool b, whose bound it now counts against.
@@ -293,28 +336,7 @@ func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
 	e.withDriverPod(oldDigest)
 	e.setNodeSelector(map[string]string{"pool": "a"})
 	const next = "nvidia-driver-b-ubuntu2204"
-	e.withDriverDaemonSet(next, map[string]string{"pool": "b"})
-	peer := planned("gpu-2", nodestate.UpgradeDone, markB)
-	peer.Labels["pool"] = "b"
-	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), peer, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := e.client.AppsV1().DaemonSets(namespace).Get(context.Background(), next, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	peerPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: next + "-gpu-2", Namespace: namespace, UID: "b-pod-gpu-2",
-		Labels:          map[string]string{ComponentLabel: "driver", "pool": "b"},
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: next, UID: ds.UID, Controller: ptrTo(true)}}},
-		Spec: ds.Spec.Template.Spec}
-	peerPod.Spec.NodeName = "gpu-2"
-	if err := e.client.Tracker().Add(peerPod); err != nil {
-		t.Fatal(err)
-	}
-	ds.Spec.Template.Labels = map[string]string{ComponentLabel: "driver", "pool": "b"}
-	if _, err := e.client.AppsV1().DaemonSets(namespace).Update(context.Background(), ds, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.withPoolPeer(next, "b", "gpu-2", markB)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done, stopFile, _, out := e.stopGate(ctx)
@@ -333,6 +355,76 @@ func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
 	lease, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Prefix+"b", metav1.GetOptions{})
 	if err != nil || !strings.Contains(lease.Annotations[slots.HoldersAnnotation], nodeName) {
 		t.Fatalf("pool b's slots %v (%v): want %s among their holders\n%s", lease, err, nodeName, out)
+	}
+	if state(n) != nodestate.PodRestartRequired || !slices.Equal(e.evictionsOf(), []string{"train"}) {
+		t.Errorf("state %q, evictions %v: want the node emptied", state(n), e.evictionsOf())
+	}
+}
+
+// A node moved to pool b and back to pool a within seconds (the soak, one CI run: pool a 4 out against 3): its old
+// driver pod of pool a's DaemonSet was deleted by the first move, and its gate waits for a slot of pool b, the pool
+// that took the node over then. By the time b's slot frees the node is back in a: it is emptied under pool a's plan
+// and slot, not under b's, which would take it out beyond a's bound while b counted it.
+func TestNodeMovedBackWhileItsStoppingGateWaitsIsEmptiedUnderThePoolItIsIn(t *testing.T) {
+	markA := canary.Mark{Pool: "a", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
+	markB := canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
+	moved := planned(nodeName, nodestate.UpgradeDone, markA)
+	moved.Labels["pool"] = "b"
+	e := newEnv(t, moved)
+	e.withGPUPod(nil)
+	e.withDriverPod(oldDigest)
+	e.setNodeSelector(map[string]string{"pool": "a"})
+	stayed := planned("gpu-3", nodestate.UpgradeDone, markA) // pool a's plan on its other node
+	stayed.Labels["pool"] = "a"
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), stayed, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.withPoolPeer("nvidia-driver-b-ubuntu2204", "b", "gpu-2", markB)
+	poolB := slots.Pool{Client: e.client, Namespace: namespace, Name: "b", Max: 1}
+	if c, err := poolB.Take(context.Background(), "gpu-2", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-2: %+v %v", c, err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done, stopFile, _, out := e.stopGate(ctx)
+	defer func() {
+		if t.Failed() {
+			t.Log(out.String())
+		}
+	}()
+	e.deletePodGracefully(driverPod, time.Minute)
+	cancel()
+	assertHeld(t, e, "waiting for a slot of pool b")
+	n := e.node()
+	n.Labels["pool"] = "a" // moved back
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	e.setState("gpu-2", nodestate.UpgradeDone)
+	if err := poolB.Give(context.Background(), "gpu-2"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("gate: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gate did not end")
+	}
+	if _, err := os.Stat(stopFile); err != nil {
+		t.Fatalf("the driver was never let go: %v", err)
+	}
+	n = e.node()
+	if mk, err := canary.Read(n); err != nil || mk == nil || mk.Pool != "a" {
+		t.Errorf("the node's mark %+v (%v): want pool a's plan, the pool it is in", mk, err)
+	}
+	if got := e.slotHolders("a"); !slices.Equal(got, []string{nodeName}) {
+		t.Errorf("pool a's slot holders %v, want %s", got, nodeName)
+	}
+	if got := e.slotHolders("b"); slices.Contains(got, nodeName) {
+		t.Errorf("pool b's slot holders %v: the node went out under the pool it had left", got)
 	}
 	if state(n) != nodestate.PodRestartRequired || !slices.Equal(e.evictionsOf(), []string{"train"}) {
 		t.Errorf("state %q, evictions %v: want the node emptied", state(n), e.evictionsOf())
