@@ -120,6 +120,27 @@ func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 	}
 }
 
+// A node that took a slot of another pool before its mark changed (it moved between pools mid-change, or it lost its
+// mark with its Node object and took its pool's plan again) gives that slot back too when it is done: its mark names
+// only the pool it is in now, and the old claim held a slot of the pool it left until the claim grace ran out.
+func TestDoneNodeGivesBackASlotItTookUnderAnotherPool(t *testing.T) {
+	e := slotEnv(t)
+	left := slots.Pool{Client: e.client, Namespace: namespace, Name: "a", Max: 2}
+	if c, err := left.Take(context.Background(), nodeName, e.clock()); err != nil || !c.Taken {
+		t.Fatalf("%s in pool a: %+v %v", nodeName, c, err)
+	}
+	if err := wait(t, e.start(context.Background())); err != nil {
+		t.Fatal(err)
+	}
+	finish(t, e)
+	if got := e.slotHolders("a"); len(got) != 0 {
+		t.Errorf("pool a's holders %v after the node was done, want its old claim given back", got)
+	}
+	if got := e.holders(); len(got) != 0 {
+		t.Errorf("pool default's holders %v after the node was done", got)
+	}
+}
+
 // Killed or stopped right after it took its slot, the node keeps that one slot: the next run takes its own slot
 // back (not a second one, and not refused by a full pool) and goes on; the gate gives it back.
 func TestStoppedAfterTheClaimKeepsOneSlot(t *testing.T) {

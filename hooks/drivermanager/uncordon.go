@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
@@ -401,16 +400,11 @@ func driverStarted(p *corev1.Pod) bool {
 	return n > 0
 }
 
-// giveSlotBack gives the node's slot of its pool back (package slots), as its plan mark names the pool: once the
-// node is upgrade-done, before the pod turns Ready, or when the change stops short of its cordon. A failed give-back
-// only logs: the pool's next claim that finds it full drops a holder no longer out of service.
+// giveSlotBack gives back the node's slots (package slots), of whichever pools it holds one: once the node is
+// upgrade-done, before the pod turns Ready, or when the change stops short of its cordon. A failed give-back only
+// logs: the pool's next claim that finds it full drops a holder no longer out of service.
 func giveSlotBack(ctx context.Context, client kubernetes.Interface, namespace string, node *corev1.Node, log *slog.Logger) {
-	mark, err := canary.Read(node)
-	if err != nil || mark == nil || mark.MaxUnavailable == 0 {
-		return
-	}
-	pool := slots.Pool{Client: client, Namespace: namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
-	if err := pool.Give(ctx, node.Name); err != nil {
+	if err := slots.GiveEverywhere(ctx, client, namespace, node.Name); err != nil {
 		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -148,10 +149,53 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 
 // Give gives node's slot back (nothing when it holds none, or the pool has no slots Lease).
 func (p Pool) Give(ctx context.Context, node string) error {
-	leases := p.Client.CoordinationV1().Leases(p.Namespace)
-	err := retryConflicts(ctx, func(ctx context.Context) error {
-		lease, holders, err := p.read(ctx)
-		if err != nil || lease == nil {
+	if err := give(ctx, p.Client, p.Namespace, Name(p.Name), node); err != nil {
+		return fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
+	}
+	return nil
+}
+
+// GiveEverywhere gives back each slot node holds, in every pool of namespace: a node back in service holds none,
+// whichever pool it took one of. Its plan mark names the pool it is in now, and a node that moved between pools, or
+// lost its mark with its Node object, kept the claim it took under another until the claim grace ran out.
+func GiveEverywhere(ctx context.Context, client kubernetes.Interface, namespace, node string) error {
+	list, err := apiretry.Value(ctx, func(ctx context.Context) (*coordinationv1.LeaseList, error) {
+		return client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: nodestate.DriverManagerLeaseLabel + "=true"})
+	})
+	if err != nil {
+		return fmt.Errorf("list the pools' slots in %s to give back node %s's: %w", namespace, node, err)
+	}
+	var errs []error
+	for i := range list.Items {
+		l := &list.Items[i]
+		if !strings.HasPrefix(l.Name, Prefix) {
+			continue
+		}
+		if holders, err := Holders(l); err == nil {
+			if _, ok := holders[node]; !ok {
+				continue
+			}
+		}
+		if err := give(ctx, client, namespace, l.Name, node); err != nil {
+			errs = append(errs, fmt.Errorf("give back node %s's slot (lease %s/%s): %w", node, namespace, l.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// give removes node from the holders of the slots Lease name (nothing when it is not one, or there is none).
+func give(ctx context.Context, client kubernetes.Interface, namespace, name, node string) error {
+	leases := client.CoordinationV1().Leases(namespace)
+	return retryConflicts(ctx, func(ctx context.Context) error {
+		lease, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		holders, err := Holders(lease)
+		if err != nil {
 			return err
 		}
 		if _, ok := holders[node]; !ok {
@@ -164,10 +208,6 @@ func (p Pool) Give(ctx context.Context, node string) error {
 		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
-	}
-	return nil
 }
 
 // read is the pool's slots Lease and its holders; no Lease (nil, and no error) when the pool has none yet.

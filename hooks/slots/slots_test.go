@@ -336,3 +336,34 @@ func TestName(t *testing.T) {
 		}
 	}
 }
+
+// A node back in service gives back every slot it holds, whichever pool it took it of: a node moved between pools
+// (its mark names its new pool) or registered again (no mark at all) held its old claim until the claim grace ran
+// out, and the pool crawled meanwhile. The other holders and the node Leases stay.
+func TestGiveEverywhereFreesTheNodesSlotsInEveryPool(t *testing.T) {
+	c := newClient(node("a", nodestate.UpgradeDone, false), node("b", nodestate.CordonRequired, false))
+	for _, name := range []string{"a100", "h100"} {
+		p := Pool{Client: c, Namespace: namespace, Name: name, Max: 2}
+		take(t, p, "a")
+		take(t, p, "b")
+	}
+	nodeLease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "kube-gpu-stack-node-a", Namespace: namespace,
+		Labels: map[string]string{nodestate.DriverManagerLeaseLabel: "true"}}}
+	if _, err := c.CoordinationV1().Leases(namespace).Create(context.Background(), nodeLease, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a100", "h100"} {
+		if h := holders(t, c, name); len(h) != 1 || h["b"] == "" {
+			t.Errorf("pool %s: holders %v, want b's alone", name, h)
+		}
+	}
+	if l, err := c.CoordinationV1().Leases(namespace).Get(context.Background(), nodeLease.Name, metav1.GetOptions{}); err != nil || len(l.Annotations) > 0 {
+		t.Errorf("node Lease %+v (%v): want it untouched", l, err)
+	}
+	if err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil {
+		t.Errorf("giving back slots not held: %v", err)
+	}
+}
