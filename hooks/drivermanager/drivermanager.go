@@ -315,6 +315,9 @@ func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, a
 		return err
 	}
 	m.node = node
+	if err := m.restoreValidated(ctx); err != nil {
+		return err // nothing changed yet
+	}
 	summary, err := body(m, ctx)
 	var untouched *untouchedError
 	if errors.As(err, &untouched) {
@@ -645,6 +648,9 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	}
 	if err := m.apply(ctx, nodestate.Resume, finish, m.allocation(), m.recordDigest()); err != nil {
 		return "", err
+	}
+	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeDone {
+		rememberValidated(ctx, m.o.Client, m.o.Namespace, m.o.NodeName, m.node.Annotations[nodestate.ValidatedDigestAnnotation], m.log)
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }

@@ -37,6 +37,16 @@ func failingNewDriver(t *testing.T, validated string, keep bool) *env {
 	if state(n) != nodestate.ValidationRequired || !n.Spec.Unschedulable {
 		t.Fatalf("setup: state %q unschedulable %v, want validation-required and cordoned", state(n), n.Spec.Unschedulable)
 	}
+	e.withNewDriverPod(keep)
+	return e
+}
+
+// withNewDriverPod adds the driver DaemonSet that installs newDigest and its pod on the node; with keep, the revert
+// DaemonSet of oldDigest the plan kept.
+func (e *env) withNewDriverPod(keep bool) {
+	t := e.t
+	t.Helper()
+	ctx := context.Background()
 	// the chart's driver DaemonSets leave a node labelled for a revert DaemonSet to it
 	spec := driverSpec(newDigest)
 	spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
@@ -61,7 +71,36 @@ func failingNewDriver(t *testing.T, validated string, keep bool) *env {
 			t.Fatal(err)
 		}
 	}
-	return e
+}
+
+// A node registered again (its Node object deleted, the kubelet registered it bare) whose new driver then fails
+// validation goes back to the driver that validated on it before, as any node does: its Lease kept that record when
+// the Node object lost it. It ended upgrade-failed, with nothing to revert to (the soak, a Node re-registered).
+func TestNodeRegisteredAgainRevertsToTheDriverThatValidatedBefore(t *testing.T) {
+	e := newEnv(t, gpuNode(nil))
+	if _, err := e.run(e.options(oldDigest)); err != nil { // the loaded oldDigest is in service: it validated here
+		t.Fatal(err)
+	}
+	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
+	if err != nil || l.Annotations[nodestate.ValidatedDigestAnnotation] != oldDigest {
+		t.Fatalf("the node's Lease %v (%v): want it to record %s as validated", l, err, oldDigest)
+	}
+	e.registerAgain()
+	if _, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node(); state(n) != nodestate.ValidationRequired || n.Annotations[nodestate.ValidatedDigestAnnotation] != oldDigest {
+		t.Fatalf("setup: state %q, validated %q; want validation-required, with the record of %s back on the Node",
+			state(n), n.Annotations[nodestate.ValidatedDigestAnnotation], oldDigest)
+	}
+	e.withNewDriverPod(true)
+	if err := e.gateUntil(t, func(n *corev1.Node) bool { return n.Labels[nodestate.RevertLabel] != "" }); err == nil ||
+		!strings.Contains(err.Error(), "going back to the driver that last validated") {
+		t.Errorf("gate ended with %v, want the revert named", err)
+	}
+	if n := e.node(); n.Labels[nodestate.RevertLabel] != nodestate.ShortDigest(oldDigest) || state(n) == nodestate.UpgradeFailed {
+		t.Errorf("node: %s=%q, state %q; want it going back to %s", nodestate.RevertLabel, n.Labels[nodestate.RevertLabel], state(n), nodestate.ShortDigest(oldDigest))
+	}
 }
 
 // gateUntil runs the failing driver pod's gate (a 200 ms validation timeout, no validator) until until holds on the

@@ -247,6 +247,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		return o.notOurs(ctx, log, node, state)
 	}
 	giveSlotBack(ctx, o.Client, o.Namespace, node, log)
+	rememberValidated(ctx, o.Client, o.Namespace, o.NodeName, node.Annotations[nodestate.ValidatedDigestAnnotation], log)
 	if ours {
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
