@@ -7,11 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
@@ -405,7 +407,16 @@ func driverStarted(p *corev1.Pod) bool {
 // upgrade-done, before the pod turns Ready, or when the change stops short of its cordon. A failed give-back only
 // logs: the pool's next claim that finds it full drops a holder no longer out of service.
 func giveSlotBack(ctx context.Context, client kubernetes.Interface, namespace string, node *corev1.Node, log *slog.Logger) {
-	if err := slots.GiveEverywhere(ctx, client, namespace, node.Name); err != nil {
+	given, err := slots.GiveEverywhere(ctx, client, namespace, node.Name)
+	if err != nil {
 		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
+	}
+	// a claim outside the pool the node's mark names now: it moved, was re-marked, or lost its mark meanwhile
+	ownLease := ""
+	if mark, err := canary.Read(node); err == nil && mark != nil {
+		ownLease = slots.Name(mark.SlotsName())
+	}
+	if others := slices.DeleteFunc(given, func(l string) bool { return l == ownLease }); len(others) > 0 {
+		log.Info("gave back the node's slot of another pool than the one its plan mark names", "leases", others, "mark", ownLease)
 	}
 }

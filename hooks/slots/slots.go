@@ -158,13 +158,15 @@ func (p Pool) Give(ctx context.Context, node string) error {
 // GiveEverywhere gives back each slot node holds, in every pool of namespace: a node back in service holds none,
 // whichever pool it took one of. Its plan mark names the pool it is in now, and a node that moved between pools, or
 // lost its mark with its Node object, kept the claim it took under another until the claim grace ran out.
-func GiveEverywhere(ctx context.Context, client kubernetes.Interface, namespace, node string) error {
+// It returns the names of the slots Leases it gave a claim back to.
+func GiveEverywhere(ctx context.Context, client kubernetes.Interface, namespace, node string) ([]string, error) {
 	list, err := apiretry.Value(ctx, func(ctx context.Context) (*coordinationv1.LeaseList, error) {
 		return client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: nodestate.DriverManagerLeaseLabel + "=true"})
 	})
 	if err != nil {
-		return fmt.Errorf("list the pools' slots in %s to give back node %s's: %w", namespace, node, err)
+		return nil, fmt.Errorf("list the pools' slots in %s to give back node %s's: %w", namespace, node, err)
 	}
+	var given []string
 	var errs []error
 	for i := range list.Items {
 		l := &list.Items[i]
@@ -178,9 +180,11 @@ func GiveEverywhere(ctx context.Context, client kubernetes.Interface, namespace,
 		}
 		if err := give(ctx, client, namespace, l.Name, node); err != nil {
 			errs = append(errs, fmt.Errorf("give back node %s's slot (lease %s/%s): %w", node, namespace, l.Name, err))
+			continue
 		}
+		given = append(given, l.Name)
 	}
-	return errors.Join(errs...)
+	return given, errors.Join(errs...)
 }
 
 // give removes node from the holders of the slots Lease name (nothing when it is not one, or there is none).

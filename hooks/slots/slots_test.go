@@ -3,6 +3,7 @@ package slots
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -352,8 +353,12 @@ func TestGiveEverywhereFreesTheNodesSlotsInEveryPool(t *testing.T) {
 	if _, err := c.CoordinationV1().Leases(namespace).Create(context.Background(), nodeLease, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil {
+	given, err := GiveEverywhere(context.Background(), c, namespace, "a")
+	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{Name("a100"), Name("h100")}; !slices.Equal(given, want) {
+		t.Errorf("gave back in %v, want %v", given, want)
 	}
 	for _, name := range []string{"a100", "h100"} {
 		if h := holders(t, c, name); len(h) != 1 || h["b"] == "" {
@@ -363,7 +368,7 @@ func TestGiveEverywhereFreesTheNodesSlotsInEveryPool(t *testing.T) {
 	if l, err := c.CoordinationV1().Leases(namespace).Get(context.Background(), nodeLease.Name, metav1.GetOptions{}); err != nil || len(l.Annotations) > 0 {
 		t.Errorf("node Lease %+v (%v): want it untouched", l, err)
 	}
-	if err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil {
-		t.Errorf("giving back slots not held: %v", err)
+	if given, err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil || len(given) > 0 {
+		t.Errorf("giving back slots not held: %v %v", given, err)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -349,6 +351,8 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 	o, err := drivermanagercli.UncordonOptionsFromArgs(gate.Args, envOf(pod, gate))
 	run := Run{Pod: pod.Name, Component: UncordonRun, Node: pod.Spec.NodeName, Args: gate.Args, Started: time.Now()}
 	var out bytes.Buffer
+	log, closeLog := runLog(&out, run)
+	defer closeLog()
 	if err == nil {
 		dir, derr := os.MkdirTemp("", "upgrade-gate-")
 		if derr != nil {
@@ -359,13 +363,13 @@ func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Con
 			if o.StopFile != "" {
 				o.StopFile = filepath.Join(dir, filepath.Base(o.StopFile))
 			}
-			o.Log = slog.New(slog.NewTextHandler(&out, nil))
+			o.Log = slog.New(slog.NewTextHandler(log, nil))
 			o.Complete()
 			if err = o.Validate(); err == nil {
 				// the startup probe: Ready once the ready file is there, while the gate goes on as the agent
 				pctx, stopProbe := context.WithCancel(ctx)
 				go k.probeReady(pctx, pod, o.ReadyFile)
-				err = o.Run(ctx, &out)
+				err = o.Run(ctx, log)
 				stopProbe()
 			}
 		}
@@ -411,13 +415,15 @@ func (k *Kubelet) probeReady(ctx context.Context, pod *corev1.Pod, file string) 
 func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost, getenv func(string) string) error {
 	run := Run{Pod: pod.Name, Component: DriverManagerRun, Node: pod.Spec.NodeName, Args: []string{"uninstall-driver"}, Started: time.Now()}
 	var out bytes.Buffer
+	log, closeLog := runLog(&out, run)
+	defer closeLog()
 	o, err := drivermanagercli.OptionsFromEnv(getenv)
 	if err == nil {
 		o.Client, o.Host, o.AfterStep = k.apiFor(DriverManagerRun, pod.Spec.NodeName), h.Fixture.Host(), k.afterStep(ctx, pod, h)
-		o.Log = slog.New(slog.NewTextHandler(&out, nil))
+		o.Log = slog.New(slog.NewTextHandler(log, nil))
 		o.Complete()
 		if err = o.Validate(); err == nil {
-			err = o.Run(ctx, &out)
+			err = o.Run(ctx, log)
 		}
 	}
 	run.Ended = time.Now()
@@ -521,4 +527,33 @@ func (k *Kubelet) driverCheckOutcome(node string) (nodestate.Validation, bool) {
 		}
 	}
 	return nodestate.Validation{}, false
+}
+
+// RunLogDirEnv names a directory that every driver-manager and gate run also streams its output to, one file per
+// pod and component, as it runs: a run's Output is recorded only once it ends, and a gate runs as long as its pod.
+const RunLogDirEnv = "KUBE_GPU_STACK_RUN_LOGS"
+
+// runLog is where a run writes: out, and with RunLogDirEnv set a file of the run's as well.
+func runLog(out *bytes.Buffer, run Run) (io.Writer, func()) {
+	dir := os.Getenv(RunLogDirEnv)
+	if dir == "" {
+		return out, func() {}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, run.Node+"_"+run.Pod+"_"+run.Component+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return out, func() {}
+	}
+	return &lockedWriter{w: io.MultiWriter(out, f)}, func() { f.Close() }
+}
+
+// lockedWriter serialises writes: the run's logger and its summary lines write from more than one goroutine.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
