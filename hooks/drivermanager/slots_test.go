@@ -141,6 +141,33 @@ func TestDoneNodeGivesBackASlotItTookUnderAnotherPool(t *testing.T) {
 	}
 }
 
+// A node emptied for a driver pod that keeps its driver (a pool renamed: the old pod's gate took a slot and emptied
+// the node, and the new pod's driver is the one that last validated there) goes back in service at once from its
+// manager, not from its gate: the manager gives the slot back. It kept it until the claim grace ran out, and in the
+// soak a pool renamed back and forth crawled with all its slots held by nodes in service.
+func TestNodeBackInServiceWithItsValidatedDriverGivesItsSlotBack(t *testing.T) {
+	e := slotEnv(t)
+	e.setState(nodeName, nodestate.PodRestartRequired)
+	n := e.node()
+	n.Annotations[nodestate.ValidatedDigestAnnotation] = oldDigest // the loaded driver, the new pod's too
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := pool(e).Take(context.Background(), nodeName, e.clock()); err != nil || !c.Taken {
+		t.Fatalf("%s: %+v %v", nodeName, c, err)
+	}
+	out, err := e.run(e.options(oldDigest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.node(); state(n) != nodestate.UpgradeDone || n.Spec.Unschedulable {
+		t.Fatalf("state %q, unschedulable %v; want the node back in service\n%s", state(n), n.Spec.Unschedulable, out)
+	}
+	if got := e.holders(); len(got) != 0 {
+		t.Errorf("holders %v with the node back in service, want its slot given back\n%s", got, out)
+	}
+}
+
 // Killed or stopped right after it took its slot, the node keeps that one slot: the next run takes its own slot
 // back (not a second one, and not refused by a full pool) and goes on; the gate gives it back.
 func TestStoppedAfterTheClaimKeepsOneSlot(t *testing.T) {
