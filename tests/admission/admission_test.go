@@ -76,7 +76,8 @@ func install(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true, cdDaemonSA: true, cdControllerSA: true, kataSA: true}
+	ours := map[string]bool{driverSA: true, validatorSA: true, workloadSA: true, healthSA: true, workerSA: true, gfdSA: true, cdDaemonSA: true, cdControllerSA: true, kataSA: true,
+		planSA: true, gateSA: true}
 	nodeWriters = map[string]string{}
 	// the operands that write their node in other profiles: the CC and vGPU device managers, the DRA kubelet plugin
 	streams := []string{stream}
@@ -96,8 +97,8 @@ func install(t *testing.T) {
 	for i, s := range streams {
 		policies += apply(t, s, ours, i == 0)
 	}
-	if policies != 1 {
-		t.Fatalf("%d ValidatingAdmissionPolicies rendered, want 1", policies)
+	if policies != 2 {
+		t.Fatalf("%d ValidatingAdmissionPolicies rendered, want 2 (the node-local accounts', the hooks')", policies)
 	}
 	for _, n := range []string{nodeA, nodeB} {
 		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

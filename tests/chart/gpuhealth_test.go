@@ -105,7 +105,7 @@ func gpuHealthRules(t *testing.T, stream string) []rbacv1.PolicyRule {
 func admissionAccounts(t *testing.T, stream string) (string, []string) {
 	t.Helper()
 	for _, o := range objects(t, stream) {
-		if o.kind() == "ValidatingAdmissionPolicy" {
+		if o.kind() == "ValidatingAdmissionPolicy" && strings.HasPrefix(o.name(), "kube-gpu-stack-node-scope-") {
 			p := decodeNamed[admissionregistrationv1.ValidatingAdmissionPolicy](t, stream, o.kind(), o.name())
 			var resources []string
 			for _, r := range p.Spec.MatchConstraints.ResourceRules {

@@ -479,10 +479,14 @@ func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
 		for _, o := range objs {
 			switch o.kind() {
 			case "ValidatingAdmissionPolicy":
-				policy = o.Raw
+				if strings.HasPrefix(o.name(), "kube-gpu-stack-node-scope-") { // the hooks' policy is the other
+					policy = o.Raw
+				}
 			case "ValidatingAdmissionPolicyBinding":
-				spec, _ := o.Raw["spec"].(map[string]any)
-				bound = fmt.Sprint(spec["validationActions"]) == "[Deny]"
+				if strings.HasPrefix(o.name(), "kube-gpu-stack-node-scope-") {
+					spec, _ := o.Raw["spec"].(map[string]any)
+					bound = fmt.Sprint(spec["validationActions"]) == "[Deny]"
+				}
 			}
 		}
 		return policy, bound

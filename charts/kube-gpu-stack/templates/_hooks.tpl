@@ -107,9 +107,11 @@ profile's cluster-scoped objects are in it (TestCleanupNamesEveryClusterObject).
 {{- range uniq (list .Values.global.runtimeClassName "nvidia" "nvidia-cdi" "nvidia-legacy") -}}
 {{- $out = append $out (list "node.k8s.io" "runtimeclasses" "runtimeclass" .) -}}
 {{- end -}}
-{{- $policy := include "gpu-stack-lib.objectName" (printf "kube-gpu-stack-node-scope-%s" .Release.Namespace) -}}
+{{- range list "node-scope" "hook-scope" -}}
+{{- $policy := include "gpu-stack-lib.objectName" (printf "kube-gpu-stack-%s-%s" . $.Release.Namespace) -}}
 {{- $out = append $out (list "admissionregistration.k8s.io" "validatingadmissionpolicies" "validatingadmissionpolicy" $policy) -}}
 {{- $out = append $out (list "admissionregistration.k8s.io" "validatingadmissionpolicybindings" "validatingadmissionpolicybinding" $policy) -}}
+{{- end -}}
 {{- toJson $out -}}
 {{- end }}
 
