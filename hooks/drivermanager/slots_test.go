@@ -120,11 +120,13 @@ func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 	}
 }
 
-// A node that took a slot of another pool before its mark changed (it moved between pools mid-change, or it lost its
-// mark with its Node object and took its pool's plan again) gives that slot back too when it is done: its mark names
-// only the pool it is in now, and the old claim held a slot of the pool it left until the claim grace ran out.
+// A node out of service under one pool's slot whose mark names another pool by the time it is done (it moved
+// between pools mid-change, or lost its mark with its Node object and took its new pool's plan) gives that slot
+// back: its mark's pool holds none of it, so every pool's slots are looked through. The claim held a slot of the pool
+// it had left until the claim grace ran out.
 func TestDoneNodeGivesBackASlotItTookUnderAnotherPool(t *testing.T) {
 	e := slotEnv(t)
+	e.setState(nodeName, nodestate.PodRestartRequired) // emptied under pool a's slot, marked for pool default since
 	left := slots.Pool{Client: e.client, Namespace: namespace, Name: "a", Max: 2}
 	if c, err := left.Take(context.Background(), nodeName, e.clock()); err != nil || !c.Taken {
 		t.Fatalf("%s in pool a: %+v %v", nodeName, c, err)
@@ -132,12 +134,12 @@ func TestDoneNodeGivesBackASlotItTookUnderAnotherPool(t *testing.T) {
 	if err := wait(t, e.start(context.Background())); err != nil {
 		t.Fatal(err)
 	}
+	if got := e.holders(); len(got) != 0 {
+		t.Fatalf("pool default's holders %v: a node out already takes no slot of its new pool", got)
+	}
 	finish(t, e)
 	if got := e.slotHolders("a"); len(got) != 0 {
-		t.Errorf("pool a's holders %v after the node was done, want its old claim given back", got)
-	}
-	if got := e.holders(); len(got) != 0 {
-		t.Errorf("pool default's holders %v after the node was done", got)
+		t.Errorf("pool a's holders %v after the node was done, want its claim given back", got)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -403,20 +402,28 @@ func driverStarted(p *corev1.Pod) bool {
 	return n > 0
 }
 
-// giveSlotBack gives back the node's slots (package slots), of whichever pools it holds one: once the node is
-// upgrade-done, before the pod turns Ready, or when the change stops short of its cordon. A failed give-back only
-// logs: the pool's next claim that finds it full drops a holder no longer out of service.
+// giveSlotBack gives back the node's slot (package slots): once the node is upgrade-done, before the pod turns Ready,
+// or when the change stops short of its cordon. Its claim is where its plan mark names the pool, but for a node that
+// moved between pools, was re-marked, or lost its mark with its Node object: when the mark's pool holds none of it,
+// every pool's slots are looked through (one list of the namespace's Leases, kept off the common case, which is on
+// the next node's path to its slot). A failed give-back only logs: the pool's next claim that finds it full drops a
+// holder no longer out of service.
 func giveSlotBack(ctx context.Context, client kubernetes.Interface, namespace string, node *corev1.Node, log *slog.Logger) {
+	if mark, err := canary.Read(node); err == nil && mark != nil && mark.MaxUnavailable > 0 {
+		pool := slots.Pool{Client: client, Namespace: namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
+		held, err := pool.GiveBack(ctx, node.Name)
+		if err != nil {
+			log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
+		}
+		if held || err != nil {
+			return
+		}
+	}
 	given, err := slots.GiveEverywhere(ctx, client, namespace, node.Name)
 	if err != nil {
 		log.Info("could not give the node's slot back; the pool's next claim drops it", "err", err)
 	}
-	// a claim outside the pool the node's mark names now: it moved, was re-marked, or lost its mark meanwhile
-	ownLease := ""
-	if mark, err := canary.Read(node); err == nil && mark != nil {
-		ownLease = slots.Name(mark.SlotsName())
-	}
-	if others := slices.DeleteFunc(given, func(l string) bool { return l == ownLease }); len(others) > 0 {
-		log.Info("gave back the node's slot of another pool than the one its plan mark names", "leases", others, "mark", ownLease)
+	if len(given) > 0 {
+		log.Info("gave back the node's slot of another pool than the one its plan mark names", "leases", given)
 	}
 }

@@ -149,10 +149,16 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 
 // Give gives node's slot back (nothing when it holds none, or the pool has no slots Lease).
 func (p Pool) Give(ctx context.Context, node string) error {
-	if err := give(ctx, p.Client, p.Namespace, Name(p.Name), node); err != nil {
-		return fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
+	_, err := p.GiveBack(ctx, node)
+	return err
+}
+
+// GiveBack is Give that also says whether node held a slot of the pool.
+func (p Pool) GiveBack(ctx context.Context, node string) (held bool, err error) {
+	if held, err = give(ctx, p.Client, p.Namespace, Name(p.Name), node); err != nil {
+		return false, fmt.Errorf("pool %s: give back node %s's slot (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
 	}
-	return nil
+	return held, nil
 }
 
 // GiveEverywhere gives back each slot node holds, in every pool of namespace: a node back in service holds none,
@@ -178,19 +184,24 @@ func GiveEverywhere(ctx context.Context, client kubernetes.Interface, namespace,
 				continue
 			}
 		}
-		if err := give(ctx, client, namespace, l.Name, node); err != nil {
+		held, err := give(ctx, client, namespace, l.Name, node)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("give back node %s's slot (lease %s/%s): %w", node, namespace, l.Name, err))
 			continue
 		}
-		given = append(given, l.Name)
+		if held {
+			given = append(given, l.Name)
+		}
 	}
 	return given, errors.Join(errs...)
 }
 
-// give removes node from the holders of the slots Lease name (nothing when it is not one, or there is none).
-func give(ctx context.Context, client kubernetes.Interface, namespace, name, node string) error {
+// give removes node from the holders of the slots Lease name, and says whether it was one (false when it was not,
+// or there is no such Lease).
+func give(ctx context.Context, client kubernetes.Interface, namespace, name, node string) (held bool, err error) {
 	leases := client.CoordinationV1().Leases(namespace)
-	return retryConflicts(ctx, func(ctx context.Context) error {
+	err = retryConflicts(ctx, func(ctx context.Context) error {
+		held = false
 		lease, err := leases.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -209,9 +220,13 @@ func give(ctx context.Context, client kubernetes.Interface, namespace, name, nod
 		if err := write(lease, holders); err != nil {
 			return err
 		}
-		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
-		return err
+		if _, err = leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		held = true
+		return nil
 	})
+	return held, err
 }
 
 // read is the pool's slots Lease and its holders; no Lease (nil, and no error) when the pool has none yet.
