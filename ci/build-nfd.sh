@@ -40,9 +40,17 @@ main_json=$(download "$module")
 # from its own tag (api/nfd/v0.19.0), which must be the same commit.
 api_json=$(download "$module/api/nfd")
 src=$(field Dir "$main_json") api=$(field Dir "$api_json")
-if [ "$(field Hash "$main_json")" != "$(field Hash "$api_json")" ]; then
-  echo "$module@$nfd_version and its api/nfd module are not the same commit" >&2
-  exit 1
+# The commit is the info's Origin.Hash; the proxy leaves Origin out of some modules' info (the main module's, seen
+# December 2026), and then the two tags' commit times must match instead.
+info_time() { sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(field Info "$1")"; }
+main_commit=$(field Hash "$main_json") api_commit=$(field Hash "$api_json")
+if [ -n "$main_commit" ] && [ -n "$api_commit" ]; then
+  [ "$main_commit" = "$api_commit" ] ||
+    { echo "$module@$nfd_version (commit $main_commit) and its api/nfd module (commit $api_commit) are not the same commit" >&2; exit 1; }
+else
+  main_time=$(info_time "$main_json") api_time=$(info_time "$api_json")
+  [ -n "$main_time" ] && [ "$main_time" = "$api_time" ] ||
+    { echo "$module@$nfd_version (commit time ${main_time:-unknown}) and its api/nfd module (${api_time:-unknown}) are not the same commit" >&2; exit 1; }
 fi
 cp -r "$src" "$dir.tmp/src" && chmod -R u+w "$dir.tmp/src"
 rm -rf "$dir.tmp/src/api/nfd" && cp -r "$api" "$dir.tmp/src/api/nfd" && chmod -R u+w "$dir.tmp/src/api/nfd"
