@@ -139,3 +139,17 @@ to 40 characters. Here so that the umbrella's cleanup names NFD's objects also w
 {{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
 {{- end -}}
 {{- end }}
+
+{{/* gpu-stack-lib.denyPolicyBinding: the binding that makes ValidatingAdmissionPolicy NAME deny what it refuses; dict
+"ctx" . "name" NAME */}}
+{{- define "gpu-stack-lib.denyPolicyBinding" -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "gpu-stack-lib.labels" (dict "ctx" .ctx "name" .name "component" "admission-policy") | nindent 4 }}
+spec:
+  policyName: {{ .name }}
+  validationActions: [Deny]
+{{- end }}
