@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +19,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 
 // DriverComponent is the driver DaemonSets' component.
@@ -350,7 +349,7 @@ func (k *Kubelet) recordDriverStop(ctx context.Context, pod *corev1.Pod, forced 
 func (k *Kubelet) runGate(ctx context.Context, pod *corev1.Pod, gate *corev1.Container) error {
 	o, err := drivermanagercli.UncordonOptionsFromArgs(gate.Args, envOf(pod, gate))
 	run := Run{Pod: pod.Name, Component: UncordonRun, Node: pod.Spec.NodeName, Args: gate.Args, Started: time.Now()}
-	var out bytes.Buffer
+	var out syncbuffer.Buffer
 	log, closeLog := runLog(&out, run)
 	defer closeLog()
 	if err == nil {
@@ -414,7 +413,7 @@ func (k *Kubelet) probeReady(ctx context.Context, pod *corev1.Pod, file string) 
 // runManager runs the init container once.
 func (k *Kubelet) runManager(ctx context.Context, pod *corev1.Pod, h *DriverHost, getenv func(string) string) error {
 	run := Run{Pod: pod.Name, Component: DriverManagerRun, Node: pod.Spec.NodeName, Args: []string{"uninstall-driver"}, Started: time.Now()}
-	var out bytes.Buffer
+	var out syncbuffer.Buffer
 	log, closeLog := runLog(&out, run)
 	defer closeLog()
 	o, err := drivermanagercli.OptionsFromEnv(getenv)
@@ -533,8 +532,9 @@ func (k *Kubelet) driverCheckOutcome(node string) (nodestate.Validation, bool) {
 // pod and component, as it runs: a run's Output is recorded only once it ends, and a gate runs as long as its pod.
 const RunLogDirEnv = "KUBE_GPU_STACK_RUN_LOGS"
 
-// runLog is where a run writes: out, and with RunLogDirEnv set a file of the run's as well.
-func runLog(out *bytes.Buffer, run Run) (io.Writer, func()) {
+// runLog is where a run writes: out, and with RunLogDirEnv set a file of the run's as well (an *os.File takes
+// concurrent writes, as out does).
+func runLog(out *syncbuffer.Buffer, run Run) (io.Writer, func()) {
 	dir := os.Getenv(RunLogDirEnv)
 	if dir == "" {
 		return out, func() {}
@@ -543,17 +543,5 @@ func runLog(out *bytes.Buffer, run Run) (io.Writer, func()) {
 	if err != nil {
 		return out, func() {}
 	}
-	return &lockedWriter{w: io.MultiWriter(out, f)}, func() { f.Close() }
-}
-
-// lockedWriter serialises writes: the run's logger and its summary lines write from more than one goroutine.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return io.MultiWriter(out, f), func() { f.Close() }
 }
