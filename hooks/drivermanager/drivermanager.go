@@ -652,8 +652,7 @@ func (m *manager) keep(ctx context.Context) (string, error) {
 	if nodestate.UpgradeState(m.node.Labels[nodestate.UpgradeStateLabel]) == nodestate.UpgradeDone {
 		// back in service without its gate: an emptying that kept the driver (a pool renamed, a pod deleted by hand)
 		// took a slot, and nothing else gives it back before the claim grace runs out
-		giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
-		rememberValidated(ctx, m.o.Client, m.o.Namespace, m.o.NodeName, m.node.Annotations[nodestate.ValidatedDigestAnnotation], m.log)
+		backInService(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
 	}
 	return fmt.Sprintf("driver config unchanged (digest %s): kept the loaded driver, evicted nothing%s%s", nodestate.ShortDigest(m.o.Digest), cleared, pending), nil
 }

@@ -270,9 +270,9 @@ func (m *manager) stillOutdated(ctx context.Context, outdated func() string, too
 	}
 	if m.o.Stopping {
 		m.log.Info("the node moved to another driver DaemonSet before its turn: nothing to empty for the one it left")
-		return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errNoLongerOutdated)}
+	} else {
+		m.log.Info("the driver DaemonSet changed back to this pod's driver before the node's turn: nothing to empty")
 	}
-	m.log.Info("the driver DaemonSet changed back to this pod's driver before the node's turn: nothing to empty")
 	return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errNoLongerOutdated)}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
@@ -63,22 +61,8 @@ func (e *env) freeSlotOf(holder string, done <-chan error) {
 	}
 }
 
-// holders are the pool's slot holders, sorted.
-func (e *env) holders() []string {
-	e.t.Helper()
-	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name("default"), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil // no slot was ever taken
-	}
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	h, err := slots.Holders(l)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return slices.Sorted(maps.Keys(h))
-}
+// holders are pool default's slot holders, sorted.
+func (e *env) holders() []string { return e.slotHolders("default") }
 
 // A node whose pool's one slot another node holds (the DaemonSet replaced an un-Ready old driver pod outside its
 // bound) waits, untouched and holding no node Lease, until that node gives the slot back; then it takes it and

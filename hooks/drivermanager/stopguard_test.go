@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -309,12 +310,15 @@ func (e *env) withPoolPeer(ds, pool, peer, mark string) {
 	}
 }
 
-// slotHolders are the holders of pool's slots Lease, sorted; none when it was never taken.
+// slotHolders are the holders of pool's slots Lease, sorted; none when no slot of it was ever taken.
 func (e *env) slotHolders(pool string) []string {
 	e.t.Helper()
 	l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), slots.Name(pool), metav1.GetOptions{})
-	if err != nil {
+	if apierrors.IsNotFound(err) {
 		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	h, err := slots.Holders(l)
 	if err != nil {
@@ -323,20 +327,26 @@ func (e *env) slotHolders(pool string) []string {
 	return slices.Sorted(maps.Keys(h))
 }
 
-// A node moved from pool a to pool b (relabelled by the admin) still carries pool a's mark when its old driver pod is
-// deleted (its DaemonSet no longer selects it): its gate empties it under pool b's plan, as the other nodes of pool
-// b's DaemonSet carry it, and takes a slot of pool b, whose bound it now counts against.
-func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
-	markA := canary.Mark{Pool: "a", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
-	markB := canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 2}.Format()
+// movedToPoolB is the node, with a GPU pod and its old driver pod of pool a's DaemonSet (the driver DaemonSet, which
+// selects pool=a), relabelled to pool b while it carries markA; pool b's DaemonSet runs on gpu-2, marked markB.
+func movedToPoolB(t *testing.T, markA, markB string) *env {
+	t.Helper()
 	moved := planned(nodeName, nodestate.UpgradeDone, markA)
 	moved.Labels["pool"] = "b"
 	e := newEnv(t, moved)
 	e.withGPUPod(nil)
 	e.withDriverPod(oldDigest)
 	e.setNodeSelector(map[string]string{"pool": "a"})
-	const next = "nvidia-driver-b-ubuntu2204"
-	e.withPoolPeer(next, "b", "gpu-2", markB)
+	e.withPoolPeer("nvidia-driver-b-ubuntu2204", "b", "gpu-2", markB)
+	return e
+}
+
+// A node moved from pool a to pool b (relabelled by the admin) still carries pool a's mark when its old driver pod is
+// deleted (its DaemonSet no longer selects it): its gate empties it under pool b's plan, as the other nodes of pool
+// b's DaemonSet carry it, and takes a slot of pool b, whose bound it now counts against.
+func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
+	e := movedToPoolB(t, canary.Mark{Pool: "a", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format(),
+		canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 2}.Format())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done, stopFile, _, out := e.stopGate(ctx)
@@ -367,19 +377,12 @@ func TestMovedNodesDriverPodIsEmptiedUnderItsNewPool(t *testing.T) {
 // and slot, not under b's, which would take it out beyond a's bound while b counted it.
 func TestNodeMovedBackWhileItsStoppingGateWaitsIsEmptiedUnderThePoolItIsIn(t *testing.T) {
 	markA := canary.Mark{Pool: "a", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
-	markB := canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format()
-	moved := planned(nodeName, nodestate.UpgradeDone, markA)
-	moved.Labels["pool"] = "b"
-	e := newEnv(t, moved)
-	e.withGPUPod(nil)
-	e.withDriverPod(oldDigest)
-	e.setNodeSelector(map[string]string{"pool": "a"})
+	e := movedToPoolB(t, markA, canary.Mark{Pool: "b", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1}.Format())
 	stayed := planned("gpu-3", nodestate.UpgradeDone, markA) // pool a's plan on its other node
 	stayed.Labels["pool"] = "a"
 	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), stayed, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.withPoolPeer("nvidia-driver-b-ubuntu2204", "b", "gpu-2", markB)
 	poolB := slots.Pool{Client: e.client, Namespace: namespace, Name: "b", Max: 1}
 	if c, err := poolB.Take(context.Background(), "gpu-2", e.clock()); err != nil || !c.Taken {
 		t.Fatalf("gpu-2: %+v %v", c, err)

@@ -247,8 +247,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	if state = nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); state != nodestate.UpgradeDone {
 		return o.notOurs(ctx, log, node, state)
 	}
-	giveSlotBack(ctx, o.Client, o.Namespace, node, log)
-	rememberValidated(ctx, o.Client, o.Namespace, o.NodeName, node.Annotations[nodestate.ValidatedDigestAnnotation], log)
+	backInService(ctx, o.Client, o.Namespace, node, log)
 	if ours {
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
@@ -400,6 +399,14 @@ func driverStarted(p *corev1.Pod) bool {
 		n++
 	}
 	return n > 0
+}
+
+// backInService is what a node upgrade-done with a validated driver leaves behind, whichever run put it back (its
+// gate, or its manager when the driver it keeps is the one that last validated there): its slot, given back, and what
+// validated, kept on its Lease.
+func backInService(ctx context.Context, client kubernetes.Interface, namespace string, node *corev1.Node, log *slog.Logger) {
+	giveSlotBack(ctx, client, namespace, node, log)
+	rememberValidated(ctx, client, namespace, node.Name, node.Annotations[nodestate.ValidatedDigestAnnotation], log)
 }
 
 // giveSlotBack gives back the node's slot (package slots): once the node is upgrade-done, before the pod turns Ready,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,12 +60,8 @@ func (m *manager) restoreValidated(ctx context.Context) error {
 	if !m.known || m.node.Annotations[nodestate.ValidatedDigestAnnotation] != "" {
 		return nil
 	}
-	l, err := apiretry.Value(ctx, func(ctx context.Context) (*metav1.ObjectMeta, error) {
-		l, err := m.o.Client.CoordinationV1().Leases(m.o.Namespace).Get(ctx, LeaseName(m.o.NodeName), metav1.GetOptions{})
-		if err != nil {
-			return nil, err
-		}
-		return &l.ObjectMeta, nil
+	l, err := apiretry.Value(ctx, func(ctx context.Context) (*coordinationv1.Lease, error) {
+		return m.o.Client.CoordinationV1().Leases(m.o.Namespace).Get(ctx, LeaseName(m.o.NodeName), metav1.GetOptions{})
 	})
 	if apierrors.IsNotFound(err) {
 		return nil
