@@ -129,7 +129,8 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 					return true, nil
 				}
 			}
-			if turn.Go && mark.MaxUnavailable > 0 {
+			slotLooked := turn.Go && mark.MaxUnavailable > 0
+			if slotLooked {
 				var err error
 				if turn, err = m.slotTurn(ctx, mark, block, slotsStore, graceOver.Load()); err != nil {
 					return false, err
@@ -151,6 +152,9 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 				shown = turn.Waiting
 			}
 			if !block {
+				if !slotLooked && mark.MaxUnavailable > 0 {
+					m.giveBackWhileHeld(ctx, mark)
+				}
 				return false, errTurnHeld
 			}
 			return false, nil
@@ -197,8 +201,8 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 }
 
 // slotTurn is the turn of a node its canary and threshold let go: under the Lease (block false) it takes one of the
-// pool's slots, or says who holds them all; while it waits (block true) it goes once the slots Lease shows a free
-// slot, or Options.SlotRecheck after the wait began, to take it in a fresh run.
+// pool's slots, or says who holds them all; while it waits (block true) it takes a slot the slots Lease shows free
+// and goes, or goes Options.SlotRecheck after the wait began, for a fresh run's Take to drop stale claims.
 func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, store *kwatch.Store[*coordinationv1.Lease], graceOver bool) (canary.Turn, error) {
 	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
 	// the reason names the pool's bound, not its holders: the holders change with every slot given back, and each
@@ -243,10 +247,37 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 		}
 		holders, free = look()
 	}
-	if free {
-		return canary.Turn{Go: true}, nil
+	if !free {
+		return full(holders), nil
 	}
-	return full(holders), nil
+	// the waiting node takes the slot itself, holding no node Lease: of the pool's waiters that saw it freed, the
+	// ones that lose the race only read the slots Lease, where each went for its node's Lease, read its node and
+	// watched again to find it taken (a slot freed woke every waiter of the pool). The winner's fresh run under the
+	// Lease finds the slot its own, or gives it back when its turn has gone meanwhile (waitTurn).
+	claim, err := pool.Take(ctx, m.o.NodeName, m.o.Now())
+	switch {
+	case ctx.Err() != nil:
+		return canary.Turn{}, ctx.Err()
+	case err != nil || claim.Taken:
+		return canary.Turn{Go: true}, nil // on an error, a fresh run's Take says what is wrong
+	}
+	return full(claim.Holders), nil
+}
+
+// giveBackWhileHeld gives back a slot of the mark's pool that the node holds while its turn has not come: it took
+// it while it waited (slotTurn), and its turn went meanwhile (its pool reached its failure threshold, a new plan
+// named another canary), or a run that took it stopped before its cordon. A waiting node is in service: kept, the
+// claim held one of the pool's slots from nodes whose turn it is until the claim grace ran out. Best effort: a
+// give-back that fails leaves the claim to that grace.
+func (m *manager) giveBackWhileHeld(ctx context.Context, mark *canary.Mark) {
+	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
+	held, err := pool.GiveBack(ctx, m.o.NodeName)
+	switch {
+	case err != nil:
+		m.log.Info("could not give back the slot of a node whose turn has not come: it counts until the claim grace ends", "err", err, "grace", slots.ClaimGrace)
+	case held:
+		m.log.Info("gave back the node's slot: its turn has not come", "pool", mark.Pool)
+	}
 }
 
 // leftPoolDaemonSet: a stopping driver pod's run empties its node for the DaemonSet that takes it over

@@ -180,8 +180,8 @@ type Options struct {
 	SlotRecheck time.Duration
 	// SlotJitter bounds the random pause of a node held by a full pool between seeing a slot freed and going for
 	// it (default DefaultSlotJitter): every waiting node of the pool watches the slots Lease, and without it each
-	// freed slot would send them all at once to take their node's Lease, read their node and try the slots Lease,
-	// one of them to win. After the pause the node goes only if the slot is still free. Negative: no pause.
+	// freed slot would send them all at once to the slots Lease, one of them to win. After the pause the node tries
+	// only if its watch still shows the slot free. Negative: no pause.
 	SlotJitter time.Duration
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -487,5 +488,156 @@ func TestNodeCalledOffJustAfterItTookItsSlotGivesItBack(t *testing.T) {
 	e.freeSlotOf("gpu-7", done)
 	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
 		t.Fatalf("holders %v after the change, want the node's own slot", got)
+	}
+}
+
+// A waiting node takes a freed slot itself, before it takes its node's Lease: of the pool's waiters that saw the
+// slot freed, those that lose the race only read the slots Lease. Each of them went for its node's Lease, read its
+// node and watched again, and in the rollout benchmark that was the upgrade gates' heaviest load: some thirty such
+// runs per node, every one of them for a slot another node had taken.
+func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing.T) {
+	e := slotEnv(t, "gpu-7", "gpu-8")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	leases := coordinationv1.SchemeGroupVersion.WithResource("leases")
+	var mu sync.Mutex
+	var writes []string // in order: "slots <holders>" and "node-lease"
+	var freed, raced atomic.Bool
+	e.client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		mu.Lock()
+		defer mu.Unlock()
+		switch l.Name {
+		case LeaseName(nodeName):
+			writes = append(writes, "node-lease")
+		case slots.Name("default"):
+			writes = append(writes, "slots "+l.Annotations[slots.HoldersAnnotation])
+			if h, _ := slots.Holders(l); len(h) == 0 {
+				freed.Store(true)
+			}
+		}
+		return false, nil, nil
+	})
+	e.client.PrependReactor("get", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.(k8stesting.GetAction).GetName() != slots.Name("default") || !freed.Load() || raced.Swap(true) {
+			return false, nil, nil
+		}
+		// gpu-8, waiting too, wins the race for the freed slot: its claim lands before this node's read (the tracker
+		// directly: the fake's lock is held here)
+		obj, err := e.client.Tracker().Get(leases, namespace, slots.Name("default"))
+		if err != nil {
+			return false, nil, err
+		}
+		l := obj.DeepCopyObject().(*coordinationv1.Lease)
+		l.Annotations[slots.HoldersAnnotation] = `{"gpu-8":"` + e.clock().UTC().Format(time.RFC3339) + `"}`
+		return false, nil, e.client.Tracker().Update(leases, l, namespace)
+	})
+	o := e.options(newDigest)
+	o.SlotJitter = -1
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	mu.Lock()
+	writes = nil // the run's first look under its Lease
+	mu.Unlock()
+
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !raced.Load() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !raced.Load() {
+		t.Fatal("the waiting node never read the slots Lease after the slot was freed")
+	}
+	time.Sleep(300 * time.Millisecond)
+	assertHeld(t, e, "waiting for a slot of pool default")
+	if got := e.holders(); !slices.Equal(got, []string{"gpu-8"}) {
+		t.Fatalf("holders %v after the node lost the race, want gpu-8 alone", got)
+	}
+	mu.Lock()
+	lost := slices.Clone(writes)
+	writes = nil
+	mu.Unlock()
+	if slices.Contains(lost, "node-lease") {
+		t.Fatalf("writes while the node lost the race for the freed slot: %q; want no write of its node Lease", lost)
+	}
+
+	e.freeSlotOf("gpu-8", done)
+	mu.Lock()
+	won := slices.Clone(writes)
+	mu.Unlock()
+	claim := slices.IndexFunc(won, func(w string) bool { return strings.Contains(w, `"`+nodeName+`"`) })
+	if lease := slices.Index(won, "node-lease"); claim < 0 || lease < 0 || claim > lease {
+		t.Fatalf("writes once gpu-8's slot was free: %q; want the node's claim before its node Lease is taken", won)
+	}
+	if got := e.holders(); !slices.Equal(got, []string{nodeName}) {
+		t.Fatalf("holders %v after the change, want the node's own slot", got)
+	}
+}
+
+// A node that took a freed slot while it waited, and whose turn has gone by its run under its node's Lease (a node
+// of its pool failed meanwhile, reaching the pool's failure threshold), gives the slot back and waits untouched: a
+// waiting node is in service and holds none of its pool's slots.
+func TestNodeThatTookASlotWhileWaitingGivesItBackWhenItsTurnHasGone(t *testing.T) {
+	mark := canary.Mark{Pool: "default", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 1, MaxFailures: 1}.Format()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, mark))
+	for _, name := range []string{"gpu-7", "gpu-9"} {
+		if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned(name, nodestate.UpgradeRequired, mark), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	var failed atomic.Bool
+	e.client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		if h, _ := slots.Holders(l); l.Name != slots.Name("default") || h[nodeName] == "" || failed.Swap(true) {
+			return false, nil, nil
+		}
+		// gpu-9 fails right after the waiting node's claim: the pool is at its failure threshold
+		nodes := corev1.SchemeGroupVersion.WithResource("nodes")
+		obj, err := e.client.Tracker().Get(nodes, "", "gpu-9")
+		if err != nil {
+			return false, nil, err
+		}
+		n := obj.DeepCopyObject().(*corev1.Node)
+		n.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeFailed)
+		return false, nil, e.client.Tracker().Update(nodes, n, "")
+	})
+	o := e.options(newDigest)
+	o.SlotJitter = -1
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	assertHeld(t, e, "waiting for a slot of pool default")
+	e.setState("gpu-7", nodestate.UpgradeDone)
+	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
+		t.Fatal(err)
+	}
+	assertHeld(t, e, "failed their driver change")
+	if !failed.Load() {
+		t.Fatal("the waiting node never claimed the freed slot")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.holders()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := e.holders(); len(got) != 0 {
+		t.Fatalf("holders %v while the node is held at its pool's failure threshold, want none: it is in service", got)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the held node's run ended (%v), want it waiting", err)
+	default:
 	}
 }
