@@ -45,8 +45,10 @@ const (
 //   - overhead-s/batch: the rollout's time beyond its installs, per batch of maxUnavailable nodes (plus the
 //     canary's own batch): rollout-s / batches - install. The goal is 3 s; the GPU Operator's upgrade controller
 //     requeues every 2 minutes;
-//   - overhead-s/node: per node, from its old driver pod's deletion to its new one Ready, minus its install (median);
-//   - handoff-s: from a node's new driver pod Ready to the DaemonSet controller deleting the next old one (median);
+//   - overhead-s/node: per node, how long it holds its slot (cordon-required to upgrade-done) beyond its install
+//     (median);
+//   - handoff-s: from a node giving its slot back (upgrade-done) to the next waiting node taking it (cordon-required)
+//     (median);
 //   - requests/node: the API requests of the driver manager and the upgrade gate (client side) per node;
 //
 // and logs the breakdown by phase (from node state changes, pod events and the stand-in's runs), the requests by
@@ -297,21 +299,24 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 		}
 	}
 	st := func(node string, s nodestate.UpgradeState) time.Time { return rec.states[node][s] }
+	// a node's cycle, in the order it runs: the old pod's gate takes a slot and empties the node, then evicts its own
+	// pod; the new pod's manager unloads, the install runs, the new pod's gate validates and uncordons
 	phases := []struct {
 		name string
 		from func(string) time.Time
 		to   func(string) time.Time
 	}{
-		{"old pod deleted -> new pod created (DaemonSet controller, pod deletion)", func(n string) time.Time { return rec.oldDeleted[n] }, func(n string) time.Time { return rec.newCreated[n] }},
-		{"new pod created -> driver manager started (scheduler, stand-in)", func(n string) time.Time { return rec.newCreated[n] }, func(n string) time.Time { return managerRun[n].Started }},
-		{"driver manager started -> pod-deletion-required (lease, detect, turn, cordon)", func(n string) time.Time { return managerRun[n].Started }, func(n string) time.Time { return st(n, nodestate.PodDeletionRequired) }},
+		{"cordon-required -> pod-deletion-required (cordon)", func(n string) time.Time { return st(n, nodestate.CordonRequired) }, func(n string) time.Time { return st(n, nodestate.PodDeletionRequired) }},
 		{"pod-deletion-required -> pod-restart-required (GPU pod eviction)", func(n string) time.Time { return st(n, nodestate.PodDeletionRequired) }, func(n string) time.Time { return st(n, nodestate.PodRestartRequired) }},
-		{"pod-restart-required -> validation-required (operands paused and gone, unload, resume)", func(n string) time.Time { return st(n, nodestate.PodRestartRequired) }, func(n string) time.Time { return st(n, nodestate.ValidationRequired) }},
+		{"pod-restart-required -> old pod deleted (operands paused and gone, the gate evicts its pod)", func(n string) time.Time { return st(n, nodestate.PodRestartRequired) }, func(n string) time.Time { return rec.oldDeleted[n] }},
+		{"old pod deleted -> new pod created (pod deletion, DaemonSet controller)", func(n string) time.Time { return rec.oldDeleted[n] }, func(n string) time.Time { return rec.newCreated[n] }},
+		{"new pod created -> driver manager started (scheduler, stand-in)", func(n string) time.Time { return rec.newCreated[n] }, func(n string) time.Time { return managerRun[n].Started }},
+		{"driver manager started -> validation-required (old pod gone, lease, unload, resume)", func(n string) time.Time { return managerRun[n].Started }, func(n string) time.Time { return st(n, nodestate.ValidationRequired) }},
 		{"validation-required -> driver install starts (init container exit)", func(n string) time.Time { return st(n, nodestate.ValidationRequired) }, func(n string) time.Time { return installRun[n].Started }},
 		{"driver install (fixed)", func(n string) time.Time { return installRun[n].Started }, func(n string) time.Time { return installRun[n].Ended }},
 		{"install done -> uncordon-required (validator Ready, seen by the gate)", func(n string) time.Time { return installRun[n].Ended }, func(n string) time.Time { return st(n, nodestate.UncordonRequired) }},
-		{"uncordon-required -> upgrade-done (uncordon)", func(n string) time.Time { return st(n, nodestate.UncordonRequired) }, func(n string) time.Time { return st(n, nodestate.UpgradeDone) }},
-		{"upgrade-done -> new driver pod Ready (ready file, pod status)", func(n string) time.Time { return st(n, nodestate.UpgradeDone) }, func(n string) time.Time { return rec.newReady[n] }},
+		{"uncordon-required -> upgrade-done (uncordon, slot given back)", func(n string) time.Time { return st(n, nodestate.UncordonRequired) }, func(n string) time.Time { return st(n, nodestate.UpgradeDone) }},
+		{"upgrade-done -> new driver pod Ready (ready file, pod status; off the slot's path)", func(n string) time.Time { return st(n, nodestate.UpgradeDone) }, func(n string) time.Time { return rec.newReady[n] }},
 	}
 	var lines []string
 	for _, p := range phases {
@@ -325,13 +330,25 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 	}
 	var overhead []time.Duration
 	for _, node := range e.gpuNodes {
-		if d, r, ir := rec.oldDeleted[node], rec.newReady[node], installRun[node]; !d.IsZero() && !r.IsZero() && !ir.Ended.IsZero() {
-			overhead = append(overhead, r.Sub(d)-ir.Ended.Sub(ir.Started))
+		if c, d, ir := st(node, nodestate.CordonRequired), st(node, nodestate.UpgradeDone), installRun[node]; !c.IsZero() && !d.IsZero() && !ir.Ended.IsZero() {
+			overhead = append(overhead, d.Sub(c)-ir.Ended.Sub(ir.Started))
 		}
 	}
 	handoff := rec.handoffs()
-	lines = append(lines, fmt.Sprintf("  %-95s %s", "node cycle minus its install (old pod deleted -> new pod Ready)", quantiles(overhead)),
-		fmt.Sprintf("  %-95s %s", "new pod Ready -> next old pod deleted (the DaemonSet controller's reaction)", quantiles(handoff)))
+	// the rollout's own start and end, outside every slot's cycle: counted once, not per batch
+	var firstOut, lastDone time.Time
+	for _, node := range e.gpuNodes {
+		if c := st(node, nodestate.CordonRequired); !c.IsZero() && (firstOut.IsZero() || c.Before(firstOut)) {
+			firstOut = c
+		}
+		if d := st(node, nodestate.UpgradeDone); d.After(lastDone) {
+			lastDone = d
+		}
+	}
+	lines = append(lines, fmt.Sprintf("  %-95s %s", "slot held minus its install (cordon-required -> upgrade-done)", quantiles(overhead)),
+		fmt.Sprintf("  %-95s %s", "slot handed on (a node upgrade-done -> the next waiting node cordon-required)", quantiles(handoff)),
+		fmt.Sprintf("rollout start -> first node cordon-required (the plan hook, the DaemonSets updated, the gates see it): %s; last node upgrade-done -> rollout end (every new pod Ready): %s",
+			firstOut.Sub(start).Round(10*time.Millisecond), end.Sub(lastDone).Round(10*time.Millisecond)))
 
 	mt, gt := e.manager.tally(start, end), e.gate.tally(start, end)
 	quietFrom, quietTo := quietWindow(managerRun, installRun)
@@ -532,29 +549,31 @@ func (r *recording) node(obj any) {
 	}
 }
 
-// handoffs pairs, in time order, each new driver pod turning Ready with the next old driver pod the DaemonSet
-// controller deleted: the k-th Ready frees the slot the (m+k)-th deletion takes, m being the deletions before the
-// first Ready (the first batch).
+// handoffs pairs, in time order, each node turning upgrade-done (its slot given back) with the next node turning
+// cordon-required (a slot taken): the k-th upgrade-done frees the slot the (m+k)-th cordon-required takes, m being
+// the nodes that went out before the first one was done (the first batch).
 func (r *recording) handoffs() []time.Duration {
-	var readies, deletions []time.Time
-	for _, t := range r.newReady {
-		readies = append(readies, t)
+	var dones, takes []time.Time
+	for _, s := range r.states {
+		if t, ok := s[nodestate.UpgradeDone]; ok {
+			dones = append(dones, t)
+		}
+		if t, ok := s[nodestate.CordonRequired]; ok {
+			takes = append(takes, t)
+		}
 	}
-	for _, t := range r.oldDeleted {
-		deletions = append(deletions, t)
-	}
-	slices.SortFunc(readies, func(a, b time.Time) int { return a.Compare(b) })
-	slices.SortFunc(deletions, func(a, b time.Time) int { return a.Compare(b) })
-	if len(readies) == 0 {
+	slices.SortFunc(dones, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(takes, func(a, b time.Time) int { return a.Compare(b) })
+	if len(dones) == 0 {
 		return nil
 	}
 	m := 0
-	for m < len(deletions) && deletions[m].Before(readies[0]) {
+	for m < len(takes) && takes[m].Before(dones[0]) {
 		m++
 	}
 	var out []time.Duration
-	for k := 0; m+k < len(deletions) && k < len(readies); k++ {
-		out = append(out, deletions[m+k].Sub(readies[k]))
+	for k := 0; m+k < len(takes) && k < len(dones); k++ {
+		out = append(out, takes[m+k].Sub(dones[k]))
 	}
 	return out
 }
