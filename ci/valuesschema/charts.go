@@ -31,18 +31,37 @@ func All(root string) ([]File, error) {
 	}
 	common := filepath.Join(root, "charts", "gpu-stack-lib", "operand-values.yaml")
 	var out []File
-	for _, dir := range append([]string{umbrella}, operands...) {
-		c := common
-		if dir == umbrella {
-			c = ""
-		}
-		got, err := Generate(dir, c, gpumigrate.SchemaHints(keys[filepath.Base(dir)]))
+	// the operands first: the umbrella holds each one's schema under its key
+	subcharts := map[string]Schema{}
+	for _, dir := range operands {
+		key := keys[filepath.Base(dir)]
+		s, err := Generate(dir, common, gpumigrate.SchemaHints(key), nil)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", dir, err)
 		}
-		out = append(out, File{Path: filepath.Join(dir, "values.schema.json"), Content: got})
+		if out, err = appendFile(out, dir, s); err != nil {
+			return nil, err
+		}
+		subcharts[key] = s
 	}
-	return out, nil
+	s, err := Generate(umbrella, "", gpumigrate.SchemaHints(""), subcharts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", umbrella, err)
+	}
+	out, err = appendFile(out, umbrella, s)
+	if err != nil {
+		return nil, err
+	}
+	// the umbrella first, as before: the order the files are listed in
+	return append(out[len(out)-1:], out[:len(out)-1]...), nil
+}
+
+func appendFile(out []File, dir string, s Schema) ([]File, error) {
+	b, err := Encode(s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return append(out, File{Path: filepath.Join(dir, "values.schema.json"), Content: b}), nil
 }
 
 // SubchartKeys maps each operand chart's directory name to its key in the umbrella's values (its alias); the

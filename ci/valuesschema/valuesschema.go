@@ -2,8 +2,10 @@
 // from the documented defaults: each key's type comes from its default, its description from the comment above
 // it, and a `# @schema {json}` comment line adds what a default cannot say (enums, nullable or free-form maps).
 //
-// Objects are closed (additionalProperties: false) so a typo'd key fails at render; `global` and the value keys of
-// subcharts stay open, because the subchart's own schema checks them. An undocumented key is an error.
+// Objects are closed (additionalProperties: false) so a typo'd key fails at render; `global` stays open. The value
+// key of each subchart holds the subchart's own schema, closed too: Helm checks a subchart's values against its
+// schema only while the subchart is enabled, so a typo under a disabled operand passed silently. An undocumented key
+// is an error.
 package valuesschema
 
 import (
@@ -33,8 +35,10 @@ type Hints func(has func(path string) bool) map[string]string
 
 // Generate returns the schema for the chart in chartDir. common, when not empty, is a values file whose keys every
 // operand accepts (the library's operand-values.yaml); they are merged into the chart's schema. hints, when not
-// nil, adds its keys to closed objects of the schema.
-func Generate(chartDir, common string, hints Hints) ([]byte, error) {
+// nil, adds its keys to closed objects of the schema. subcharts are the schemas of the chart's subcharts by their
+// values key (alias): each goes under its key, merged with what the chart itself documents there (`enabled`); a
+// subchart without one (the library chart) gets an open object.
+func Generate(chartDir, common string, hints Hints, subcharts map[string]Schema) (Schema, error) {
 	root, err := fromFile(filepath.Join(chartDir, "values.yaml"))
 	if err != nil {
 		return nil, err
@@ -68,20 +72,49 @@ func Generate(chartDir, common string, hints Hints) ([]byte, error) {
 		if d.Alias != "" {
 			key = d.Alias
 		}
-		open(key, fmt.Sprintf("Values of the %s subchart, checked by its own schema.", d.Name))
+		sub, ok := subcharts[key]
+		if !ok {
+			open(key, fmt.Sprintf("Values of the %s subchart, checked by its own schema.", d.Name))
+			continue
+		}
+		own, _ := props[key].(Schema)
+		embedded, err := deepCopy(sub)
+		if err != nil {
+			return nil, fmt.Errorf("the %s subchart's schema: %w", d.Name, err)
+		}
+		delete(embedded, "$schema")
+		if own == nil {
+			own = Schema{"description": fmt.Sprintf("Values of the %s subchart.", d.Name)}
+		}
+		props[key] = merge(embedded, own)
 	}
 	if hints != nil {
 		addHints(root, hints(func(path string) bool { return lookup(root, path) != nil }))
 	}
 	root["$schema"] = schemaDraft
+	return root, nil
+}
+
+// Encode is a schema as its values.schema.json holds it.
+func Encode(s Schema) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(root); err != nil {
+	if err := enc.Encode(s); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// deepCopy copies a schema through JSON, so that changing the copy (hints added) leaves the original alone.
+func deepCopy(s Schema) (Schema, error) {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var out Schema
+	return out, json.Unmarshal(b, &out)
 }
 
 func fromFile(path string) (Schema, error) {
