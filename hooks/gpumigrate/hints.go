@@ -72,8 +72,18 @@ func hintText(src string, rs []Rule) string {
 	prefixes = slices.Compact(prefixes)
 	targets = uniq(targets)
 	switch {
-	case len(prefixes) == 1:
+	case len(prefixes) == 1 && len(whys) == 0:
 		return "use " + prefixes[0] + hintSuffix
+	case len(targets) > 0 && len(whys) > 0:
+		// some keys under src have a place and the rest none (operator: only its defaultRuntime has one): name
+		// each key that moves, then why the others do not, rather than one target as if it took them all
+		var moves []string
+		for _, r := range rs {
+			if len(r.Targets) > 0 {
+				moves = append(moves, r.From+": use "+strings.Join(uniq(r.Targets), ", "))
+			}
+		}
+		return strings.Join(moves, "; ") + "; the rest of " + src + " is not a kube-gpu-stack key: " + whys[0] + hintSuffix
 	case len(targets) > 0:
 		return "use " + strings.Join(targets, ", ") + hintSuffix
 	case len(whys) > 0:

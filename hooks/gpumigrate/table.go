@@ -184,6 +184,11 @@ func buildRules() []Rule {
 		{From: "driver.nvidiaDriverCRD.nodeSelector", Action: Decision, Same: map[string]any{}, Why: "the default pool serves every GPU node no pool selects; select the others with driver.pools"},
 		{From: "driver.useNvidiaDriverCRD", Action: Dropped, Why: "NVIDIADriver resources become driver.pools"},
 		{From: "driver.manager", Action: Dropped, Why: "the driver manager here is this project's own (driver.manager.image defaults to global.stackImage), not NVIDIA's k8s-driver-manager"},
+		// the GPU Operator's keys for its k8s-driver-manager image: refused by name, not as unknown keys of ours
+		{From: "driver.manager.repository", Action: Dropped, Why: "the driver manager here is this project's own: its image is global.stackImage, or driver.manager.image (registry, repository, tag)"},
+		{From: "driver.manager.version", Action: Dropped, Why: "the driver manager here is this project's own: its image is global.stackImage, or driver.manager.image (registry, repository, tag)"},
+		{From: "driver.manager.imagePullPolicy", Action: Dropped, Why: "the driver manager runs this project's image: driver.manager.image.pullPolicy, or global.stackImage.pullPolicy"},
+		{From: "driver.manager.env", Action: Dropped, Why: "the driver manager's settings are driver.manager.gpuPodDeletion and driver.manager.drain (what the GPU Operator's env ENABLE_GPU_POD_EVICTION and ENABLE_AUTO_DRAIN switch)"},
 		{From: "driver.upgradePolicy.autoUpgrade", To: "driver.upgradePolicy.autoUpgrade"},
 		{From: "driver.upgradePolicy.maxParallelUpgrades", conv: maxParallel, Targets: []string{"driver.upgradePolicy.maxUnavailable"}},
 		{From: "driver.upgradePolicy.maxUnavailable", conv: maxUnavailable, Targets: []string{"driver.upgradePolicy.maxUnavailable"}},
