@@ -19,6 +19,7 @@ import (
 	"helm.sh/helm/v3/pkg/cli/values"
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/getter"
+	"helm.sh/helm/v3/pkg/release"
 )
 
 // Pinned facts of every render, so goldens move only when the chart's output does.
@@ -105,20 +106,7 @@ func Values(files []string, set []string) (map[string]any, error) {
 // Render renders the chart with the given values for a Kubernetes version and returns the manifest stream as
 // `helm template` prints it (manifests, then hooks). Errors carry schema, kubeVersion and template failures.
 func Render(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVersion string) (string, error) {
-	kv, err := chartutil.ParseKubeVersion(kubeVersion)
-	if err != nil {
-		return "", err
-	}
-	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
-	inst.ClientOnly = true
-	inst.DryRun = true
-	inst.Replace = true
-	inst.IncludeCRDs = true
-	inst.ReleaseName = ReleaseName
-	inst.Namespace = Namespace
-	inst.KubeVersion = kv
-	inst.APIVersions = slices.Clone(APIVersions)
-	rel, err := inst.RunWithContext(ctx, chrt, vals)
+	rel, err := DryRun(ctx, chrt, vals, kubeVersion, APIVersions)
 	if err != nil {
 		return "", err
 	}
@@ -129,6 +117,25 @@ func Render(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVer
 		fmt.Fprintf(&b, "---\n# Source: %s\n%s\n", h.Path, strings.TrimSpace(h.Manifest))
 	}
 	return b.String(), nil
+}
+
+// DryRun is `helm install --dry-run` without a cluster for a Kubernetes version whose API server serves apiVersions
+// beyond the built-in ones: the release, its manifest, hooks and notes.
+func DryRun(ctx context.Context, chrt *chart.Chart, vals map[string]any, kubeVersion string, apiVersions []string) (*release.Release, error) {
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, err
+	}
+	inst := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
+	inst.ClientOnly = true
+	inst.DryRun = true
+	inst.Replace = true
+	inst.IncludeCRDs = true
+	inst.ReleaseName = ReleaseName
+	inst.Namespace = Namespace
+	inst.KubeVersion = kv
+	inst.APIVersions = slices.Clone(apiVersions)
+	return inst.RunWithContext(ctx, chrt, vals)
 }
 
 // Newest is the newest Kubernetes version the chart is rendered for.
