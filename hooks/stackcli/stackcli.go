@@ -55,10 +55,28 @@ func NewRoot(out io.Writer) (*cobra.Command, Scope) {
 	var release string
 	root.PersistentFlags().StringVar(&release, "release", "", "Helm release name")
 	now := time.Now
-	root.AddCommand(checkCommand(flags, &release, out), cleanupCommand(flags, &release, out), statusCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out, &now), upgradeCommand(flags, &release, out), seedLabelCommand(flags, out))
+	// the admin's commands first; the ones the chart's Jobs and containers run come last, under their own heading,
+	// so that the first screen of --help is the admin's
+	root.AddGroup(&cobra.Group{ID: AdminGroup, Title: "Commands:"}, &cobra.Group{ID: HookGroup, Title: "Run by the chart's hooks and pods (rarely by hand):"})
+	inGroup := func(id string, cmds ...*cobra.Command) []*cobra.Command {
+		for _, c := range cmds {
+			c.GroupID = id
+		}
+		return cmds
+	}
+	root.AddCommand(inGroup(AdminGroup, statusCommand(flags, &release, out), upgradeCommand(flags, &release, out))...)
+	root.AddCommand(inGroup(HookGroup, checkCommand(flags, &release, out), cleanupCommand(flags, &release, out),
+		preUpgradeCommand(flags, &release, out, &now), seedLabelCommand(flags, out))...)
+	root.SetHelpCommandGroupID(AdminGroup)
+	root.SetCompletionCommandGroupID(AdminGroup)
 	return root, Scope{Flags: flags, Release: &release, Now: &now}
 }
+
+// The groups of the root's --help: AdminGroup for a command an admin runs, HookGroup for one the chart runs.
+const (
+	AdminGroup = "admin"
+	HookGroup  = "hooks"
+)
 
 // Clients returns the REST config, a clientset and the namespace the kubeconfig flags select.
 func (s Scope) Clients() (*rest.Config, kubernetes.Interface, string, error) { return clients(s.Flags) }
