@@ -76,6 +76,17 @@ func ChartDir() string { return filepath.Join(RepoRoot(), "charts", "kube-gpu-st
 // Load loads a chart directory or archive and pins the version of it and every dependency. Rendering removes
 // disabled subcharts from the chart, so load once per render.
 func Load(dir string) (*chart.Chart, error) {
+	chrt, err := LoadReleased(dir)
+	if err != nil {
+		return nil, err
+	}
+	pin(chrt)
+	return chrt, nil
+}
+
+// LoadReleased loads a chart directory or archive with the versions its Chart.yaml files give, as `helm install`
+// does.
+func LoadReleased(dir string) (*chart.Chart, error) {
 	chrt, err := loader.Load(dir)
 	if err != nil {
 		return nil, err
@@ -83,7 +94,6 @@ func Load(dir string) (*chart.Chart, error) {
 	if err := action.CheckDependencies(chrt, chrt.Metadata.Dependencies); err != nil {
 		return nil, err
 	}
-	pin(chrt)
 	return chrt, nil
 }
 

@@ -39,6 +39,10 @@ type Target struct {
 	// ChartVersion, when set, stamps the chart's version and appVersion (tests pin both to one value; a release
 	// bumps both).
 	ChartVersion string
+	// Released installs the repository's chart with the versions its Chart.yaml files give (the chart's and each
+	// subchart's), as `helm install charts/kube-gpu-stack` from a clone does, instead of the tests' pinned
+	// chartrender.ChartVersion: a release the user upgrades from the clone afterwards then changes no pod's labels.
+	Released bool
 	// KeepFailed leaves a failed release installed (for inspection); by default it is uninstalled again.
 	KeepFailed bool
 	// Chart, when set, is what `helm install CHART` gets instead of the repository's chart: a chart archive or an
@@ -75,7 +79,11 @@ func (t Target) prepare(valueFiles, set []string) (*action.Configuration, *chart
 		vals, err := chartrender.Values(valueFiles, set)
 		return cfg, chrt, vals, err
 	}
-	chrt, err := chartrender.Load(chartrender.ChartDir())
+	load := chartrender.Load
+	if t.Released {
+		load = chartrender.LoadReleased
+	}
+	chrt, err := load(chartrender.ChartDir())
 	if err != nil {
 		return nil, nil, nil, err
 	}
