@@ -63,14 +63,17 @@ func Start[T runtime.Object](ctx context.Context, src *Source, example T) (*Stor
 		return nil, err
 	}
 	go s.informer.RunWithContext(ictx)
-	// the informer's own signal that its first list is in the store: cache.WaitForCacheSync polls every 100 ms,
-	// which added up to that much to every watch a step starts (a node's driver change starts a dozen, one after
-	// another, on each slot's path)
+	synced := make(chan struct{})
+	go func() {
+		defer close(synced)
+		cache.WaitForCacheSync(ictx.Done(), s.informer.HasSynced)
+	}()
 	select {
-	case <-s.informer.HasSyncedChecker().Done():
-		return s, nil
+	case <-synced:
+		if s.informer.HasSynced() {
+			return s, nil
+		}
 	case <-s.failed:
-	case <-ictx.Done():
 	}
 	stop()
 	if err := s.Err(); err != nil {
