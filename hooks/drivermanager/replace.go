@@ -244,7 +244,7 @@ func calledOff(n *corev1.Node) bool {
 var errCalledOff = errors.New("a newer plan called the node off: its pod already runs the driver that release goes to")
 
 // stillOutdated stands the emptying down when the pod's DaemonSet no longer changes its driver. A node whose change
-// has started goes on (the new pod's manager finds the driver it keeps); one that took its slot gives it back. After
+// has started goes on (the new pod's manager finds the driver it keeps); one that holds a slot gives it back. After
 // the turn (tookSlot), a node a plan called off meanwhile (upgrade-done, not cordoned) stands down too: the rollback
 // that called it off changes the template back only after its plan, and a node its plan left in service must stay
 // so, outside the pool's slots.
@@ -265,9 +265,9 @@ func (m *manager) stillOutdated(ctx context.Context, outdated func() string, too
 	if underWay(m.node) || outdated() != "" {
 		return nil
 	}
-	if tookSlot {
-		giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
-	}
+	// before its turn too: a waiting node takes a freed slot from its watch before this run (slotTurn), and the
+	// template may have changed back in between
+	giveSlotBack(ctx, m.o.Client, m.o.Namespace, m.node, m.log)
 	if m.o.Stopping {
 		m.log.Info("the node moved to another driver DaemonSet before its turn: nothing to empty for the one it left")
 	} else {
