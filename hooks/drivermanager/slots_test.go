@@ -534,12 +534,9 @@ func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing
 		l.Annotations[slots.HoldersAnnotation] = `{"gpu-8":"` + e.clock().UTC().Format(time.RFC3339) + `"}`
 		return false, nil, e.client.Tracker().Update(leases, l, namespace)
 	})
-	o := e.options(newDigest)
-	o.SlotJitter = -1
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	done := e.startWithoutSlotJitter(ctx)
 	assertHeld(t, e, "waiting for a slot of pool default")
 	mu.Lock()
 	writes = nil // the run's first look under its Lease
@@ -613,12 +610,9 @@ func TestNodeThatTookASlotWhileWaitingGivesItBackWhenItsTurnHasGone(t *testing.T
 		n.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeFailed)
 		return false, nil, e.client.Tracker().Update(nodes, n, "")
 	})
-	o := e.options(newDigest)
-	o.SlotJitter = -1
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	done := e.startWithoutSlotJitter(ctx)
 	assertHeld(t, e, "waiting for a slot of pool default")
 	e.setState("gpu-7", nodestate.UpgradeDone)
 	if err := pool(e).Give(context.Background(), "gpu-7"); err != nil {
@@ -640,4 +634,14 @@ func TestNodeThatTookASlotWhileWaitingGivesItBackWhenItsTurnHasGone(t *testing.T
 		t.Fatalf("the held node's run ended (%v), want it waiting", err)
 	default:
 	}
+}
+
+// startWithoutSlotJitter is start with no pause between a freed slot seen and the try for it: the tests that stage
+// who wins the race decide the order themselves.
+func (e *env) startWithoutSlotJitter(ctx context.Context) <-chan error {
+	o := e.options(newDigest)
+	o.SlotJitter = -1
+	done := make(chan error, 1)
+	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
+	return done
 }
