@@ -538,6 +538,11 @@ func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing
 	defer cancel()
 	done := e.startWithoutSlotJitter(ctx)
 	assertHeld(t, e, "waiting for a slot of pool default")
+	// the first look gives its node Lease back after it wrote the reason: that write is not the race's
+	waitUntil(t, "the node Lease given back after the first look", func() bool {
+		l, err := e.client.CoordinationV1().Leases(namespace).Get(context.Background(), LeaseName(nodeName), metav1.GetOptions{})
+		return err == nil && (l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "")
+	})
 	mu.Lock()
 	writes = nil // the run's first look under its Lease
 	mu.Unlock()
