@@ -284,6 +284,13 @@ func source(client kubernetes.Interface, resource, namespace string, cluster boo
 		ListWatch: &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
+				if o.ResourceVersion == "0" {
+					// the reflector's first list (a streamed WatchList that failed falls back to it) asks for "any"
+					// version, which the API server's watch cache may serve from before the caller's own last read:
+					// a pod the caller just listed would be missing, and a caller waiting for it to go would take it
+					// for gone. A consistent read costs one etcd-quorum list per store, only on this path.
+					o.ResourceVersion = ""
+				}
 				return list(ctx, o)
 			},
 			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {

@@ -202,3 +202,23 @@ func TestUntilAllEndsWhenAStoreFailsForGood(t *testing.T) {
 		t.Fatalf("UntilAll = %v, want the watch's Forbidden", err)
 	}
 }
+
+// TestFirstListIsAConsistentRead: a store's first list must not be served from a watch cache older than what its
+// caller read just before (a drain lists a node's pods, then watches them go: a pod missing from a stale first list
+// would count as gone while it still runs). The reflector asks for resourceVersion "0" (any); Start asks for "".
+func TestFirstListIsAConsistentRead(t *testing.T) {
+	client := fake.NewClientset(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns"}, Spec: corev1.PodSpec{NodeName: "n1"}})
+	var versions []string
+	client.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		versions = append(versions, a.(k8stesting.ListActionImpl).GetListOptions().ResourceVersion)
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := Start(ctx, NodePods(client, "ns", "n1", ""), &corev1.Pod{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(versions) == 0 || versions[0] != "" {
+		t.Fatalf("the first list asked for resourceVersion %q; want \"\" (a consistent read)", versions)
+	}
+}

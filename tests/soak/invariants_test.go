@@ -272,6 +272,20 @@ func (inv *invariants) whilePaused(node string, rv int64) bool {
 	return false
 }
 
+// pausedSpans says, for the failure message, at which revision each late pod of pods was created and over which
+// revisions node's device plugin was paused.
+func (inv *invariants) pausedSpans(node string, pods []string) string {
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	var parts []string
+	for _, p := range pods {
+		if rv, late := lateRV.Load(p); late {
+			parts = append(parts, fmt.Sprintf("%s created at rv %d", p, rv))
+		}
+	}
+	return strings.Join(append(parts, fmt.Sprintf("device plugin paused over rv %v", inv.paused[node])), ", ")
+}
+
 // stop ends the watch, reports every broken invariant (at most 20 lines of them) and returns the checks made.
 func (inv *invariants) stop(t *testing.T) int {
 	t.Helper()

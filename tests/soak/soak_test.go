@@ -454,7 +454,8 @@ func (e *soakEnv) soak(t *testing.T, seed uint64, tag string) int {
 			continue
 		}
 		if s.At.After(start) && len(using) > 0 {
-			t.Errorf("old driver of %s (pod %s) stopped at %s with GPU pods running: %v; the node's last changes:\n    %s", s.Node, s.Pod, s.At.Format(time.TimeOnly), using, check.changesOf(s.Node))
+			t.Errorf("old driver of %s (pod %s) stopped at %s with GPU pods running: %v (%s); the node's last changes:\n    %s", s.Node, s.Pod, s.At.Format(time.TimeOnly), using,
+				check.pausedSpans(s.Node, using), check.changesOf(s.Node))
 			logRuns(t, func(r kubelet.Run) bool { return r.Pod == s.Pod })
 		}
 	}
