@@ -75,7 +75,7 @@ func Collect(ctx context.Context, root string) (*Set, error) {
 		wg.Go(func() {
 			slots <- struct{}{}
 			defer func() { <-slots }()
-			upstream, stream, n, err := renderJob(ctx, chartDir, j.profile.File, j.set, j.kubeVersion, j.where)
+			upstream, stream, n, err := renderJob(ctx, chartDir, j.profile.Files(), j.set, j.kubeVersion, j.where)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -116,10 +116,10 @@ func Collect(ctx context.Context, root string) (*Set, error) {
 	return &Set{Rendered: rendered, UserSupplied: slices.Sorted(maps.Keys(userSupplied)), Renders: renders}, nil
 }
 
-// renderJob renders one profile (values file plus set) and returns its upstream images, the stream they come from
+// renderJob renders one profile (its values files plus set) and returns its upstream images, the stream they come from
 // and how many renders that took (two for a profile with a mirror).
-func renderJob(ctx context.Context, chartDir, file string, set []string, kubeVersion, where string) ([]string, string, int, error) {
-	vals, err := chartrender.Values([]string{file}, set)
+func renderJob(ctx context.Context, chartDir string, files, set []string, kubeVersion, where string) ([]string, string, int, error) {
+	vals, err := chartrender.Values(files, set)
 	if err != nil {
 		return nil, "", 0, fmt.Errorf("%s: %w", where, err)
 	}

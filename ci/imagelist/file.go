@@ -69,10 +69,14 @@ func CheckReference(ref string) error {
 // RegistryOf is the registry host a reference names explicitly, or "" (airgap.RegistryOf).
 func RegistryOf(ref string) string { return airgap.RegistryOf(ref) }
 
-// UserSuppliedPrefixes are where the profiles name images that only the user can pull, with their own licence:
-// NVIDIA AI Enterprise's registry namespace, which holds the vGPU manager. A profile names such an image as a
-// placeholder for the user's copy, so neither images.txt nor the annotation lists it; the user mirrors it.
-var UserSuppliedPrefixes = []string{"nvcr.io/nvaie/"}
+// UserSuppliedPrefixes are where the profiles name images that do not come from this chart's sources, so neither
+// images.txt nor the annotation lists them:
+//   - NVIDIA AI Enterprise's registry namespace, which holds the vGPU manager: only the user can pull it, with their
+//     own licence; a profile names it as a placeholder for the user's copy, which the user mirrors;
+//   - the OpenShift cluster's internal registry, which serves the Driver Toolkit image of each RHCOS build from the
+//     cluster's own ImageStream: it comes with the OpenShift release (a disconnected cluster mirrors it with the
+//     release payload), and its builds are the site's (the openshift profile's site example).
+var UserSuppliedPrefixes = []string{"nvcr.io/nvaie/", "image-registry.openshift-image-registry.svc:5000/"}
 
 // UserSupplied reports whether a reference lies under UserSuppliedPrefixes.
 func UserSupplied(ref string) bool {

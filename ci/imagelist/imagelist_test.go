@@ -323,9 +323,10 @@ func TestSetChartAnnotationAddsAMissingOne(t *testing.T) {
 
 func TestUserSupplied(t *testing.T) {
 	for ref, want := range map[string]bool{
-		"nvcr.io/nvaie/vgpu-manager:595.91.07-ubuntu22.04": true,
-		"nvcr.io/nvidia/driver:595.91.07-ubuntu22.04":      false,
-		"mirror.example.com/nvaie/vgpu-manager:1":          false,
+		"nvcr.io/nvaie/vgpu-manager:595.91.07-ubuntu22.04":                                                true,
+		"image-registry.openshift-image-registry.svc:5000/openshift/driver-toolkit:418.94.202502251302-0": true,
+		"nvcr.io/nvidia/driver:595.91.07-ubuntu22.04":                                                     false,
+		"mirror.example.com/nvaie/vgpu-manager:1":                                                         false,
 	} {
 		if got := UserSupplied(ref); got != want {
 			t.Errorf("UserSupplied(%s) = %v, want %v", ref, got, want)

@@ -12,7 +12,21 @@ import (
 
 // Profile is one values file under values/: one cluster shape. MinKube is the oldest Kubernetes minor it supports
 // ("1.34"), from a "Needs Kubernetes >= 1.NN" line in its header comment; empty when it runs on every supported one.
-type Profile struct{ Name, File, MinKube string }
+// Site is an example of the facts of a site that the profile cannot know and will not render without (the openshift
+// profile's RHCOS builds), from a "Site values: <path under the repository>" line in its header; empty when the
+// profile renders alone.
+type Profile struct{ Name, File, MinKube, Site string }
+
+// Files are the values files a render of the profile takes: the profile, then its site example if it needs one.
+func (p Profile) Files() []string {
+	if p.Site == "" {
+		return []string{p.File}
+	}
+	return []string{p.File, p.Site}
+}
+
+// siteValues is how a profile's header names its site example.
+var siteValues = regexp.MustCompile(`(?m)^# Site values: (\S+\.yaml)`)
 
 // needsKube is how a profile's header says which Kubernetes it needs (the DRA profiles: resource.k8s.io/v1).
 var needsKube = regexp.MustCompile(`(?m)^#.*Needs Kubernetes >= (1\.[0-9]+)`)
@@ -46,6 +60,12 @@ func Profiles(root string) ([]Profile, error) {
 		p := Profile{Name: strings.TrimSuffix(filepath.Base(f), ".yaml"), File: f}
 		if m := needsKube.FindSubmatch(b); m != nil {
 			p.MinKube = string(m[1])
+		}
+		if m := siteValues.FindSubmatch(b); m != nil {
+			p.Site = filepath.Join(root, string(m[1]))
+			if _, err := os.Stat(p.Site); err != nil {
+				return nil, fmt.Errorf("profile %s: its site values: %w", f, err)
+			}
 		}
 		out = append(out, p)
 	}

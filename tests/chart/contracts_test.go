@@ -78,7 +78,7 @@ func TestContracts(t *testing.T) {
 					where := p.name + "/" + kv + "/" + name
 					t.Run(where, func(t *testing.T) {
 						t.Parallel()
-						found, n := contractViolations(t, render(t, kv, []string{p.file}, set...))
+						found, n := contractViolations(t, render(t, kv, p.files, set...))
 						mu.Lock()
 						defer mu.Unlock()
 						checked += n

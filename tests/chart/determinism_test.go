@@ -116,8 +116,8 @@ func helmCLI(t *testing.T) string {
 func TestRenderIsDeterministic(t *testing.T) {
 	t.Parallel()
 	for _, p := range profiles(t) {
-		a := render(t, newestKube, []string{p.file})
-		b, err := renderFresh(t, newestKube, []string{p.file})
+		a := render(t, newestKube, p.files)
+		b, err := renderFresh(t, newestKube, p.files)
 		if err != nil {
 			t.Fatal(err)
 		}

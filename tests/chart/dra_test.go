@@ -69,7 +69,7 @@ func TestGPUAllocationNeverBoth(t *testing.T) {
 		}
 		for name, set := range sets {
 			t.Run(p.name+"/"+name, func(t *testing.T) {
-				dss, err := placement.DaemonSets(render(t, newestKube, []string{p.file}, set...))
+				dss, err := placement.DaemonSets(render(t, newestKube, p.files, set...))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -445,7 +445,7 @@ func TestDriverPoolsListTheDriverDaemonSets(t *testing.T) {
 			for _, n := range extraNodes[p.name] {
 				nodes = append(nodes, n.Object())
 			}
-			stream := render(t, newestKube, []string{p.file})
+			stream := render(t, newestKube, p.files)
 			pools := gatePools(t, stream)
 			rendered := operandDaemonSets(t, stream, "driver")
 

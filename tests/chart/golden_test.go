@@ -20,7 +20,7 @@ func TestGolden(t *testing.T) {
 	for _, p := range profiles(t) {
 		for _, kv := range p.kubeVersions() {
 			t.Run(p.name+"/"+kv, func(t *testing.T) {
-				got := render(t, kv, []string{p.file})
+				got := render(t, kv, p.files)
 				minor := kv[:strings.LastIndex(kv, ".")]
 				path := filepath.Join("testdata", "golden", p.name+"."+minor+".golden.yaml")
 				if updateGolden {
@@ -102,7 +102,7 @@ func TestPackagedChartCarriesEveryOperand(t *testing.T) {
 		}
 	}
 	for _, p := range profiles(t) {
-		vals, err := chartrender.Values([]string{p.file}, nil)
+		vals, err := chartrender.Values(p.files, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestPackagedChartCarriesEveryOperand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fromDir := render(t, newestKube, []string{p.file}); fromDir != fromPkg {
+		if fromDir := render(t, newestKube, p.files); fromDir != fromPkg {
 			t.Errorf("%s: the packaged chart renders differently from the directory:\n%s", p.name, lineDiff(fromDir, fromPkg))
 		}
 	}

@@ -240,7 +240,7 @@ func TestHookJobsAreSafeAndBounded(t *testing.T) {
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
 			seen := map[string]bool{}
-			for _, h := range hookObjects(t, render(t, newestKube, []string{p.file})) {
+			for _, h := range hookObjects(t, render(t, newestKube, p.files)) {
 				if h.kind() != "Job" && h.kind() != "Pod" {
 					continue
 				}
@@ -593,7 +593,7 @@ func TestCleanupNamesEveryClusterObject(t *testing.T) {
 	}
 	checked := 0
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, "draDriver.enabled=true")) {
+		for _, o := range objects(t, render(t, newestKube, p.files, "draDriver.enabled=true")) {
 			kind := strings.ToLower(o.kind())
 			m, _ := o.Raw["metadata"].(map[string]any)
 			ann, _ := m["annotations"].(map[string]any)

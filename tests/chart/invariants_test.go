@@ -65,7 +65,7 @@ func TestEveryObjectIsLabelledAndSelectorsAreStable(t *testing.T) {
 		"app.kubernetes.io/part-of", "app.kubernetes.io/version", "helm.sh/chart"}
 	volatile := []string{"helm.sh/chart", "app.kubernetes.io/version"}
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, p.files, everythingOn...)) {
 			meta, _ := o.Raw["metadata"].(map[string]any)
 			labels, _ := meta["labels"].(map[string]any)
 			for _, k := range required {
@@ -100,7 +100,7 @@ func TestEveryPodGetsGlobalPullSecretsAndTolerations(t *testing.T) {
 	extra := writeTemp(t, "overlay.yaml", overlay)
 	for _, p := range profiles(t) {
 		pods := 0
-		for _, o := range objects(t, render(t, newestKube, []string{p.file, extra}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, append(slices.Clone(p.files), extra), everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				pods++
 				secrets, _ := ps["imagePullSecrets"].([]any)

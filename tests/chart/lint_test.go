@@ -16,7 +16,7 @@ func TestHelmLintStrict(t *testing.T) {
 	t.Parallel()
 	for _, p := range profiles(t) {
 		t.Run(p.name, func(t *testing.T) {
-			vals, err := chartrender.Values([]string{p.file}, nil)
+			vals, err := chartrender.Values(p.files, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

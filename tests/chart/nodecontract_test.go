@@ -438,7 +438,7 @@ func TestDriverReadyConsumersMountWhatItNames(t *testing.T) {
 	t.Parallel()
 	consumers := 0
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, append(everythingOn, "devicePlugin.mps.controlDaemon=true")...))
+		objs := objects(t, render(t, newestKube, p.files, append(everythingOn, "devicePlugin.mps.controlDaemon=true")...))
 		// the host paths the driver validation looks at, from its own mounts
 		var driverDir, hostRoot string
 		for _, o := range objs {

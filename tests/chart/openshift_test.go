@@ -163,7 +163,7 @@ func TestOpenShiftSCCGrants(t *testing.T) {
 	t.Parallel()
 	checked := map[string]bool{}
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, append(slices.Clone(everythingOn), "global.platform=openshift")...))
+		objs := objects(t, render(t, newestKube, p.files, append(slices.Clone(everythingOn), "global.platform=openshift")...))
 		grants := sccGrants(t, objs)
 		needs := map[string]string{} // ServiceAccount -> the SCC its pods need (the strongest)
 		for _, o := range objs {
@@ -219,7 +219,7 @@ func TestSCCRulesOnlyOnOpenShift(t *testing.T) {
 		if strings.HasPrefix(p.name, "openshift") {
 			continue
 		}
-		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		objs := objects(t, render(t, newestKube, p.files, everythingOn...))
 		if g := sccGrants(t, objs); len(g) > 0 {
 			t.Errorf("%s: SCC grants off OpenShift: %v", p.name, g)
 		}
@@ -468,5 +468,52 @@ func TestOpenShiftValuesRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one containing %q", c.set, err, c.want)
 		}
+	}
+}
+
+// TestOpenShiftProfileBuildsWithTheDriverToolkit: on OpenShift the profile builds the driver with the cluster's
+// Driver Toolkit, as the GPU Operator does, not against Red Hat's package repositories (which needs an entitlement
+// most clusters lack), and leaves NFD to Red Hat's NFD Operator, which owns its CRDs there. A render without the
+// site's RHCOS builds fails naming the key to list them in; with the example builds, each RHCOS node has a DTK
+// DaemonSet and the chart ships only its NodeFeatureRule of NFD.
+func TestOpenShiftProfileBuildsWithTheDriverToolkit(t *testing.T) {
+	t.Parallel()
+	var p profile
+	for _, q := range profiles(t) {
+		if q.name == "openshift" {
+			p = q
+		}
+	}
+	if len(p.files) != 2 {
+		t.Fatalf("the openshift profile's files %v: want the profile and its site example (its RHCOS builds)", p.files)
+	}
+	_, err := renderErr(t, newestKube, []string{p.file})
+	if err == nil || !strings.Contains(err.Error(), "driver.driverToolkit.rhcosVersions") {
+		t.Errorf("the profile without its RHCOS builds: error %v, want one naming driver.driverToolkit.rhcosVersions", err)
+	}
+	objs := objects(t, render(t, newestKube, p.files))
+	var drivers, nfd []string
+	rules := 0
+	for _, o := range objs {
+		switch {
+		case o.kind() == "DaemonSet" && strings.HasPrefix(o.name(), "nvidia-driver-daemonset-"):
+			drivers = append(drivers, o.name())
+		case o.kind() == "NodeFeatureRule":
+			rules++
+		case strings.Contains(o.name(), "nfd") || strings.Contains(o.name(), "node-feature-discovery"):
+			nfd = append(nfd, o.kind()+"/"+o.name())
+		}
+	}
+	sort.Strings(drivers)
+	want := []string{
+		"nvidia-driver-daemonset-rhcos416-416-94-202501270445-0",
+		"nvidia-driver-daemonset-rhcos417-417-94-202501071621-0",
+		"nvidia-driver-daemonset-rhcos418-418-94-202502251302-0",
+	}
+	if !slices.Equal(drivers, want) {
+		t.Errorf("driver DaemonSets %v, want one Driver Toolkit build per RHCOS build: %v", drivers, want)
+	}
+	if rules == 0 || len(nfd) > 0 {
+		t.Errorf("NFD: %d NodeFeatureRules and %v; want the chart's NodeFeatureRule only (external NFD)", rules, nfd)
 	}
 }

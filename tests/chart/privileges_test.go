@@ -42,7 +42,7 @@ func TestProjectImagePrivilegesRunAsRoot(t *testing.T) {
 	t.Parallel()
 	seen := map[string]int{}
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, p.files, everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				for _, c := range containersOf(ps) {
 					img, _ := c["image"].(string)
@@ -87,7 +87,7 @@ func TestDriverManagerTokenOnlyInOurContainers(t *testing.T) {
 	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, p.files, everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				cs := containersOf(ps)
 				runsManager := slices.ContainsFunc(cs, func(c map[string]any) bool {
@@ -183,7 +183,7 @@ func TestUnprivilegedContainersRunUnderSeccomp(t *testing.T) {
 	t.Parallel()
 	confined := 0
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, p.files, everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				podSC, _ := ps["securityContext"].(map[string]any)
 				for _, c := range containersOf(ps) {
@@ -218,7 +218,7 @@ func TestPodsWithoutAPIRightsGetNoToken(t *testing.T) {
 	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		objs := objects(t, render(t, newestKube, p.files, everythingOn...))
 		apiRules := map[string]bool{} // Role or ClusterRole (kind/name) with a rule beyond SCC use
 		for _, o := range objs {
 			if o.kind() != "Role" && o.kind() != "ClusterRole" {
@@ -273,7 +273,7 @@ func TestProjectContainersHaveReadOnlyRootFilesystems(t *testing.T) {
 	t.Parallel()
 	seen := 0
 	for _, p := range profiles(t) {
-		for _, o := range objects(t, render(t, newestKube, []string{p.file}, everythingOn...)) {
+		for _, o := range objects(t, render(t, newestKube, p.files, everythingOn...)) {
 			for where, ps := range podSpecs(o) {
 				for _, c := range containersOf(ps) {
 					if img, _ := c["image"].(string); !strings.Contains(img, "/"+projectImageRepo) {

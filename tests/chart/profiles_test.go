@@ -21,8 +21,12 @@ import (
 // updateGolden rewrites the golden files instead of comparing: make golden (UPDATE_GOLDEN=1 go test ./tests/chart).
 var updateGolden = os.Getenv("UPDATE_GOLDEN") == "1"
 
-// profile is one values file under values/ (chartrender.Profile).
-type profile struct{ name, file, minKube string }
+// profile is one values file under values/ (chartrender.Profile); files are what a render of it takes (the profile,
+// then the site example it needs, if any).
+type profile struct {
+	name, file, minKube string
+	files               []string
+}
 
 // kubeVersions are the supported Kubernetes versions the profile renders for (chartrender.Profile.KubeVersions).
 func (p profile) kubeVersions() []string {
@@ -37,7 +41,7 @@ func profiles(t *testing.T) []profile {
 	}
 	var out []profile
 	for _, p := range all {
-		out = append(out, profile{name: p.Name, file: p.File, minKube: p.MinKube})
+		out = append(out, profile{name: p.Name, file: p.File, minKube: p.MinKube, files: p.Files()})
 	}
 	return out
 }
@@ -234,7 +238,7 @@ func TestProfileKubeFloor(t *testing.T) {
 				continue
 			}
 			checked++
-			_, err := renderErr(t, kv, []string{p.file})
+			_, err := renderErr(t, kv, p.files)
 			if err == nil || !strings.Contains(err.Error(), "Kubernetes >= "+p.minKube) {
 				t.Errorf("%s on %s: got %v, want an error naming Kubernetes >= %s", p.name, kv, err, p.minKube)
 			}

@@ -41,7 +41,7 @@ func TestValidatorChecksMayRecordOnTheirNode(t *testing.T) {
 	t.Parallel()
 	checked := 0
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		objs := objects(t, render(t, newestKube, p.files, everythingOn...))
 		may := nodeVerbsByServiceAccount(objs)
 		for _, o := range objs {
 			for where, ps := range podSpecs(o) {
@@ -493,7 +493,7 @@ func TestNodeLocalAccountsAreHeldToTheirNode(t *testing.T) {
 	}
 	checked := 0
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		objs := objects(t, render(t, newestKube, p.files, everythingOn...))
 		policy, bound := policyOf(objs)
 		if policy == nil || !bound {
 			t.Errorf("%s: no ValidatingAdmissionPolicy with a Deny binding rendered", p.name)
@@ -628,7 +628,7 @@ func TestNodeWideWritersPreferNodesWithoutGPUs(t *testing.T) {
 	}
 	checked := map[string]bool{}
 	for _, p := range profiles(t) {
-		objs := objects(t, render(t, newestKube, []string{p.file}, everythingOn...))
+		objs := objects(t, render(t, newestKube, p.files, everythingOn...))
 		for _, o := range objs {
 			if o.kind() == "DaemonSet" {
 				continue

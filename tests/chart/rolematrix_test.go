@@ -146,7 +146,7 @@ func TestRoleMatrix(t *testing.T) {
 			if !ok {
 				t.Fatalf("profile %s has no row in the role matrix: add one", p.name)
 			}
-			dss, err := placement.DaemonSets(render(t, newestKube, []string{p.file}))
+			dss, err := placement.DaemonSets(render(t, newestKube, p.files))
 			if err != nil {
 				t.Fatal(err)
 			}

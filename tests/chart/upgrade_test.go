@@ -24,7 +24,7 @@ func TestDriverUpgradeGateSidecar(t *testing.T) {
 	const dir = "/run/kube-gpu-stack"
 	seen := map[string]int{}
 	for _, p := range profiles(t) {
-		stream := render(t, newestKube, []string{p.file}, everythingOn...)
+		stream := render(t, newestKube, p.files, everythingOn...)
 		for _, component := range []string{"driver", "vgpu-manager"} {
 			for name, ds := range operandDaemonSets(t, stream, component) {
 				seen[component]++

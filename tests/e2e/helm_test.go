@@ -11,6 +11,7 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
@@ -26,7 +27,11 @@ func (e *env) target() install.Target {
 
 func (e *env) installProfile(t *testing.T, profile string, set ...string) *release.Release {
 	t.Helper()
-	rel, err := e.target().Install(t.Context(), []string{profile}, set...)
+	files := []string{profile}
+	if site := siteValues(t, profile); site != "" {
+		files = append(files, site) // what the profile cannot render without (the openshift profile's RHCOS builds)
+	}
+	rel, err := e.target().Install(t.Context(), files, set...)
 	if err != nil {
 		for _, r := range e.stand.Runs() { // the hooks' own output says why
 			t.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, r.Output)
@@ -34,6 +39,21 @@ func (e *env) installProfile(t *testing.T, profile string, set ...string) *relea
 		t.Fatal(err)
 	}
 	return rel
+}
+
+// siteValues is the site example a profile file names (chartrender.Profile.Site), "" for none.
+func siteValues(t *testing.T, file string) string {
+	t.Helper()
+	profiles, err := chartrender.Profiles(chartrender.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range profiles {
+		if p.File == file {
+			return p.Site
+		}
+	}
+	return ""
 }
 
 func (e *env) uninstall(t *testing.T) {

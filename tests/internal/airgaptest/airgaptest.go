@@ -149,7 +149,8 @@ func (m *Mirrored) CheckInPrivate(t testing.TB, ref string) {
 // images the user mirrors from their own copy; the bundle cannot hold them).
 func UserSupplied(path string) bool {
 	for _, prefix := range imagelist.UserSuppliedPrefixes {
-		if _, repoPrefix, _ := strings.Cut(prefix, "/"); strings.HasPrefix(path, repoPrefix) {
+		// a registry's whole namespace (the cluster's own registry) has no path to move: its images stay where they are
+		if _, repoPrefix, _ := strings.Cut(prefix, "/"); repoPrefix != "" && strings.HasPrefix(path, repoPrefix) {
 			return true
 		}
 	}
