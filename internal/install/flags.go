@@ -1,9 +1,11 @@
 package install
 
 import (
+	"context"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -15,8 +17,8 @@ import (
 // disk-cached discovery client on every call, and each REST mapper or capability check through one re-read and
 // re-decoded every group version's document from $HOME/.kube/cache: a fifth of a control-plane suite's CPU. A new
 // getter per action keeps what a new `helm` process sees: Helm invalidates discovery when it reads the cluster's
-// capabilities and after it installs CRDs, and the mapper looks again on a kind it does not know (lookAgainOnAMiss:
-// a CRD the action itself created, for a later hook). No discovery cache is written to disk, so a later cluster on
+// capabilities and after it installs CRDs, and the mapper looks again, once, on a kind it does not know
+// (lookAgainOnAMiss: a CRD the action itself created, for a later hook). No discovery cache is written to disk, so a later cluster on
 // the same loopback port cannot read a stale one.
 type clientGetter struct {
 	*genericclioptions.ConfigFlags
@@ -49,8 +51,8 @@ func (g *clientGetter) init() {
 			g.err = err
 			return
 		}
-		g.dc = lookAgainOnAMiss{memory.NewMemCacheClient(client)}
-		g.mapper = restmapper.NewShortcutExpander(restmapper.NewDeferredDiscoveryRESTMapper(g.dc), g.dc, nil)
+		g.dc = memory.NewMemCacheClient(client)
+		g.mapper = newMapper(g.dc)
 	})
 }
 
@@ -66,12 +68,90 @@ func (g *clientGetter) ToRESTMapper() (meta.RESTMapper, error) {
 	return g.mapper, g.err
 }
 
-// lookAgainOnAMiss is a discovery cache that never calls itself fresh, so a REST mapper over it (client-go's
-// DeferredDiscoveryRESTMapper) that does not know a kind invalidates it and asks the API server again, as it does
-// over Helm's disk cache; over a memory cache it would trust a populated cache and fail.
+// lookAgainOnAMiss is a REST mapper over the action's discovery cache that, on a kind it does not know, drops the
+// cache and asks the API server once more, as client-go's mapper over Helm's disk cache does (a CRD the action itself
+// created, for a later hook). A kind the server does not serve then fails with the mapper's no-match error, which
+// Helm reports. (Over a memory cache the mapper alone trusts a populated cache and never looks again; a cache that
+// never called itself fresh made it look again for ever, and an install whose hook named an unserved kind hung.)
 type lookAgainOnAMiss struct {
-	discovery.CachedDiscoveryInterface
+	*restmapper.DeferredDiscoveryRESTMapper
 }
 
-// Fresh is always false: see lookAgainOnAMiss.
-func (lookAgainOnAMiss) Fresh() bool { return false }
+func newMapper(dc discovery.CachedDiscoveryInterface) meta.RESTMapper {
+	return restmapper.NewShortcutExpander(lookAgainOnAMiss{restmapper.NewDeferredDiscoveryRESTMapper(dc)}, dc, nil)
+}
+
+// again calls lookup, and once more after a reset when it found no match.
+func again[T any](ctx context.Context, m lookAgainOnAMiss, lookup func() (T, error), found func(T) bool) (T, error) {
+	v, err := lookup()
+	if meta.IsNoMatchError(err) || err == nil && !found(v) {
+		m.ResetWithContext(ctx)
+		v, err = lookup()
+	}
+	return v, err
+}
+
+func some[T any](v []T) bool { return len(v) > 0 }
+func always[T any](T) bool   { return true }
+
+// The shortcut expander calls the WithContext methods; the others are the same through them.
+
+func (m lookAgainOnAMiss) KindForWithContext(ctx context.Context, r schema.GroupVersionResource) (schema.GroupVersionKind, error) {
+	return again(ctx, m, func() (schema.GroupVersionKind, error) {
+		return m.DeferredDiscoveryRESTMapper.KindForWithContext(ctx, r)
+	}, always)
+}
+
+func (m lookAgainOnAMiss) KindsForWithContext(ctx context.Context, r schema.GroupVersionResource) ([]schema.GroupVersionKind, error) {
+	return again(ctx, m, func() ([]schema.GroupVersionKind, error) {
+		return m.DeferredDiscoveryRESTMapper.KindsForWithContext(ctx, r)
+	}, some)
+}
+
+func (m lookAgainOnAMiss) ResourceForWithContext(ctx context.Context, r schema.GroupVersionResource) (schema.GroupVersionResource, error) {
+	return again(ctx, m, func() (schema.GroupVersionResource, error) {
+		return m.DeferredDiscoveryRESTMapper.ResourceForWithContext(ctx, r)
+	}, always)
+}
+
+func (m lookAgainOnAMiss) ResourcesForWithContext(ctx context.Context, r schema.GroupVersionResource) ([]schema.GroupVersionResource, error) {
+	return again(ctx, m, func() ([]schema.GroupVersionResource, error) {
+		return m.DeferredDiscoveryRESTMapper.ResourcesForWithContext(ctx, r)
+	}, some)
+}
+
+func (m lookAgainOnAMiss) RESTMappingWithContext(ctx context.Context, gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
+	return again(ctx, m, func() (*meta.RESTMapping, error) {
+		return m.DeferredDiscoveryRESTMapper.RESTMappingWithContext(ctx, gk, versions...)
+	}, always)
+}
+
+func (m lookAgainOnAMiss) RESTMappingsWithContext(ctx context.Context, gk schema.GroupKind, versions ...string) ([]*meta.RESTMapping, error) {
+	return again(ctx, m, func() ([]*meta.RESTMapping, error) {
+		return m.DeferredDiscoveryRESTMapper.RESTMappingsWithContext(ctx, gk, versions...)
+	}, some)
+}
+
+func (m lookAgainOnAMiss) KindFor(r schema.GroupVersionResource) (schema.GroupVersionKind, error) {
+	return m.KindForWithContext(context.Background(), r)
+}
+
+func (m lookAgainOnAMiss) KindsFor(r schema.GroupVersionResource) ([]schema.GroupVersionKind, error) {
+	return m.KindsForWithContext(context.Background(), r)
+}
+
+func (m lookAgainOnAMiss) ResourceFor(r schema.GroupVersionResource) (schema.GroupVersionResource, error) {
+	return m.ResourceForWithContext(context.Background(), r)
+}
+
+func (m lookAgainOnAMiss) ResourcesFor(r schema.GroupVersionResource) ([]schema.GroupVersionResource, error) {
+	return m.ResourcesForWithContext(context.Background(), r)
+}
+
+func (m lookAgainOnAMiss) RESTMapping(gk schema.GroupKind, versions ...string) (*meta.RESTMapping, error) {
+	return m.RESTMappingWithContext(context.Background(), gk, versions...)
+}
+
+func (m lookAgainOnAMiss) RESTMappings(gk schema.GroupKind, versions ...string) ([]*meta.RESTMapping, error) {
+	return m.RESTMappingsWithContext(context.Background(), gk, versions...)
+}

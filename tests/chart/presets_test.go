@@ -74,9 +74,7 @@ func toolkitContainer(t *testing.T, ds *appsv1.DaemonSet) corev1.Container {
 // toolkit's runtime env, the host directories behind its runtime mounts and the device plugin's kubelet socket dir.
 func TestRuntimePresets(t *testing.T) {
 	t.Parallel()
-	profile := func(name string) []string {
-		return []string{filepath.Join(chartrender.RepoRoot(), "values", name+".yaml")}
-	}
+	profile := func(name string) []string { return profileFiles(t, name) }
 	cases := []struct {
 		name           string
 		files          []string

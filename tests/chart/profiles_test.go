@@ -46,6 +46,18 @@ func profiles(t *testing.T) []profile {
 	return out
 }
 
+// profileFiles are the values files a render of the named profile takes (its site example too, if it needs one).
+func profileFiles(t *testing.T, name string) []string {
+	t.Helper()
+	for _, p := range profiles(t) {
+		if p.name == name {
+			return p.files
+		}
+	}
+	t.Fatalf("no profile %s", name)
+	return nil
+}
+
 // umbrella loads the umbrella chart afresh: a render drops disabled subcharts from the chart it is given, so a
 // loaded chart serves one render only.
 func umbrella(t *testing.T) *chart.Chart {

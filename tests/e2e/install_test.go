@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -10,9 +11,11 @@ import (
 
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
@@ -73,6 +76,7 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 		}
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			e := use(t)
+			e.serveExternalNFD(t, f)
 			before := e.snapshotNodes(t)
 			start := time.Now()
 			rel := e.installProfile(t, f, profileSets[filepath.Base(f)]...)
@@ -81,6 +85,44 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 			e.uninstall(t)
 			e.nodesUnchangedSince(t, before)
 		})
+	}
+}
+
+// serveExternalNFD gives a profile with nfd.mode=external the NFD API its NodeFeatureRule needs, as the NFD that
+// the admin installed first (on OpenShift, Red Hat's NFD Operator) serves it: the NFD CRDs, marked as this release's
+// as a bundled install leaves them once uninstalled (they are kept), so that a bundled profile on the same control
+// plane later adopts them. A profile with external NFD on a cluster without them fails its install, naming the kind.
+func (e *env) serveExternalNFD(t *testing.T, profile string) {
+	t.Helper()
+	files := []string{profile}
+	if site := siteValues(t, profile); site != "" {
+		files = append(files, site)
+	}
+	vals, err := chartrender.Values(files, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nfd, _ := vals["nfd"].(map[string]any); nfd["mode"] != "external" {
+		return
+	}
+	crds, err := filepath.Glob(filepath.Join(chartrender.ChartDir(), "charts", "node-feature-discovery", "files", "crds", "*.yaml"))
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("the NFD CRDs: %v", err)
+	}
+	for _, path := range crds {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.Unmarshal(b, crd); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		crd.Labels = map[string]string{"app.kubernetes.io/managed-by": "Helm"}
+		crd.Annotations = map[string]string{"meta.helm.sh/release-name": e.target().Release, "meta.helm.sh/release-namespace": releaseNamespace}
+		if _, err := e.kube.CreateCRD(t.Context(), crd); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
