@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
@@ -26,13 +26,13 @@ func largeCluster(n int) []*corev1.Node {
 }
 
 func profileNames(tb testing.TB) []string {
-	files, err := filepath.Glob(filepath.Join(repoRoot(), "values", "*.yaml"))
-	if err != nil || len(files) == 0 {
+	profiles, err := chartrender.Profiles(repoRoot())
+	if err != nil {
 		tb.Fatalf("no profiles: %v", err)
 	}
 	var out []string
-	for _, f := range files {
-		out = append(out, strings.TrimSuffix(filepath.Base(f), ".yaml"))
+	for _, p := range profiles {
+		out = append(out, p.Name)
 	}
 	return out
 }
@@ -46,7 +46,7 @@ func BenchmarkPlan(b *testing.B) {
 			for b.Loop() {
 				r, err := Render(context.Background(), RenderOptions{
 					ChartDir:   filepath.Join(repoRoot(), "charts", "kube-gpu-stack"),
-					ValueFiles: []string{filepath.Join(repoRoot(), "values", profile+".yaml")},
+					ValueFiles: profileFiles(b, profile),
 					Release:    "gpu", Namespace: "gpu-operator", KubeVersion: "v1.37.0",
 				})
 				if err != nil {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpupods"
+	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 
@@ -21,6 +22,22 @@ var (
 )
 
 // renderProfile renders the chart with values/<profile>.yaml (and set), once per test binary.
+// profileFiles are the values files a render of the named profile takes (its site example too, if it needs one).
+func profileFiles(tb testing.TB, name string) []string {
+	tb.Helper()
+	profiles, err := chartrender.Profiles(repoRoot())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, p := range profiles {
+		if p.Name == name {
+			return p.Files()
+		}
+	}
+	tb.Fatalf("no profile %s", name)
+	return nil
+}
+
 func renderProfile(tb testing.TB, profile string, set ...string) *Rendered {
 	tb.Helper()
 	key := profile + "|" + filepath.Join(set...)
@@ -31,7 +48,7 @@ func renderProfile(tb testing.TB, profile string, set ...string) *Rendered {
 	}
 	r, err := Render(context.Background(), RenderOptions{
 		ChartDir:   filepath.Join(repoRoot(), "charts", "kube-gpu-stack"),
-		ValueFiles: []string{filepath.Join(repoRoot(), "values", profile+".yaml")},
+		ValueFiles: profileFiles(tb, profile),
 		Set:        set, Release: "gpu", Namespace: "gpu-operator", KubeVersion: "v1.37.0",
 	})
 	if err != nil {

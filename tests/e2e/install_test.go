@@ -6,12 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -174,4 +177,49 @@ func (e *env) nodeLabelsMoveOperands(t *testing.T, rel *release.Release) {
 	e.waitForPlacement(t, moved)
 	e.setNodeLabel(t, node, "nvidia.com/gpu.workload.config", nil)
 	e.waitForPlacement(t, base)
+}
+
+// TestExternalNFDWithoutItsAPIFailsBeforeCreatingAnything: a profile with nfd.mode=external on a cluster whose NFD
+// is not installed (no NodeFeatureRule API) fails its install naming the kind, before it creates any object, and
+// leaves no release behind.
+func TestExternalNFDWithoutItsAPIFailsBeforeCreatingAnything(t *testing.T) {
+	e := use(t) // (runs in parallel: the pool's Use calls t.Parallel)
+	ext, err := apiextensionsclient.NewForConfig(e.kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crds := ext.ApiextensionsV1().CustomResourceDefinitions()
+	for _, name := range []string{"nodefeaturerules.nfd.k8s-sigs.io", "nodefeatures.nfd.k8s-sigs.io", "nodefeaturegroups.nfd.k8s-sigs.io"} {
+		if err := crds.Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		// a later test on this control plane gets them back from a bundled install or serveExternalNFD
+		if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := crds.Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		}); err != nil {
+			t.Fatalf("CRD %s not gone: %v", name, err)
+		}
+	}
+	profile := filepath.Join(chartrender.RepoRoot(), "values", "nfd-external.yaml")
+	_, err = e.target().Install(t.Context(), []string{profile})
+	if err == nil {
+		e.uninstall(t)
+		t.Fatal("the install passed on a cluster without the NodeFeatureRule API")
+	}
+	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "NodeFeatureRule") {
+		t.Errorf("install error %q does not name the kind NodeFeatureRule", err)
+	}
+	dss, err := e.kube.Client.AppsV1().DaemonSets(releaseNamespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets, err := e.kube.Client.CoreV1().Secrets(releaseNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: "owner=helm"})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if len(dss.Items) > 0 || secrets != nil && len(secrets.Items) > 0 {
+		t.Errorf("the refused install left %d DaemonSets and %d release records", len(dss.Items), len(secrets.Items))
+	}
 }

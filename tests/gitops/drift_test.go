@@ -47,9 +47,9 @@ func TestServerSideApplyShowsNoDrift(t *testing.T) {
 	a.installCRDs(t, prometheusOperatorCRDs(t))
 
 	var objects, fields int
-	for _, p := range profileFiles(t) {
-		t.Run(strings.TrimSuffix(filepath.Base(p), ".yaml"), func(t *testing.T) {
-			objs := renderObjects(t, []string{p})
+	for _, files := range profileFiles(t) {
+		t.Run(strings.TrimSuffix(filepath.Base(files[0]), ".yaml"), func(t *testing.T) {
+			objs := renderObjects(t, files)
 			// CRDs go in for real (a dry run cannot serve their kinds), the rest as a dry run.
 			crds, rest := splitCRDs(objs)
 			var checked int
@@ -219,14 +219,19 @@ func prometheusOperatorCRDs(t *testing.T) []renderedObject {
 	return out
 }
 
-// profileFiles lists every values profile.
-func profileFiles(t *testing.T) []string {
+// profileFiles lists every values profile, each as the values files a render of it takes (its site example too,
+// if it needs one).
+func profileFiles(t *testing.T) [][]string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), "values", "*.yaml"))
-	if err != nil || len(files) == 0 {
+	profiles, err := chartrender.Profiles(chartrender.RepoRoot())
+	if err != nil {
 		t.Fatalf("no values profiles found: %v", err)
 	}
-	return files
+	var out [][]string
+	for _, p := range profiles {
+		out = append(out, p.Files())
+	}
+	return out
 }
 
 // renderObjects renders the chart with the values files (none: the chart's defaults) and --set overrides for the
