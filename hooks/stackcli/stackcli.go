@@ -5,6 +5,7 @@
 package stackcli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/refusal"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecleanup"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
@@ -26,6 +28,9 @@ import (
 
 // DefaultReportConfigMap is where the post-install hook leaves its report.
 const DefaultReportConfigMap = "kube-gpu-stack-validation-report"
+
+// PreUpgradeJob is the chart's pre-upgrade hook Job (kube-gpu-stack.hookNames), on which a refusal is recorded.
+const PreUpgradeJob = "kube-gpu-stack-pre-upgrade"
 
 // Scope is what every command under the root shares: the kubeconfig flags and --release.
 type Scope struct {
@@ -190,6 +195,20 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 	return cmd
 }
 
+// writeRefusal prints the refusal the pre-upgrade hook recorded on its Job, if the Job that refused is still there
+// (the next upgrade's hook replaces it).
+func writeRefusal(ctx context.Context, client kubernetes.Interface, ns string, out io.Writer) error {
+	ev, err := refusal.Last(ctx, client, ns, PreUpgradeJob)
+	if err != nil {
+		return fmt.Errorf("read the pre-upgrade hook's refusal: %w", err)
+	}
+	if ev != nil {
+		fmt.Fprintf(out, "\nThe last upgrade was refused by the pre-upgrade hook (%s; kubectl describe job -n %s %s):\n  %s\n",
+			ev.LastTimestamp.UTC().Format(time.RFC3339), ns, PreUpgradeJob, ev.Message)
+	}
+	return nil
+}
+
 func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	var live bool
 	var name string
@@ -197,7 +216,8 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 		Use:   "status",
 		Short: "Print the node × operand table: the last report saved by the post-install hook, or --live",
 		Long: "Prints the node × operand table: the last report the post-install hook saved, or with --live the cluster as it\n" +
-			"is now. It fails when the namespace holds no report (no release with --live). " + NamespaceHelp,
+			"is now, and, when the pre-upgrade hook refused the last upgrade, why. It fails when the namespace holds no\n" +
+			"report (no release with --live). " + NamespaceHelp,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, ns, from, err := adminClients(flags)
 			if err != nil {
@@ -213,7 +233,7 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 					return fmt.Errorf("the report in %s/%s is release %q's, not %q's (namespace from %s)", ns, name, r.Release, *release, from)
 				}
 				r.WriteTable(out)
-				return nil
+				return writeRefusal(cmd.Context(), client, ns, out)
 			}
 			if err := findRelease(cmd.Context(), client, ns, from, *release); err != nil {
 				return err
@@ -230,8 +250,10 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err = releasecheck.Run(cmd.Context(), o, out)
-			return err
+			if _, err = releasecheck.Run(cmd.Context(), o, out); err != nil {
+				return err
+			}
+			return writeRefusal(cmd.Context(), client, ns, out)
 		},
 	}
 	cmd.Flags().BoolVar(&live, "live", false, "evaluate the cluster now instead of reading the saved report")

@@ -1,6 +1,7 @@
 package stackcli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -10,12 +11,13 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/refusal"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
 )
 
 func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer, now *func() time.Time) *cobra.Command {
 	o := upgradeplan.Options{}
-	var pools, vgpuPools string
+	var pools, vgpuPools, job string
 	cmd := &cobra.Command{
 		Use:   "pre-upgrade",
 		Short: "Plan a driver change and mark the nodes it touches upgrade-required, or refuse (the pre-upgrade hook)",
@@ -32,9 +34,19 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 				return err
 			}
 			_, err = upgradeplan.Run(cmd.Context(), o, out)
+			if err != nil && job != "" {
+				// where `kubectl describe job` and `kube-gpu-stack status` show it (Helm prints only
+				// BackoffLimitExceeded); the run's own deadline may have passed, so the record gets its own
+				ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), 30*time.Second)
+				defer cancel()
+				if rerr := refusal.Record(ctx, o.Client, o.Namespace, job, err.Error(), o.Now()); rerr != nil {
+					fmt.Fprintf(out, "could not record the refusal on the Job: %v\n", rerr)
+				}
+			}
 			return err
 		},
 	}
+	cmd.Flags().StringVar(&job, "job", "", "the hook's own Job, in the release namespace: a refusal is recorded on it as an Event (reason "+refusal.Reason+")")
 	cmd.Flags().StringVar(&pools, "driver-pools", os.Getenv("DRIVER_POOLS"), "driver pools as JSON (env DRIVER_POOLS)")
 	cmd.Flags().StringVar(&vgpuPools, "vgpu-manager-pools", os.Getenv("VGPU_MANAGER_POOLS"), "vGPU manager pools as JSON, the driver pools' shape (env VGPU_MANAGER_POOLS)")
 	cmd.Flags().BoolVar(&o.Evict, "evict", true, "the driver manager evicts GPU pods, so PDBs that never allow eviction block the upgrade")

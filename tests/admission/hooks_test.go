@@ -4,12 +4,17 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/refusal"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/revertset"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
@@ -95,4 +100,29 @@ func TestHooksCreateAndDeleteOnlyTheReleasesDriverDaemonSets(t *testing.T) {
 	}
 	allowed += 2
 	t.Logf("hook accounts' DaemonSet requests: %d refused by the policy, %d allowed", refused, allowed)
+}
+
+// TestPlanRecordsItsRefusalOnItsOwnJobOnly: the pre-upgrade plan's account, with its real token and the rendered
+// RBAC, records a refusal on its own Job (the Job read, the Event created) and may read no other Job.
+func TestPlanRecordsItsRefusalOnItsOwnJobOnly(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	jobs := kube.Client.BatchV1().Jobs(ns)
+	for _, name := range []string{stackcli.PreUpgradeJob, gateSA} {
+		j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "registry.example/c"}}}}}}
+		if _, err := jobs.Create(ctx, j, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	plan := clientAs(t, planSA, nil)
+	if err := refusal.Record(ctx, plan, ns, stackcli.PreUpgradeJob, "driver upgrade refused, nothing changed: a test", time.Now()); err != nil {
+		t.Fatalf("the plan's account recording its refusal: %v", err)
+	}
+	if ev, err := refusal.Last(ctx, kube.Client, ns, stackcli.PreUpgradeJob); err != nil || ev == nil {
+		t.Errorf("the recorded refusal: %v, %v", ev, err)
+	}
+	if _, err := plan.BatchV1().Jobs(ns).Get(ctx, gateSA, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the plan's account reading another Job: %v; want forbidden", err)
+	}
 }

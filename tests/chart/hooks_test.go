@@ -405,7 +405,10 @@ func TestHookRBAC(t *testing.T) {
 		"clusterrole/" + clusterName(testName): nodesRead,
 		// the driver DaemonSets: a copy kept as they are, for nodes whose new driver does not validate (revertset)
 		"role/" + preUpgradeName: {{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
-			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "create", "delete"}}},
+			{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get", "list", "create", "delete"}},
+			// a refusal goes on its own Job as an Event: that Job alone may be read
+			{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, ResourceNames: []string{preUpgradeName}, Verbs: []string{"get"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}}},
 		"clusterrole/" + clusterName(preUpgradeName): {
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "patch"}},
 			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},

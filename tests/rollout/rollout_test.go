@@ -23,6 +23,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/refusal"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
@@ -149,6 +150,18 @@ func TestRollingDriverUpgrade(t *testing.T) {
 		}
 		if g := driverGeneration(t); g != gen {
 			t.Errorf("a refused upgrade changed the driver DaemonSet: generation %d -> %d", gen, g)
+		}
+		// stock helm says only BackoffLimitExceeded: the reason is on the hook's Job, and in `status`
+		ev, err := refusal.Last(ctx, client, namespace, stackcli.PreUpgradeJob)
+		if err != nil || ev == nil || !strings.Contains(ev.Message, "PodDisruptionBudget train-"+pdbNode) {
+			t.Errorf("the refusal recorded on Job %s: %v, %v; want an Event naming the PDB", stackcli.PreUpgradeJob, ev, err)
+		}
+		var out bytes.Buffer
+		cmd := stackcli.NewCommand(&out)
+		cmd.SetArgs([]string{"status", "--kubeconfig", kube.Kubeconfig, "-n", namespace, "--release", release})
+		if err := cmd.ExecuteContext(ctx); err != nil || !strings.Contains(out.String(), "The last upgrade was refused") ||
+			!strings.Contains(out.String(), "PodDisruptionBudget train-"+pdbNode) {
+			t.Errorf("status (%v) does not show the refusal:\n%s", err, out.String())
 		}
 	})
 
