@@ -18,7 +18,10 @@ func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 			"of --nodes FILE: its role and driver pool, the operands that will run, the driver DaemonSet and whether the\n" +
 			"driver changes (its running driver pod's config digest against the rendered one), whether its GPU allocation\n" +
 			"switches, the GPU pods that change evicts and the PodDisruptionBudgets that hold them; then the GPU nodes no\n" +
-			"pool or OS tag covers. It only reads (nodes, pods, PodDisruptionBudgets, resource claims).\n" +
+			"pool or OS tag covers. The CHANGE column gives the driver versions first (a downgrade called out), then the\n" +
+			"config digests. On a live cluster it ends with the pre-upgrade hook's own plan (each pool's canary, the\n" +
+			"batches, held nodes, allocation switches) and its verdict: the upgrade proceeds, or is refused and\n" +
+			"why. It only reads (nodes, pods, PodDisruptionBudgets, resource claims, DaemonSets).\n" +
 			"The release is --release, else gpu. " + stackcli.NamespaceHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

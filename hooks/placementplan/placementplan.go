@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -103,13 +105,54 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	var hookPlan *upgradeplan.Plan
+	if o.Client != nil && r.Pools != nil {
+		// what the pre-upgrade hook will decide on this cluster, with these values (it only reads)
+		hookPlan, err = upgradeplan.Compute(ctx, upgradeplan.Options{Client: o.Client, Namespace: o.Namespace, Release: o.Release,
+			Pools: r.Pools, VGPUPools: r.VGPUPools, Evict: r.Evict, Force: r.Force, Now: time.Now})
+		if err != nil {
+			return nil, fmt.Errorf("the pre-upgrade hook's plan: %w", err)
+		}
+		p.Refusals = hookPlan.Refusals
+		p.Verdict = verdict(hookPlan)
+	}
 	if o.Output == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		return p, enc.Encode(p)
 	}
 	p.WriteTable(out)
+	switch {
+	case hookPlan != nil:
+		fmt.Fprintln(out, "\nThe pre-upgrade hook's plan on this cluster:")
+		hookPlan.Write(out)
+		fmt.Fprintln(out, "verdict:", p.Verdict)
+	case o.NodesFile != "":
+		fmt.Fprintln(out, "\nverdict: not computed from --nodes files (the pre-upgrade hook's checks read the live cluster)")
+	}
 	return p, nil
+}
+
+// verdict is the plan's outcome in one line: the upgrade goes ahead (how many nodes change, each pool's canary
+// first), or the pre-upgrade hook refuses it and Helm applies nothing.
+func verdict(p *upgradeplan.Plan) string {
+	if len(p.Refusals) > 0 {
+		return fmt.Sprintf("refused: the pre-upgrade hook would stop this upgrade, changing nothing (%d reason(s) above, \"unsafe:\")", len(p.Refusals))
+	}
+	if len(p.Nodes) == 0 {
+		return "proceeds: no node's driver changes"
+	}
+	var canaries []string
+	for _, pool := range slices.Sorted(maps.Keys(p.Canary)) {
+		for _, np := range p.Canary[pool] {
+			canaries = append(canaries, np.Node+" (pool "+pool+")")
+		}
+	}
+	v := fmt.Sprintf("proceeds: %d node(s) change their driver", len(p.Nodes))
+	if len(canaries) > 0 {
+		v += ", canaries first: " + strings.Join(canaries, ", ")
+	}
+	return v
 }
 
 // Plan is what will run where.
@@ -120,6 +163,9 @@ type Plan struct {
 	// Uncovered are the GPU nodes that need a driver and that no pool, or no driver DaemonSet of their pool (its
 	// OS or kernel tag), covers: the post-install gate would fail on them.
 	Uncovered []string `json:"uncovered,omitempty"`
+	// Verdict is whether the pre-upgrade hook lets the upgrade go ahead, and Refusals why not (live cluster only).
+	Verdict  string   `json:"verdict,omitempty"`
+	Refusals []string `json:"refusals,omitempty"`
 }
 
 // Node is one node's row.
@@ -139,6 +185,10 @@ type Node struct {
 	DriverChange string `json:"driverChange"`
 	From         string `json:"from,omitempty"`
 	To           string `json:"to,omitempty"`
+	// FromVersion and ToVersion are the drivers themselves, as the running pod's and the rendered DaemonSet's
+	// image tags say (595.91.07-ubuntu22.04): a downgrade shows, which config digests alone hide.
+	FromVersion string `json:"fromVersion,omitempty"`
+	ToVersion   string `json:"toVersion,omitempty"`
 	// Allocation is "<from> -> <to>" when the node switches between the device plugin and DRA.
 	Allocation string `json:"allocationSwitch,omitempty"`
 	// Evicts are the GPU pods the driver change or switch evicts first.
@@ -208,6 +258,7 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		if hasDriver {
 			row.Driver = ds.Name
 			row.To = ds.Env(upgradeplan.DigestEnv)
+			row.ToVersion = upgradeplan.DriverVersion(ds.Pod.Spec)
 			driverDS[n.Name] = []string{ds.Name}
 			// the pool's mode, as the pre-upgrade hook reads it; its driver DaemonSet's without the hooks' pools
 			mode := ds.Env("GPU_ALLOCATION")
@@ -217,6 +268,9 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 			row.Allocation = upgradeplan.AllocationSwitch(n, mode)
 		}
 		pod := driverPods[n.Name]
+		if pod != nil {
+			row.FromVersion = upgradeplan.DriverVersion(pod.Spec)
+		}
 		switch {
 		case !c.PodsKnown && hasDriver:
 			row.DriverChange = DriverUnknown
@@ -289,6 +343,24 @@ func evictions(ctx context.Context, c *Cluster, pods []*corev1.Pod, evict bool) 
 	return out, nil
 }
 
+// versionChange is the row's driver versions, from -> to ("595.91.07-ubuntu22.04 kept" when only the config
+// changes), marked when the new one is older.
+func versionChange(n Node) string {
+	to := n.ToVersion
+	if n.DriverChange == DriverRemove {
+		to = "none"
+	}
+	switch {
+	case n.FromVersion == "" && to == "":
+		return "-"
+	case n.FromVersion == to:
+		return to + " kept"
+	case upgradeplan.Downgrade(n.FromVersion, to):
+		return n.FromVersion + "->" + to + " DOWNGRADE"
+	}
+	return n.FromVersion + "->" + to
+}
+
 // WriteTable prints one row per node, then the uncovered nodes.
 func (p *Plan) WriteTable(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -306,7 +378,7 @@ func (p *Plan) WriteTable(out io.Writer) {
 		}
 		change := n.DriverChange
 		if change == DriverChange || change == DriverRemove || change == DriverSkip {
-			change += " " + nodestate.ShortDigest(n.From) + "->" + nodestate.ShortDigest(n.To)
+			change += " " + versionChange(n) + " (config " + nodestate.ShortDigest(n.From) + "->" + nodestate.ShortDigest(n.To) + ")"
 		}
 		var evicts []string
 		for _, e := range n.Evicts {

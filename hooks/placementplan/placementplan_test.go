@@ -147,7 +147,8 @@ func driverPod(node, digest string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "gpu-operator", Name: "driver-" + node, Labels: map[string]string{
 			"app.kubernetes.io/instance": "gpu", "app.kubernetes.io/component": "driver"}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "manager",
+		// a newer driver than the chart's: a change to the chart's is a downgrade
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "nvidia-driver-ctr", Image: "nvcr.io/nvidia/driver:600.10.01-ubuntu22.04",
 			Env: []corev1.EnvVar{{Name: "DRIVER_CONFIG_DIGEST", Value: digest}}}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
 	}
@@ -277,6 +278,50 @@ func TestPlanLive(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &back); err != nil || len(back.Nodes) != len(p.Nodes) {
 		t.Fatalf("-o json: %v, %d nodes", err, len(back.Nodes))
 	}
+	// the verdict is the pre-upgrade hook's own: refused for the PDB that never lets train-0 go, and with
+	// hooks.preUpgrade.force it goes ahead, its canaries named
+	if !strings.HasPrefix(p.Verdict, "refused") || !slices.ContainsFunc(p.Refusals, func(r string) bool { return strings.Contains(r, "team/train") }) {
+		t.Errorf("verdict %q, refusals %v; want refused for PodDisruptionBudget team/train", p.Verdict, p.Refusals)
+	}
+	// the fixture nodes and driver pods report no Ready condition: the hook also refuses for want of a canary; on
+	// Ready nodes whose drivers validated only the budget stands in the way, which force lets go
+	nodes, _ := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	for _, n := range nodes.Items {
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+		if _, err := client.CoreV1().Nodes().UpdateStatus(context.Background(), &n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drivers, _ := client.CoreV1().Pods("gpu-operator").List(context.Background(), metav1.ListOptions{})
+	for _, p := range drivers.Items {
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		if _, err := client.CoreV1().Pods("gpu-operator").UpdateStatus(context.Background(), &p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.Output = "json"
+	out.Reset()
+	if p, err = Run(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(p.Verdict, "refused") || len(p.Refusals) != 1 || !strings.Contains(p.Refusals[0], "team/train") {
+		t.Errorf("on Ready nodes: verdict %q, refusals %v; want refused for PodDisruptionBudget team/train alone", p.Verdict, p.Refusals)
+	}
+	client.ClearActions()
+	o.Set, o.Output = []string{"hooks.preUpgrade.force=true"}, "table"
+	out.Reset()
+	if p, err = Run(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(p.Verdict, "proceeds") || !strings.Contains(p.Verdict, "canaries first:") ||
+		!strings.Contains(out.String(), "verdict: proceeds") || !strings.Contains(out.String(), "canary:") {
+		t.Errorf("with hooks.preUpgrade.force: verdict %q; want it to proceed, naming the canaries:\n%s", p.Verdict, out.String())
+	}
+	for _, a := range client.Actions() {
+		if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
+			t.Errorf("plan made a %s request on %s", v, a.GetResource())
+		}
+	}
 }
 
 // TestPlanFiles: the same cluster from files (a List of nodes, multi-document pods, budgets and claims) plans the
@@ -331,7 +376,8 @@ func TestPlanFiles(t *testing.T) {
 	}
 	checkChange(t, p, r)
 	table := out.String()
-	for _, s := range []string{"NODE", "change 0ld0ld0ld0ld", "team/train-0 [PDB team/train BLOCKS]", "dra -> device-plugin", "team/infer-0 [PDB team/infer]"} {
+	// the versions first, a downgrade called out, then the config digests
+	for _, s := range []string{"NODE", "change 600.10.01-ubuntu22.04->5", "DOWNGRADE (config 0ld0ld0ld0ld->", "team/train-0 [PDB team/train BLOCKS]", "dra -> device-plugin", "team/infer-0 [PDB team/infer]"} {
 		if !strings.Contains(table, s) {
 			t.Errorf("table lacks %q:\n%s", s, table)
 		}

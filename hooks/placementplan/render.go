@@ -34,6 +34,10 @@ type Rendered struct {
 	// Evict: the driver managers evict GPU pods (driver.manager.gpuPodDeletion, the pre-upgrade hook's --evict), so
 	// a PodDisruptionBudget that never allows an eviction blocks the change; true when the chart renders no hook.
 	Evict bool
+	// Force: hooks.preUpgrade.force (the hook's --force), so such budgets fail their nodes alone instead.
+	Force bool
+	// VGPUPools are the vGPU manager pools as the pre-upgrade hook reads them (VGPU_MANAGER_POOLS).
+	VGPUPools []driverpools.Pool
 }
 
 // RenderOptions say what to render: the chart, the values, and the release as Helm would install it.
@@ -128,6 +132,14 @@ func Reduce(stream string) (*Rendered, error) {
 			for _, c := range spec.Containers {
 				if slices.Contains(c.Args, "--evict=false") {
 					r.Evict = false
+				}
+				if slices.Contains(c.Args, "--force=true") {
+					r.Force = true
+				}
+			}
+			if raw, ok := envValue(spec, "VGPU_MANAGER_POOLS"); ok && r.VGPUPools == nil {
+				if r.VGPUPools, err = driverpools.Parse(raw); err != nil {
+					return nil, err
 				}
 			}
 		}

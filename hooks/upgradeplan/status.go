@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
@@ -57,6 +58,29 @@ func driverPodsByNode(ctx context.Context, client kubernetes.Interface, namespac
 
 // WriteStatus prints one row per node that runs a driver pod or carries an upgrade state: state, driver image tag,
 // since when, and the reason.
+// DriverVersion is the driver a driver (or vGPU manager) pod spec runs, as its image tag says it
+// (595.91.07-ubuntu22.04; a digest when the image is pinned by one alone): its first container's.
+func DriverVersion(spec corev1.PodSpec) string {
+	if len(spec.Containers) == 0 {
+		return ""
+	}
+	img := spec.Containers[0].Image
+	return img[strings.LastIndexAny(img, ":@")+1:]
+}
+
+// Downgrade says whether to is an older driver than from, by their leading dotted versions (595.91.07 < 600.10.01);
+// false when either has none.
+func Downgrade(from, to string) bool {
+	f, errF := version.ParseGeneric(leadingVersion(from))
+	t, errT := version.ParseGeneric(leadingVersion(to))
+	return errF == nil && errT == nil && t.LessThan(f)
+}
+
+func leadingVersion(tag string) string {
+	v, _, _ := strings.Cut(tag, "-")
+	return v
+}
+
 func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, release string, out io.Writer) error {
 	pods, stopping, err := driverPodsByNode(ctx, client, namespace, release)
 	if err != nil {
@@ -85,8 +109,7 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		}
 		driver := "-"
 		if pod != nil && len(pod.Spec.Containers) > 0 {
-			img := pod.Spec.Containers[0].Image
-			driver = img[strings.LastIndexAny(img, ":@")+1:]
+			driver = DriverVersion(pod.Spec)
 			switch {
 			case pod.DeletionTimestamp != nil: // its gate empties the node before the driver container's stop
 				driver += " (pod stopping: the node is emptied first)"
