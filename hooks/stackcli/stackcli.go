@@ -6,6 +6,7 @@ package stackcli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,8 +30,15 @@ import (
 // DefaultReportConfigMap is where the post-install hook leaves its report.
 const DefaultReportConfigMap = "kube-gpu-stack-validation-report"
 
-// PreUpgradeJob is the chart's pre-upgrade hook Job (kube-gpu-stack.hookNames), on which a refusal is recorded.
-const PreUpgradeJob = "kube-gpu-stack-pre-upgrade"
+// PreUpgradeJob is the chart's pre-upgrade hook Job (kube-gpu-stack.hookNames), on which a refusal is recorded;
+// GateJob its post-install and post-upgrade validation gate.
+const (
+	PreUpgradeJob = "kube-gpu-stack-pre-upgrade"
+	GateJob       = "kube-gpu-stack-validation-gate"
+)
+
+// DefaultWatchInterval is how often --watch redraws.
+const DefaultWatchInterval = 5 * time.Second
 
 // Scope is what every command under the root shares: the kubeconfig flags and --release.
 type Scope struct {
@@ -210,8 +218,9 @@ func writeRefusal(ctx context.Context, client kubernetes.Interface, ns string, o
 }
 
 func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
-	var live bool
+	var live, watch bool
 	var name string
+	var interval time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Print the node × operand table: the last report saved by the post-install hook, or --live",
@@ -224,7 +233,7 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 				return err
 			}
 			r, pools, err := releasecheck.LoadConfigMap(cmd.Context(), client, ns, name)
-			if !live {
+			if !live && !watch {
 				if err != nil {
 					return fmt.Errorf("%w (namespace from %s; or use --live)", err, from)
 				}
@@ -250,13 +259,28 @@ func statusCommand(flags *genericclioptions.ConfigFlags, release *string, out io
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			if _, err = releasecheck.Run(cmd.Context(), o, out); err != nil {
-				return err
+			if !watch {
+				if _, err = releasecheck.Run(cmd.Context(), o, out); err != nil {
+					return err
+				}
+				return writeRefusal(cmd.Context(), client, ns, out)
 			}
-			return writeRefusal(cmd.Context(), client, ns, out)
+			return upgradeplan.Watch(cmd.Context(), interval, out, time.Now, func(w io.Writer) error {
+				if err := upgradeplan.WriteSummary(cmd.Context(), client, ns, GateJob, time.Now(), w); err != nil {
+					return err
+				}
+				fmt.Fprintln(w)
+				// a release still settling is what --watch is for: the table says what each node waits for
+				if _, err := releasecheck.Run(cmd.Context(), o, w); err != nil && !errors.Is(err, releasecheck.ErrFailed) {
+					return err
+				}
+				return writeRefusal(cmd.Context(), client, ns, w)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&live, "live", false, "evaluate the cluster now instead of reading the saved report")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "redraw the live table every --interval, with the nodes' upgrade states, each pool's canary and the validation gate's time left, until Ctrl-C (Helm prints the hooks' logs only once they end)")
+	cmd.Flags().DurationVar(&interval, "interval", DefaultWatchInterval, "how often --watch redraws")
 	cmd.Flags().StringVar(&name, "report-configmap", DefaultReportConfigMap, "ConfigMap the post-install hook saved its report to")
 	return cmd
 }

@@ -56,7 +56,9 @@ func preUpgradeCommand(flags *genericclioptions.ConfigFlags, release *string, ou
 
 func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "upgrade", Short: "Driver upgrade progress per node, and retry of a failed node"}
-	cmd.AddCommand(&cobra.Command{
+	var watch bool
+	var interval time.Duration
+	status := &cobra.Command{
 		Use:   "status",
 		Short: "Print each GPU node's driver upgrade state, driver, since when and why",
 		Long: "Prints each GPU node's driver upgrade state, driver, since when and why, for the release's driver pods (of\n" +
@@ -69,9 +71,21 @@ func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 			if err := findRelease(cmd.Context(), client, ns, from, *release); err != nil {
 				return err
 			}
-			return upgradeplan.WriteStatus(cmd.Context(), client, ns, *release, out)
+			if !watch {
+				return upgradeplan.WriteStatus(cmd.Context(), client, ns, *release, out)
+			}
+			return upgradeplan.Watch(cmd.Context(), interval, out, time.Now, func(w io.Writer) error {
+				if err := upgradeplan.WriteSummary(cmd.Context(), client, ns, GateJob, time.Now(), w); err != nil {
+					return err
+				}
+				fmt.Fprintln(w)
+				return upgradeplan.WriteStatus(cmd.Context(), client, ns, *release, w)
+			})
 		},
-	}, &cobra.Command{
+	}
+	status.Flags().BoolVarP(&watch, "watch", "w", false, "redraw every --interval, with the count of nodes per state, each pool's canary and the validation gate's time left, until Ctrl-C")
+	status.Flags().DurationVar(&interval, "interval", DefaultWatchInterval, "how often --watch redraws")
+	cmd.AddCommand(status, &cobra.Command{
 		Use:   "retry NODE",
 		Short: "Move a node out of upgrade-failed and restart its driver pod",
 		Long:  "Moves a node out of upgrade-failed and restarts its driver pod of the release. " + NamespaceHelp,

@@ -163,6 +163,16 @@ func TestRollingDriverUpgrade(t *testing.T) {
 			!strings.Contains(out.String(), "PodDisruptionBudget train-"+pdbNode) {
 			t.Errorf("status (%v) does not show the refusal:\n%s", err, out.String())
 		}
+		// --watch redraws the live view until Ctrl-C, which ends it with no error
+		wctx, stop := context.WithTimeout(ctx, 3*time.Second)
+		defer stop()
+		out.Reset()
+		cmd = stackcli.NewCommand(&out)
+		cmd.SetArgs([]string{"status", "--watch", "--interval", "500ms", "--kubeconfig", kube.Kubeconfig, "-n", namespace, "--release", release})
+		if err := cmd.ExecuteContext(wctx); err != nil || strings.Count(out.String(), "nodes by driver upgrade state: ") < 2 ||
+			!strings.Contains(out.String(), "The last upgrade was refused") {
+			t.Errorf("status --watch (%v) drew fewer than two frames with the states and the refusal:\n%s", err, out.String())
+		}
 	})
 
 	// 2. the rollout
