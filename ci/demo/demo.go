@@ -7,6 +7,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -42,8 +43,10 @@ type Options struct {
 	// UpgradeDriver, when set, is a driver version the demo upgrades to after the install, showing the plan, each
 	// node's upgrade states and the post-upgrade gate.
 	UpgradeDriver string
-	// Keep leaves the cluster running until interrupted and prints its kubeconfig.
-	Keep bool
+	// Keep leaves the cluster running until Enter is pressed on Stdin (or Ctrl-C) and prints its kubeconfig. Enter
+	// ends the demo with exit 0 under make too, where Ctrl-C also interrupts make itself.
+	Keep  bool
+	Stdin io.Reader
 }
 
 const (
@@ -53,8 +56,17 @@ const (
 
 // Run starts the cluster, registers the demo nodes, installs the chart and prints the table.
 func Run(ctx context.Context, opts Options, out io.Writer) (err error) {
+	parent := ctx
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Ctrl-C is how the demo ends (with --keep, the only way): whatever it cut short, the cluster is stopped by the
+	// deferred calls and that is no failure
+	defer func() {
+		if err != nil && ctx.Err() != nil && parent.Err() == nil {
+			fmt.Fprintf(out, "\ninterrupted (%v): the demo cluster is stopped\n", err)
+			err = nil
+		}
+	}()
 	start := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{HarnessComponents: kubelet.Components(), HarnessTerminates: kubelet.Terminates(), ControllerManagerArgs: cluster.TolerateLateHeartbeats})
 	if err != nil {
@@ -116,8 +128,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) (err error) {
 		}
 	}
 	if opts.Keep {
-		fmt.Fprintf(out, "\ncluster kept running: export KUBECONFIG=%s  (Ctrl-C stops it)\n", c.Kubeconfig)
-		<-ctx.Done()
+		fmt.Fprintf(out, "\ncluster kept running: export KUBECONFIG=%s  (Enter stops it, as does Ctrl-C)\n", c.Kubeconfig)
+		select {
+		case <-ctx.Done():
+		case <-enterPressed(opts.Stdin):
+			fmt.Fprintln(out, "stopping the demo cluster")
+		}
 	}
 	return nil
 }
@@ -239,3 +255,18 @@ func (h *fixtureHosts) Fatal(args ...any)            { panic(fmt.Sprint(args...)
 func (h *fixtureHosts) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
 func (h *fixtureHosts) Errorf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
 func (h *fixtureHosts) Logf(string, ...any)          {}
+
+// enterPressed is closed once a line is read from in; never when in is nil or ends first (no terminal: only a
+// signal stops the demo then).
+func enterPressed(in io.Reader) <-chan struct{} {
+	pressed := make(chan struct{})
+	if in == nil {
+		return pressed
+	}
+	go func() {
+		if _, err := bufio.NewReader(in).ReadString('\n'); err == nil {
+			close(pressed)
+		}
+	}()
+	return pressed
+}

@@ -15,6 +15,7 @@ func main() {
 	flag.StringVar(&opts.UpgradeDriver, "upgrade-driver", "", "after the install, upgrade the driver to this version and show each node's upgrade states")
 	flag.BoolVar(&opts.Keep, "keep", false, "keep the cluster running and print its kubeconfig")
 	flag.Parse()
+	opts.Stdin = os.Stdin
 	if err := Run(context.Background(), opts, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
