@@ -108,14 +108,18 @@ func Run(ctx context.Context, opts Options, out io.Writer) (err error) {
 	if _, err := t.Install(ctx, []string{profile}); err != nil {
 		return err
 	}
-	running, err := t.Running(ctx, c.Client, names)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "helm install %s: rolled out in %s; operand pods running per node:\n\n%s",
-		opts.Profile, time.Since(start).Round(time.Millisecond), running.Table(names))
+	fmt.Fprintf(out, "helm install %s: rolled out in %s\n", opts.Profile, time.Since(start).Round(time.Millisecond))
+	// one node x operand table, the gate's (what `kube-gpu-stack status` shows later), nodes by name as every table
+	// here; the pods running per node only where the profile runs no gate
 	if r, ok := stand.LastRun("validation-gate", start); ok {
-		fmt.Fprintf(out, "\npost-install gate (kube-gpu-stack check):\n%s", r.Output)
+		fmt.Fprintf(out, "\noperands per node, as the post-install gate validated them (kube-gpu-stack check):\n%s", r.Output)
+	} else {
+		slices.Sort(names)
+		running, err := t.Running(ctx, c.Client, names)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "\noperand pods running per node:\n\n%s", running.Table(names))
 	}
 	fmt.Fprintf(out, "\ndriver per node (kube-gpu-stack upgrade status):\n")
 	if err := upgradeplan.WriteStatus(ctx, c.Client, namespace, release, out); err != nil {
