@@ -138,3 +138,23 @@ func TestPlanHelpNamesItsNamespace(t *testing.T) {
 		t.Errorf("plan --help does not say which namespace it reads:\n%s", out.String())
 	}
 }
+
+// TestPlanSuggestsTheKeyATypoMeant: a key the chart's schema does not allow fails the plan as it fails helm, and
+// the message names the closest key allowed there, in the umbrella's values and in an operand's.
+func TestPlanSuggestsTheKeyATypoMeant(t *testing.T) {
+	nodes := filepath.Join(t.TempDir(), "nodes.yaml")
+	if err := os.WriteFile(nodes, []byte("apiVersion: v1\nkind: List\nitems: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join("..", "..")
+	var out bytes.Buffer
+	cmd := NewCommand(&out)
+	cmd.SetArgs([]string{"plan", "--chart", filepath.Join(root, "charts", "kube-gpu-stack"), "--nodes", nodes,
+		"--set", "dcgm.imagee.tag=x", "--set", "driver.upgradePolicy.maxUnavailble=2"})
+	err := cmd.ExecuteContext(t.Context())
+	for _, want := range []string{`"imagee": did you mean "image"?`, `"maxUnavailble": did you mean "maxUnavailable"?`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("plan with typos: %v; want it to say %s", err, want)
+		}
+	}
+}

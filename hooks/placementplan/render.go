@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/cli/values"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schemahint"
 )
 
 // Roles a GPU node may have (nvidia.com/gpu.workload.config).
@@ -71,7 +73,7 @@ func Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
 	inst.ReleaseName, inst.Namespace, inst.KubeVersion = o.Release, o.Namespace, kv
 	rel, err := inst.RunWithContext(ctx, chrt, vals)
 	if err != nil {
-		return nil, fmt.Errorf("render the chart: %w", err)
+		return nil, fmt.Errorf("render the chart: %w", schemahint.Explain(err, schemas(chrt)))
 	}
 	var b strings.Builder
 	b.WriteString(rel.Manifest)
@@ -145,6 +147,15 @@ func Reduce(stream string) (*Rendered, error) {
 		}
 	}
 	return r, nil
+}
+
+// schemas are the values schemas of the chart and its subcharts by chart name, as Helm names them in its errors.
+func schemas(c *chart.Chart) map[string][]byte {
+	out := map[string][]byte{c.Name(): c.Schema}
+	for _, d := range c.Dependencies() {
+		out[d.Name()] = d.Schema
+	}
+	return out
 }
 
 func envValue(spec corev1.PodSpec, name string) (string, bool) {
