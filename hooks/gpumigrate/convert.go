@@ -478,6 +478,18 @@ func openshiftPlatform(c *converter, at string, v any) Entry {
 	return Entry{Action: Dropped, Why: "false: global.platform follows toolkit.env or stays generic"}
 }
 
+// psaLabels: the operator labels its namespace privileged with psa.enabled. This chart does so only for a
+// namespace it renders itself (namespace.create=true, installed without --create-namespace), a choice of how the
+// release is installed that migrate cannot make; setting namespace.podSecurityLabels alone would do nothing.
+func psaLabels(c *converter, at string, v any) Entry {
+	if v != true {
+		return Entry{Action: Dropped, Why: "false: the namespace's labels are left alone, as they are here unless namespace.create=true"}
+	}
+	return Entry{Action: Decision, Why: "the release namespace must admit privileged pods: label it yourself (kubectl label ns NAMESPACE " +
+		"pod-security.kubernetes.io/enforce=privileged), or set namespace.create=true and install without --create-namespace, " +
+		"and the chart renders it labelled (namespace.podSecurityLabels, on by default)"}
+}
+
 func nfdMode(c *converter, at string, v any) Entry {
 	if v == false {
 		c.set("nfd.mode", "external")

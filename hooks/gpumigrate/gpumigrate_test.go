@@ -226,7 +226,7 @@ func TestMappings(t *testing.T) {
 		{"vgpu licensing", `{vgpuManager: {enabled: true, repository: r.example.com/nvidia, version: "570.1"}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`,
 			`{vgpuManager: {enabled: true, image: {registry: r.example.com, repository: nvidia/vgpu-manager, tag: "570.1"}}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`},
 		{"openshift and nfd", `{platform: {openshift: true}, nfd: {enabled: false}, psa: {enabled: true}}`,
-			`{global: {platform: openshift}, nfd: {mode: external}, namespace: {podSecurityLabels: true}}`},
+			`{global: {platform: openshift}, nfd: {mode: external}}`},
 		{"pull secrets and precompiled", `driver: {imagePullSecrets: [s], usePrecompiled: true, useOpenKernelModules: true}`,
 			`driver: {imagePullSecrets: [s], usePrecompiled: true, kernelModuleType: open}`},
 		{"MIG config the operator created", `migManager: {config: {create: true, name: custom-mig, default: all-1g.10gb, data: {config.yaml: "version: v1\n"}}}`,
@@ -484,4 +484,23 @@ func TestSideContainersPullSecretsAddToTheDrivers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPSAIsADecisionNotAMapping: namespace.podSecurityLabels does nothing unless the chart renders the namespace
+// (namespace.create=true), so psa.enabled=true is reported as a choice, naming both ways, and writes no value that
+// would read as done.
+func TestPSAIsADecisionNotAMapping(t *testing.T) {
+	r := Convert(map[string]any{"psa": map[string]any{"enabled": true}}, nil)
+	if _, ok := r.Values["namespace"]; ok {
+		t.Errorf("psa.enabled wrote namespace values %v", r.Values["namespace"])
+	}
+	for _, e := range r.Report {
+		if e.Key == "psa.enabled" {
+			if e.Action != Decision || !strings.Contains(e.Why, "namespace.create=true") || !strings.Contains(e.Why, "pod-security.kubernetes.io/enforce=privileged") {
+				t.Errorf("psa.enabled reported %s: %s", e.Action, e.Why)
+			}
+			return
+		}
+	}
+	t.Error("psa.enabled is not in the report")
 }

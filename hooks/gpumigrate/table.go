@@ -125,7 +125,7 @@ func buildRules() []Rule {
 	rs := []Rule{
 		// Cluster-wide settings.
 		{From: "platform.openshift", conv: openshiftPlatform, Targets: []string{"global.platform"}},
-		{From: "psa.enabled", To: "namespace.podSecurityLabels"},
+		{From: "psa.enabled", conv: psaLabels},
 		{From: "psp.enabled", Action: Dropped, Same: false, Why: "PodSecurityPolicy was removed in Kubernetes 1.25"},
 		{From: "cdi.enabled", To: "global.cdi.enabled"},
 		{From: "cdi.nriPluginEnabled", To: "global.cdi.nriPluginEnabled"},
