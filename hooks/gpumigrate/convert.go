@@ -1,6 +1,7 @@
 package gpumigrate
 
 import (
+	"cmp"
 	_ "embed"
 	"fmt"
 	"maps"
@@ -69,6 +70,7 @@ func Convert(values map[string]any, drivers []map[string]any) Result {
 	c.walk("", values)
 	c.finishImages()
 	convertDrivers(drivers, r.Values, &r.Report)
+	mirrorOwnImage(r.Values, &r.Report)
 	slices.SortStableFunc(r.Report, func(a, b Entry) int { return strings.Compare(a.Key, b.Key) })
 	return r
 }
@@ -269,6 +271,65 @@ func imagePart(c *converter, at string, v any) Entry {
 		return Entry{Action: Mapped, To: []string{t + "image.digest"}}
 	}
 	return Entry{Action: Mapped, To: []string{t + "image.tag"}}
+}
+
+// publicRegistries serve the operands' upstream images; any other registry the converted images name is the site's
+// mirror.
+var publicRegistries = map[string]bool{"nvcr.io": true, "registry.k8s.io": true, "ghcr.io": true, "docker.io": true,
+	"quay.io": true, "registry.access.redhat.com": true, "registry.redhat.io": true}
+
+// mirrorOwnImage: a site whose operand images come from its own mirror pulls this project's image (validators,
+// driver managers, hooks) from there too, with the pull secrets its operands use: global.stackImage.registry is the
+// mirror the most images name (its repository path kept, as `airgap mirror` and `image push` lay it out), and
+// global.imagePullSecrets every secret an operand named.
+func mirrorOwnImage(out map[string]any, report *[]Entry) {
+	counts := map[string]int{}
+	var secrets []any
+	var walk func(any)
+	walk = func(v any) {
+		switch m := v.(type) {
+		case map[string]any:
+			if img, ok := m["image"].(map[string]any); ok {
+				if reg, _ := img["registry"].(string); reg != "" && !publicRegistries[reg] {
+					counts[reg]++
+				}
+			}
+			if ps, ok := m["imagePullSecrets"].([]any); ok {
+				for _, p := range ps {
+					if !slices.ContainsFunc(secrets, func(q any) bool { return equal(p, q) }) {
+						secrets = append(secrets, p)
+					}
+				}
+			}
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				walk(m[k])
+			}
+		case []any:
+			for _, e := range m {
+				walk(e)
+			}
+		}
+	}
+	walk(out)
+	if len(counts) == 0 {
+		return
+	}
+	mirror := slices.MaxFunc(slices.Sorted(maps.Keys(counts)), func(a, b string) int { return cmp.Compare(counts[a], counts[b]) })
+	if _, set := getPath(out, "global.stackImage.registry"); !set {
+		setPath(out, "global.stackImage.registry", mirror)
+	}
+	e := Entry{Key: "(images) this project's own image", Action: Mapped, To: []string{"global.stackImage.registry=" + mirror},
+		Why: "the operands' images come from the mirror " + mirror + ": the validators, driver managers and hooks run this project's image, " +
+			"pulled from " + mirror + "/kube-gpu-stack/kube-gpu-stack; mirror it there (`kube-gpu-stack image push --registry " + mirror +
+			"`, or `kube-gpu-stack airgap mirror`)"}
+	if len(secrets) > 0 {
+		if _, set := getPath(out, "global.imagePullSecrets"); !set {
+			setPath(out, "global.imagePullSecrets", secrets)
+		}
+		e.To = append(e.To, "global.imagePullSecrets")
+		e.Why += "; the operands' pull secrets go to every pod of the chart (global.imagePullSecrets), so its own image pulls with them"
+	}
+	*report = append(*report, e)
 }
 
 func (c *converter) finishImages() {

@@ -2,6 +2,7 @@ package gpumigrate
 
 import (
 	"bytes"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -197,7 +198,7 @@ func entry(t *testing.T, r Result, key string) Entry {
 func TestMappings(t *testing.T) {
 	cases := []struct{ name, in, want string }{
 		{"driver image", `driver: {repository: registry.example.com:5000/nvidia, version: "570.195.03"}`,
-			`driver: {image: {registry: "registry.example.com:5000", repository: nvidia/driver, tag: "570.195.03"}}`},
+			`{driver: {image: {registry: "registry.example.com:5000", repository: nvidia/driver, tag: "570.195.03"}}, global: {stackImage: {registry: "registry.example.com:5000"}}}`},
 		{"image with path and digest", `toolkit: {image: "quay.io/me/toolkit@sha256:abc"}`,
 			`toolkit: {image: {registry: quay.io, repository: me/toolkit, digest: "sha256:abc"}}`},
 		{"version only", `dcgmExporter: {version: 4.6.0-4.8.3-distroless}`, `dcgmExporter: {image: {tag: 4.6.0-4.8.3-distroless}}`},
@@ -224,7 +225,8 @@ func TestMappings(t *testing.T) {
 		{"time slicing", `devicePlugin: {config: {create: true, name: ts, default: any, data: {any: "version: v1"}}}`,
 			`devicePlugin: {config: {create: true, name: ts, default: any, data: {any: "version: v1"}}}`},
 		{"vgpu licensing", `{vgpuManager: {enabled: true, repository: r.example.com/nvidia, version: "570.1"}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`,
-			`{vgpuManager: {enabled: true, image: {registry: r.example.com, repository: nvidia/vgpu-manager, tag: "570.1"}}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}}}`},
+			`{vgpuManager: {enabled: true, image: {registry: r.example.com, repository: nvidia/vgpu-manager, tag: "570.1"}}, driver: {licensingConfig: {secretName: lic, nlsEnabled: true}},
+				global: {stackImage: {registry: r.example.com}}}`},
 		{"openshift and nfd", `{platform: {openshift: true}, nfd: {enabled: false}, psa: {enabled: true}}`,
 			`{global: {platform: openshift}, nfd: {mode: external}}`},
 		{"pull secrets and precompiled", `driver: {imagePullSecrets: [s], usePrecompiled: true, useOpenKernelModules: true}`,
@@ -503,4 +505,30 @@ func TestPSAIsADecisionNotAMapping(t *testing.T) {
 		}
 	}
 	t.Error("psa.enabled is not in the report")
+}
+
+// TestMirroredSiteGetsTheStackImageFromItsMirror: a site whose operand images come from its own registry, with pull
+// secrets, is told where this project's own image must come from, and gets it from there with the same secrets; a
+// site on the public registries keeps the default.
+func TestMirroredSiteGetsTheStackImageFromItsMirror(t *testing.T) {
+	r := Convert(map[string]any{
+		"driver":       map[string]any{"repository": "mirror.example.com/nvidia", "imagePullSecrets": []any{"mirror-pull"}},
+		"toolkit":      map[string]any{"repository": "mirror.example.com/nvidia/k8s"},
+		"devicePlugin": map[string]any{"repository": "nvcr.io/nvidia"},
+	}, nil)
+	if reg, _ := getPath(r.Values, "global.stackImage.registry"); reg != "mirror.example.com" {
+		t.Errorf("global.stackImage.registry = %v, want the mirror", reg)
+	}
+	if ps, _ := getPath(r.Values, "global.imagePullSecrets"); fmt.Sprint(ps) != "[mirror-pull]" {
+		t.Errorf("global.imagePullSecrets = %v, want the operands' secret", ps)
+	}
+	if !slices.ContainsFunc(r.Report, func(e Entry) bool {
+		return strings.Contains(e.Why, "mirror.example.com/kube-gpu-stack/kube-gpu-stack") && strings.Contains(e.Why, "image push")
+	}) {
+		t.Errorf("the report does not say where the project's image must be mirrored: %+v", r.Report)
+	}
+	public := Convert(map[string]any{"driver": map[string]any{"repository": "nvcr.io/nvidia", "version": "595.91.07"}}, nil)
+	if _, set := getPath(public.Values, "global"); set {
+		t.Errorf("a site on the public registries got global values %v", public.Values["global"])
+	}
 }
