@@ -44,6 +44,8 @@ func SchemaHints(chartKey string) func(has func(path string) bool) map[string]st
 var hintOverrides = map[string]string{
 	"daemonsets":  "use global.tolerations, global.priorityClassName, global.podLabels, global.podAnnotations and global.updateStrategy",
 	"toolkit.env": "use toolkit.extraEnv, a NAME: value map; CONTAINERD_CONFIG and CONTAINERD_SOCKET become global.platform or toolkit.runtimeConfig",
+	// psa.enabled's rule writes nothing: the labels need the chart to render the namespace
+	"psa": "use namespace.create=true (install without --create-namespace) with namespace.podSecurityLabels, or label the namespace privileged yourself",
 }
 
 // hintText names where the operator key at src goes: one target prefix when the rules under it agree on one (e.g.
