@@ -3,12 +3,13 @@ package airgap
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/terminal"
 )
 
 // bar shows one image's transfer while it runs: on a terminal, a bar redrawn in place (at most every
@@ -31,17 +32,7 @@ func newBar(w io.Writer, label string) *bar {
 	if w == nil {
 		w = io.Discard
 	}
-	return &bar{w: w, label: label, live: isTerminal(w)}
-}
-
-// isTerminal: a character device such as a terminal (so not a file or a pipe).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return &bar{w: w, label: label, live: terminal.Is(w)}
 }
 
 func (b *bar) setTotal(n int64) {

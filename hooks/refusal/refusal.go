@@ -1,5 +1,6 @@
 // Package refusal records why a hook refused a Helm operation where stock helm and kubectl users look: an Event on
-// the hook's own Job (`kubectl describe job`, `kubectl get events`), which `kube-gpu-stack status` prints too. Helm
+// the hook's own Job (`kubectl describe job`, `kubectl get events`), which `kube-gpu-stack status` prints too, for as
+// long as the API server keeps Events (its --event-ttl, an hour by default; the Job's log keeps the whole plan). Helm
 // itself shows only the Job's failure reason (BackoffLimitExceeded), and its copy of the hook's log comes, if at
 // all, after the whole operation.
 package refusal

@@ -204,7 +204,7 @@ func cleanupCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 }
 
 // writeRefusal prints the refusal the pre-upgrade hook recorded on its Job, if the Job that refused is still there
-// (the next upgrade's hook replaces it).
+// (the next upgrade's hook replaces it) and the API server still keeps the Event (its event TTL, an hour by default).
 func writeRefusal(ctx context.Context, client kubernetes.Interface, ns string, out io.Writer) error {
 	ev, err := refusal.Last(ctx, client, ns, PreUpgradeJob)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/terminal"
 )
 
 // WriteSummary prints the rollout at a glance: how many nodes stand in each driver upgrade state, each pool's
@@ -107,7 +107,7 @@ func gateState(job *batchv1.Job, now time.Time) string {
 // Watch draws a frame at once and then every interval until ctx ends (Ctrl-C), which is no error. On a terminal
 // each frame replaces the last; elsewhere frames follow one another, each headed by its time.
 func Watch(ctx context.Context, interval time.Duration, out io.Writer, now func() time.Time, draw func(io.Writer) error) error {
-	clear := isTerminal(out)
+	clear := terminal.Is(out)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -133,13 +133,4 @@ func Watch(ctx context.Context, interval time.Duration, out io.Writer, now func(
 		case <-tick.C:
 		}
 	}
-}
-
-func isTerminal(out io.Writer) bool {
-	f, ok := out.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

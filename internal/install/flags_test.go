@@ -41,15 +41,22 @@ func mapping(t *testing.T, m meta.RESTMapper, gk schema.GroupKind, version strin
 	}
 }
 
-// An install whose hook names a kind the cluster does not serve (external NFD not installed) fails with the
-// mapper's no-match error, after looking once more, instead of hanging.
-func TestMapperFailsOnAKindTheServerDoesNotServe(t *testing.T) {
+// filledMapper is the action's mapper over a discovery that serves pods only, its cache filled by one mapping.
+func filledMapper(t *testing.T) (*fakediscovery.FakeDiscovery, meta.RESTMapper) {
+	t.Helper()
 	fake := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{}}
 	fake.Resources = []*metav1.APIResourceList{{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods", Kind: "Pod", Namespaced: true}}}}
 	m := newMapper(memory.NewMemCacheClient(fake))
 	if _, err := mapping(t, m, schema.GroupKind{Kind: "Pod"}, "v1"); err != nil {
 		t.Fatal(err)
 	}
+	return fake, m
+}
+
+// An install whose hook names a kind the cluster does not serve (external NFD not installed) fails with the
+// mapper's no-match error, after looking once more, instead of hanging.
+func TestMapperFailsOnAKindTheServerDoesNotServe(t *testing.T) {
+	_, m := filledMapper(t)
 	_, err := mapping(t, m, nodeFeatureRule, "v1alpha1")
 	if !meta.IsNoMatchError(err) {
 		t.Fatalf("mapping an unserved kind: %v; want a no-match error", err)
@@ -59,12 +66,7 @@ func TestMapperFailsOnAKindTheServerDoesNotServe(t *testing.T) {
 // A kind whose CRD the action created after the mapper filled its cache (bundled NFD's first install: the rule is
 // a post-install hook) is found by looking again.
 func TestMapperLooksAgainForAKindServedSinceItsCacheFilled(t *testing.T) {
-	fake := &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{}}
-	fake.Resources = []*metav1.APIResourceList{{GroupVersion: "v1", APIResources: []metav1.APIResource{{Name: "pods", Kind: "Pod", Namespaced: true}}}}
-	m := newMapper(memory.NewMemCacheClient(fake))
-	if _, err := mapping(t, m, schema.GroupKind{Kind: "Pod"}, "v1"); err != nil {
-		t.Fatal(err)
-	}
+	fake, m := filledMapper(t)
 	fake.Resources = append(fake.Resources, nfdResources())
 	r, err := mapping(t, m, nodeFeatureRule, "v1alpha1")
 	if err != nil || r.Resource.Resource != "nodefeaturerules" {

@@ -27,11 +27,7 @@ func (e *env) target() install.Target {
 
 func (e *env) installProfile(t *testing.T, profile string, set ...string) *release.Release {
 	t.Helper()
-	files := []string{profile}
-	if site := siteValues(t, profile); site != "" {
-		files = append(files, site) // what the profile cannot render without (the openshift profile's RHCOS builds)
-	}
-	rel, err := e.target().Install(t.Context(), files, set...)
+	rel, err := e.target().Install(t.Context(), profileFiles(t, profile), set...)
 	if err != nil {
 		for _, r := range e.stand.Runs() { // the hooks' own output says why
 			t.Logf("%s hook %s (exit %d):\n%s", r.Component, r.Pod, r.ExitCode, r.Output)
@@ -41,8 +37,9 @@ func (e *env) installProfile(t *testing.T, profile string, set ...string) *relea
 	return rel
 }
 
-// siteValues is the site example a profile file names (chartrender.Profile.Site), "" for none.
-func siteValues(t *testing.T, file string) string {
+// profileFiles are the values files an install of the profile file takes: the profile, then the site example it
+// cannot render without (chartrender.Profile.Files: the openshift profile's RHCOS builds).
+func profileFiles(t *testing.T, file string) []string {
 	t.Helper()
 	profiles, err := chartrender.Profiles(chartrender.RepoRoot())
 	if err != nil {
@@ -50,10 +47,10 @@ func siteValues(t *testing.T, file string) string {
 	}
 	for _, p := range profiles {
 		if p.File == file {
-			return p.Site
+			return p.Files()
 		}
 	}
-	return ""
+	return []string{file}
 }
 
 func (e *env) uninstall(t *testing.T) {

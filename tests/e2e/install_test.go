@@ -97,11 +97,7 @@ func TestProfilesInstallAndPlaceOperands(t *testing.T) {
 // plane later adopts them. A profile with external NFD on a cluster without them fails its install, naming the kind.
 func (e *env) serveExternalNFD(t *testing.T, profile string) {
 	t.Helper()
-	files := []string{profile}
-	if site := siteValues(t, profile); site != "" {
-		files = append(files, site)
-	}
-	vals, err := chartrender.Values(files, nil)
+	vals, err := chartrender.Values(profileFiles(t, profile), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
