@@ -57,7 +57,7 @@ func newEnv(t *testing.T, node *corev1.Node) *env {
 	f.DriverState(oldDigest)
 	f.PidFile()
 	f.MountDriverRoot()
-	return &env{t: t, host: f, client: fake.NewClientset(node)}
+	return &env{t: t, host: f, client: withDaemonSetController(fake.NewClientset(node))}
 }
 
 func gpuNode(labels map[string]string) *corev1.Node {

@@ -58,7 +58,7 @@ func templateEnv(pod *corev1.Pod, tmpl *corev1.PodTemplateSpec) func(string) str
 }
 
 // replaceWhenOutdated is the gate's second job, after the node needs nothing more from its own driver change: it
-// watches its pod's DaemonSet and its node, and when the DaemonSet's template installs another driver (and, with
+// follows its pod's DaemonSet's template (templateWatch) and watches its node, and when the DaemonSet's template installs another driver (and, with
 // OnRequest, the admin asked for it) it empties the node and evicts its own pod (replace). It returns when its pod
 // stops, or with an error the container restarts on.
 func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Logger, out io.Writer) error {
@@ -76,12 +76,12 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 		<-ctx.Done()
 		return nil
 	}
-	dss, err := kwatch.Start(ctx, kwatch.DaemonSet(o.Client, pod.Namespace, owner.Name), &appsv1.DaemonSet{})
+	dss, err := watchTemplate(ctx, o.Client, pod.Namespace, owner.Name)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while it started: no failure
 		}
-		return fmt.Errorf("watch the driver DaemonSet %s/%s: %w", pod.Namespace, owner.Name, err)
+		return err
 	}
 	nodes, err := kwatch.Start(ctx, kwatch.Node(o.Client, o.NodeName), &corev1.Node{})
 	if err != nil {
@@ -95,7 +95,7 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 	// node stays in service until a plan marks it again or the template changes
 	calledOffAt := int64(-1)
 	for {
-		ds, dsOK := dss.Get(pod.Namespace, owner.Name)
+		ds, dsOK := dss.Get()
 		node, nodeOK := nodes.Get("", o.NodeName)
 		var why string
 		switch {
@@ -119,7 +119,7 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 			}
 		}
 		if why != "" {
-			err := o.replace(ctx, base, out, pod, ds, why, func() (*appsv1.DaemonSet, bool) { return dss.Get(pod.Namespace, owner.Name) })
+			err := o.replace(ctx, base, out, pod, ds, why, dss.Get)
 			if err == nil || ctx.Err() != nil {
 				<-ctx.Done()
 				return nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -290,5 +291,9 @@ func client() (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("API client config: %w", err)
 	}
 	cfg.UserAgent = "kube-gpu-stack-driver-manager"
+	// protobuf, as the kubelet and the control plane speak: every node's gate watches nodes, pods and Leases for the
+	// whole rollout, and JSON costs several times the CPU on both ends (every type it reads is built in)
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	return kubernetes.NewForConfig(cfg)
 }

@@ -348,9 +348,10 @@ func PDBs(client kubernetes.Interface) *Source {
 	}, pdbs.Watch)
 }
 
-// DaemonSet lists and watches the one DaemonSet named name in namespace.
-func DaemonSet(client kubernetes.Interface, namespace, name string) *Source {
-	dss := client.AppsV1().DaemonSets(namespace)
-	return source(client, "daemonsets.apps", namespace, false, fields.OneTermEqualSelector("metadata.name", name).String(), "",
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return dss.List(ctx, o) }, dss.Watch)
+// ControllerRevisions lists and watches the ControllerRevisions in namespace matching labelSelector: the templates
+// a DaemonSet controller rolled out, which change with the template only, never with the DaemonSet's status.
+func ControllerRevisions(client kubernetes.Interface, namespace, labelSelector string) *Source {
+	revs := client.AppsV1().ControllerRevisions(namespace)
+	return source(client, "controllerrevisions.apps", namespace, false, "", labelSelector,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return revs.List(ctx, o) }, revs.Watch)
 }

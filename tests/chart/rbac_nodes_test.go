@@ -308,7 +308,9 @@ func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
 			Containers: []corev1.Container{{Name: "nvidia-driver-ctr", Env: []corev1.EnvVar{{Name: upgradeplan.DigestEnv, Value: digest}}}}}
 	}
 	driverDS := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-daemonset-x", Namespace: ns, UID: "driver-ds"},
-		Spec: appsv1.DaemonSetSpec{Template: corev1.PodTemplateSpec{Spec: driverSpec(strings.Repeat("3", 64))}}}
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "nvidia-driver-daemonset-x"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "nvidia-driver-daemonset-x"}},
+				Spec: driverSpec(strings.Repeat("3", 64))}}}
 	driverPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-driver-daemonset-x-1", Namespace: ns,
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: driverDS.Name, UID: driverDS.UID, Controller: ptr.To(true)}}},
 		Spec: driverSpec(strings.Repeat("2", 64))}
@@ -352,7 +354,7 @@ func TestDriverManagerRBACIsWhatItCalls(t *testing.T) {
 	}
 	for _, want := range []rule{{"", "", "nodes", "patch"}, {"ml", "", "pods/eviction", "create"}, {ns, "coordination.k8s.io", "leases", "update"},
 		{"kube-system", "apps", "daemonsets", "get"}, {"ml", "resource.k8s.io", "resourceclaims", "list"},
-		{ns, "apps", "daemonsets", "watch"}, {ns, "", "pods/eviction", "create"}} {
+		{ns, "apps", "daemonsets", "get"}, {ns, "apps", "controllerrevisions", "watch"}, {ns, "", "pods/eviction", "create"}} {
 		if !used[want] {
 			t.Errorf("the run never called %s %s %s in %q: is the scenario still exercising it?", want.verb, want.group, want.resource, want.namespace)
 		}

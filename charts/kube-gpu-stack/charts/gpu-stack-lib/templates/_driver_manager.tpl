@@ -182,16 +182,22 @@ supported Kubernetes serves. dict "evict" BOOL "claims" BOOL; renders a YAML lis
 {{/*
 gpu-stack-lib.driverManagerLeaseRules: the Role rules (release namespace) of a pod running the driver manager: the
 per-node Lease it holds while it runs (client-go's LeaseLock: get, create, update) and its pool's slots Lease, which
-it takes a slot of before it cordons and watches while the pool is full (list, watch); nothing more.
+it takes a slot of before it cordons and watches while the pool is full (list, watch); with "replace", its own
+DaemonSet read and its ControllerRevisions watched; nothing more.
 */}}
 {{- define "gpu-stack-lib.driverManagerLeaseRules" -}}
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, list, watch, create, update]
 {{- if .replace }}
-{{- /* the upgrade gate's agent watches its own driver DaemonSet (replace.go), in the release namespace only */}}
+{{- /* the upgrade gate's agent follows its own driver DaemonSet's template (templatewatch.go), in the release
+namespace only: it watches the DaemonSet's ControllerRevisions, which change with the template alone, and reads
+the DaemonSet when one does */}}
 - apiGroups: [apps]
   resources: [daemonsets]
+  verbs: [get]
+- apiGroups: [apps]
+  resources: [controllerrevisions]
   verbs: [list, watch]
 {{- end }}
 {{- end }}
@@ -199,7 +205,7 @@ it takes a slot of before it cordons and watches while the pool is full (list, w
 {{/*
 gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver manager (driver, vGPU manager, VFIO
 manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
-(gpu-stack-lib.driverManagerLeaseRules, with "replace" its own DaemonSet watched too); its pods run privileged with
+(gpu-stack-lib.driverManagerLeaseRules, with "replace" its own DaemonSet read and its ControllerRevisions watched too); its pods run privileged with
 host access (the privileged SCC on OpenShift). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL "claims" BOOL
 "replace" BOOL
 */}}
