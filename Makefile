@@ -84,10 +84,12 @@ golden:
 
 ## generate: rewrite what the repository generates: the chart's Grafana dashboards (ci/dashboards), every chart's
 ## values.schema.json from its values.yaml, and the chart's images.txt and Chart.yaml artifacthub.io/images
-## annotation from rendering every profile (ci/generate); tests fail naming `make generate` when one is stale
+## annotation from rendering every profile (ci/generate), and the simulated NVML's stubs of every other nvml.h
+## function (tests/node/simnvml); tests fail naming `make generate` when one is stale
 generate:
 	$(GO) run ./ci/dashboards -out charts/kube-gpu-stack/dashboards
 	$(GO) run ./ci/generate
+	$(GO) generate ./tests/node/simnvml
 
 vet:
 	$(GO) vet $(BUILD_FLAGS) ./...
