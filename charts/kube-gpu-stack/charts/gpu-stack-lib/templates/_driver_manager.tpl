@@ -183,7 +183,7 @@ supported Kubernetes serves. dict "evict" BOOL "claims" BOOL; renders a YAML lis
 gpu-stack-lib.driverManagerLeaseRules: the Role rules (release namespace) of a pod running the driver manager: the
 per-node Lease it holds while it runs (client-go's LeaseLock: get, create, update) and its pool's slots Lease, which
 it takes a slot of before it cordons and watches while the pool is full (list, watch); with "replace", its own
-DaemonSet read and its ControllerRevisions watched; nothing more.
+DaemonSet read, the driver DaemonSets listed and its ControllerRevisions watched; nothing more.
 */}}
 {{- define "gpu-stack-lib.driverManagerLeaseRules" -}}
 - apiGroups: [coordination.k8s.io]
@@ -192,10 +192,11 @@ DaemonSet read and its ControllerRevisions watched; nothing more.
 {{- if .replace }}
 {{- /* the upgrade gate's agent follows its own driver DaemonSet's template (templatewatch.go), in the release
 namespace only: it watches the DaemonSet's ControllerRevisions, which change with the template alone, and reads
-the DaemonSet when one does */}}
+the DaemonSet when one does; a driver pod being deleted lists the driver DaemonSets to find the one that takes its
+node over (stopguard.go) */}}
 - apiGroups: [apps]
   resources: [daemonsets]
-  verbs: [get]
+  verbs: [get, list]
 - apiGroups: [apps]
   resources: [controllerrevisions]
   verbs: [list, watch]
