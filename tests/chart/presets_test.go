@@ -76,27 +76,27 @@ func TestRuntimePresets(t *testing.T) {
 	t.Parallel()
 	profile := func(name string) []string { return profileFiles(t, name) }
 	cases := []struct {
-		name           string
-		files          []string
-		set            []string
-		runtime        string
-		config         string // RUNTIME_CONFIG (container path)
-		dropIn         string // RUNTIME_DROP_IN_CONFIG (container path)
-		dropInHost     string // RUNTIME_DROP_IN_CONFIG_HOST_PATH
-		socket         string // RUNTIME_SOCKET (container path)
-		configDir      string // host dirs of the runtime volumes
-		dropInDir      string
-		socketDir      string
-		hooksDir       string // crio only
-		crioMode       string // crio only
-		kubeletPlugins string // host path of the device plugin's device-plugins volume
+		name        string
+		files       []string
+		set         []string
+		runtime     string
+		config      string // RUNTIME_CONFIG (container path)
+		dropIn      string // RUNTIME_DROP_IN_CONFIG (container path)
+		dropInHost  string // RUNTIME_DROP_IN_CONFIG_HOST_PATH
+		socket      string // RUNTIME_SOCKET (container path)
+		configDir   string // host dirs of the runtime volumes
+		dropInDir   string
+		socketDir   string
+		hooksDir    string // crio only
+		crioMode    string // crio only
+		kubeletRoot string // the kubelet root the exporter's pod-resources volume lies under
 	}{
 		{
 			name: "generic", files: profile("container-only"), runtime: "containerd",
 			config: "/runtime/config-dir/config.toml", dropIn: "/runtime/config-dir.d/99-nvidia.toml",
 			dropInHost: "/etc/containerd/conf.d/99-nvidia.toml", socket: "/runtime/sock-dir/containerd.sock",
 			configDir: "/etc/containerd", dropInDir: "/etc/containerd/conf.d", socketDir: "/run/containerd",
-			kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			name: "generic-crio", set: []string{"toolkit.runtime=crio"}, runtime: "crio",
@@ -104,7 +104,7 @@ func TestRuntimePresets(t *testing.T) {
 			dropInHost: "/etc/crio/crio.conf.d/99-nvidia.conf", socket: "/runtime/sock-dir/crio.sock",
 			configDir: "/etc/crio", dropInDir: "/etc/crio/crio.conf.d", socketDir: "/var/run/crio",
 			hooksDir: "/usr/share/containers/oci/hooks.d", crioMode: "config",
-			kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			name: "k3s", files: profile("k3s"), runtime: "containerd",
@@ -113,7 +113,7 @@ func TestRuntimePresets(t *testing.T) {
 			socket:     "/runtime/sock-dir/containerd.sock",
 			configDir:  "/var/lib/rancher/k3s/agent/etc/containerd",
 			dropInDir:  "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.d",
-			socketDir:  "/run/k3s/containerd", kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			socketDir:  "/run/k3s/containerd", kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			name: "rke2", files: profile("rke2"), runtime: "containerd",
@@ -122,7 +122,7 @@ func TestRuntimePresets(t *testing.T) {
 			socket:     "/runtime/sock-dir/containerd.sock",
 			configDir:  "/var/lib/rancher/rke2/agent/etc/containerd",
 			dropInDir:  "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.d",
-			socketDir:  "/run/k3s/containerd", kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			socketDir:  "/run/k3s/containerd", kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			name: "microk8s", files: profile("microk8s"), runtime: "containerd",
@@ -130,15 +130,15 @@ func TestRuntimePresets(t *testing.T) {
 			dropInHost: "/var/snap/microk8s/current/args/conf.d/99-nvidia.toml",
 			socket:     "/runtime/sock-dir/containerd.sock",
 			configDir:  "/var/snap/microk8s/current/args", dropInDir: "/var/snap/microk8s/current/args/conf.d",
-			socketDir:      "/var/snap/microk8s/common/run",
-			kubeletPlugins: "/var/snap/microk8s/common/var/lib/kubelet/device-plugins",
+			socketDir:   "/var/snap/microk8s/common/run",
+			kubeletRoot: "/var/snap/microk8s/common/var/lib/kubelet",
 		},
 		{
 			name: "k0s", files: profile("k0s"), runtime: "containerd",
 			config: "/runtime/config-dir/containerd.toml", dropIn: "/runtime/config-dir.d/nvidia.toml",
 			dropInHost: "/etc/k0s/containerd.d/nvidia.toml", socket: "/runtime/sock-dir/containerd.sock",
 			configDir: "/etc/k0s", dropInDir: "/etc/k0s/containerd.d", socketDir: "/run/k0s",
-			kubeletPlugins: "/var/lib/k0s/kubelet/device-plugins",
+			kubeletRoot: "/var/lib/k0s/kubelet",
 		},
 		{
 			// openshift means CRI-O even though toolkit.runtime defaults to containerd
@@ -147,7 +147,7 @@ func TestRuntimePresets(t *testing.T) {
 			dropInHost: "/etc/crio/crio.conf.d/99-nvidia.conf", socket: "/runtime/sock-dir/crio.sock",
 			configDir: "/etc/crio", dropInDir: "/etc/crio/crio.conf.d", socketDir: "/var/run/crio",
 			hooksDir: "/run/containers/oci/hooks.d", crioMode: "config",
-			kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			name: "openshift-without-cdi", files: profile("openshift"), set: []string{"global.cdi.enabled=false"}, runtime: "crio",
@@ -155,7 +155,7 @@ func TestRuntimePresets(t *testing.T) {
 			dropInHost: "/etc/crio/crio.conf.d/99-nvidia.conf", socket: "/runtime/sock-dir/crio.sock",
 			configDir: "/etc/crio", dropInDir: "/etc/crio/crio.conf.d", socketDir: "/var/run/crio",
 			hooksDir: "/run/containers/oci/hooks.d", crioMode: "hook",
-			kubeletPlugins: "/var/lib/kubelet/device-plugins",
+			kubeletRoot: "/var/lib/kubelet",
 		},
 		{
 			// explicit runtimeConfig values win over the preset; an explicit kubelet root wins over the platform's
@@ -171,7 +171,7 @@ func TestRuntimePresets(t *testing.T) {
 			socket:     "/runtime/sock-dir/containerd.sock",
 			configDir:  "/var/lib/rancher/k3s/agent/etc/containerd",
 			dropInDir:  "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.d",
-			socketDir:  "/run/containerd", kubeletPlugins: "/data/kubelet/device-plugins",
+			socketDir:  "/run/containerd", kubeletRoot: "/data/kubelet",
 		},
 	}
 	for _, c := range cases {
@@ -200,8 +200,12 @@ func TestRuntimePresets(t *testing.T) {
 				}
 			}
 			dp := daemonSet(t, out, "nvidia-device-plugin-daemonset")
-			if got := hostPaths(dp)["device-plugins"]; got != c.kubeletPlugins {
-				t.Errorf("device plugin device-plugins host path = %q, want %q", got, c.kubeletPlugins)
+			// the kubelet serves device plugins at this path whatever its root (k0s and microk8s too)
+			if got := hostPaths(dp)["device-plugins"]; got != "/var/lib/kubelet/device-plugins" {
+				t.Errorf("device plugin device-plugins host path = %q, want /var/lib/kubelet/device-plugins", got)
+			}
+			if got := hostPaths(daemonSet(t, out, "nvidia-dcgm-exporter"))["pod-resources"]; got != c.kubeletRoot+"/pod-resources" {
+				t.Errorf("DCGM exporter pod-resources host path = %q, want %q", got, c.kubeletRoot+"/pod-resources")
 			}
 			// the runtime class is left off only where CRI-O injects by hook (OpenShift without CDI)
 			wantClass := "nvidia"

@@ -229,6 +229,10 @@ var Table = []Contract{
 		Repository: "nvidia/k8s-device-plugin",
 		Tags:       regexp.MustCompile(`^v0\.20\.0$`),
 		Source:     "github.com/NVIDIA/k8s-device-plugin@v0.20.0",
+		// The real-node tier (tests/node TestDevicePluginOnNode) runs nvidia-device-plugin, gpu-feature-discovery and
+		// config-manager built from v0.18.0's source (ci/build-device-plugin.sh), in an image laid out as this row
+		// says: the Go module proxy does not serve v0.20.0 (December 2026), so the gap between the two tags is not
+		// run there; the env and flag facts below stay v0.20.0's, and the chart is checked against them.
 		// deployments/container/Dockerfile: distroless/go + busybox, USER 0:0, the four binaries in /usr/bin,
 		// ENTRYPOINT ["nvidia-device-plugin"]. The device plugin, GFD and the MPS control daemon share it.
 		Entrypoint: []string{"nvidia-device-plugin"},
@@ -265,8 +269,9 @@ var Table = []Contract{
 				"DRIVER_ROOT_CTR_PATH": {},
 			}),
 		HostPaths: []HostPath{
-			// kubelet-socket default /var/lib/kubelet/device-plugins/kubelet.sock (host location varies by distro).
-			{Container: "/var/lib/kubelet/device-plugins", Binaries: []string{"nvidia-device-plugin"}, Why: "the kubelet's device-plugin socket directory"},
+			// kubelet-socket default /var/lib/kubelet/device-plugins/kubelet.sock: the kubelet serves it there whatever
+			// its --root-dir (the device plugin API's DevicePluginPath), on every distribution.
+			{Container: "/var/lib/kubelet/device-plugins", Host: "/var/lib/kubelet/device-plugins", Binaries: []string{"nvidia-device-plugin"}, Why: "the kubelet's device-plugin socket directory"},
 		},
 	},
 	{
@@ -470,7 +475,7 @@ var Table = []Contract{
 		HostPaths: []HostPath{
 			// pkg/device_plugin/generic_device_plugin.go: vfioDevicePath = "/dev/vfio".
 			{Container: "/dev/vfio", Host: "/dev/vfio", Why: "VFIO group devices it hands to VMs"},
-			{Container: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory"},
+			{Container: "/var/lib/kubelet/device-plugins", Host: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory (where the kubelet serves it whatever its root)"},
 		},
 	},
 	{
@@ -486,7 +491,7 @@ var Table = []Contract{
 		NeedsRoot:     true,
 		EnvUnverified: true,
 		HostPaths: []HostPath{
-			{Container: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory"},
+			{Container: "/var/lib/kubelet/device-plugins", Host: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory (where the kubelet serves it whatever its root)"},
 		},
 		Unverified: "tag v0.0.5 not found in the index (Dockerfile read at commit 054a9fb); the env it reads (the chart sets NODE_NAME, POD_NAMESPACE, POD_SERVICE_ACCOUNT) was not read from its source",
 	},

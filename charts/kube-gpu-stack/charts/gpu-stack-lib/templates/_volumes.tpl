@@ -16,7 +16,9 @@ host-os-release: {path: /etc/os-release}
 lib-modules: {path: /lib/modules}
 var-log: {path: /var/log}
 dev-log: {path: /dev/log}
-device-plugins: {path: {{ printf "%s/device-plugins" $kubelet | quote }}}
+{{- /* the kubelet serves device plugins at this path whatever its root directory (the device plugin API's
+DevicePluginPath; Kubernetes documents it as hard-coded): under a k0s or microk8s root no plugin could register */}}
+device-plugins: {path: /var/lib/kubelet/device-plugins}
 pod-resources: {path: {{ printf "%s/pod-resources" $kubelet | quote }}}
 kubelet-plugins: {path: {{ printf "%s/plugins" $kubelet | quote }}, type: DirectoryOrCreate}
 kubelet-plugins-registry: {path: {{ printf "%s/plugins_registry" $kubelet | quote }}, type: DirectoryOrCreate}
