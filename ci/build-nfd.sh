@@ -12,6 +12,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/progress.sh"
+. "$here/upstream.sh"
 nfd_version=v0.19.0
 module=sigs.k8s.io/node-feature-discovery
 bins=(nfd-master nfd-worker nfd-gc)
@@ -27,23 +28,15 @@ progress_start "nfd $nfd_version" "3 to 6 minutes on a 2-core machine, 40 s with
 rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
 # GOTOOLCHAIN=local: a module that wants a newer Go fails here, naming the version, instead of fetching a toolchain
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0
-field() { sed -n "s/^\t*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$2"; }
-# download MODULE: the module's `go mod download -json`; exits 3 (the source cannot be had) when the proxy fails
-download() {
-  local json
-  json=$(go mod download -json "$1@$nfd_version") ||
-    { echo "cannot download $1@$nfd_version through the Go module proxy ($(go env GOPROXY)): $(field Error "$json")" >&2; exit 3; }
-  echo "$json"
-}
-main_json=$(download "$module")
+main_json=$(upstream_download "$module@$nfd_version")
 # NFD's go.mod replaces its API module with ./api/nfd, a nested module the main module's zip leaves out: it comes
 # from its own tag (api/nfd/v0.19.0), which must be the same commit.
-api_json=$(download "$module/api/nfd")
-src=$(field Dir "$main_json") api=$(field Dir "$api_json")
+api_json=$(upstream_download "$module/api/nfd@$nfd_version")
+src=$(upstream_field Dir "$main_json") api=$(upstream_field Dir "$api_json")
 # The commit is the info's Origin.Hash; the proxy leaves Origin out of some modules' info (the main module's, seen
 # December 2026), and then the two tags' commit times must match instead.
-info_time() { sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(field Info "$1")"; }
-main_commit=$(field Hash "$main_json") api_commit=$(field Hash "$api_json")
+info_time() { sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$(upstream_field Info "$1")"; }
+main_commit=$(upstream_field Hash "$main_json") api_commit=$(upstream_field Hash "$api_json")
 if [ -n "$main_commit" ] && [ -n "$api_commit" ]; then
   [ "$main_commit" = "$api_commit" ] ||
     { echo "$module@$nfd_version (commit $main_commit) and its api/nfd module (commit $api_commit) are not the same commit" >&2; exit 1; }
@@ -54,14 +47,8 @@ else
 fi
 cp -r "$src" "$dir.tmp/src" && chmod -R u+w "$dir.tmp/src"
 rm -rf "$dir.tmp/src/api/nfd" && cp -r "$api" "$dir.tmp/src/api/nfd" && chmod -R u+w "$dir.tmp/src/api/nfd"
-progress_run "modules (download)" bash -c 'cd "$1" && go mod download' _ "$dir.tmp/src" ||
-  { echo "cannot download the modules $module@$nfd_version needs through the Go module proxy ($(go env GOPROXY))" >&2; exit 3; }
-n=0
-for b in "${bins[@]}"; do
-  n=$((n + 1))
-  progress_run "$b ($n of ${#bins[@]})" \
-    bash -c 'cd "$1" && go build -trimpath -tags osusergo,netgo -ldflags "$2" -o "$3" "./cmd/$4"' _ "$dir.tmp/src" "$ldflags" "$dir.tmp/$b" "$b"
-done
+upstream_modules "$dir.tmp/src" "$module@$nfd_version"
+upstream_build "$dir.tmp/src" "$dir.tmp" "$ldflags" -tags osusergo,netgo -- "${bins[@]}"
 rm -rf "$dir.tmp/src" "$dir" && mv "$dir.tmp" "$dir"
 progress_done
 echo "$dir"

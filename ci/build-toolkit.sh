@@ -14,6 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/progress.sh"
+. "$here/upstream.sh"
 toolkit_version=v1.20.0
 module=github.com/NVIDIA/nvidia-container-toolkit
 bins=(nvidia-ctk-installer nvidia-ctk nvidia-cdi-hook nvidia-container-runtime nvidia-container-runtime.cdi
@@ -34,18 +35,10 @@ rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
 export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=1
 # go-nvml's generated cgo code trips deprecation warnings that newer compilers make noise of
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}"
-field() { sed -n "s/^\t*\"$1\": \"\(.*\)\",\{0,1\}\$/\1/p" <<<"$2"; }
-json=$(go mod download -json "$module@$toolkit_version") ||
-  { echo "cannot download $module@$toolkit_version through the Go module proxy ($(go env GOPROXY)): $(field Error "$json")" >&2; exit 3; }
-cp -r "$(field Dir "$json")" "$dir.tmp/src" && chmod -R u+w "$dir.tmp/src"
-progress_run "modules (download)" bash -c 'cd "$1" && go mod download' _ "$dir.tmp/src" ||
-  { echo "cannot download the modules $module@$toolkit_version needs through the Go module proxy ($(go env GOPROXY))" >&2; exit 3; }
-n=0
-for b in "${bins[@]}"; do
-  n=$((n + 1))
-  progress_run "$b ($n of ${#bins[@]})" \
-    bash -c 'cd "$1" && go build -trimpath -ldflags "$2" -o "$3" "./cmd/$4"' _ "$dir.tmp/src" "$ldflags" "$dir.tmp/$b" "$b"
-done
+json=$(upstream_download "$module@$toolkit_version")
+cp -r "$(upstream_field Dir "$json")" "$dir.tmp/src" && chmod -R u+w "$dir.tmp/src"
+upstream_modules "$dir.tmp/src" "$module@$toolkit_version"
+upstream_build "$dir.tmp/src" "$dir.tmp" "$ldflags" -- "${bins[@]}"
 rm -rf "$dir.tmp/src" "$dir" && mv "$dir.tmp" "$dir"
 progress_done
 echo "$dir"
