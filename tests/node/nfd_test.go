@@ -186,9 +186,30 @@ hooks:
 type workerSysfs string
 
 func (sys workerSysfs) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
+	found := false
+	out, err := editDaemonSets(in, func(ds *appsv1.DaemonSet) bool {
+		if !runs(ds.Spec.Template.Spec, "nfd-worker") {
+			return false
+		}
+		for i, v := range ds.Spec.Template.Spec.Volumes {
+			if v.Name == "host-sys" && v.HostPath != nil {
+				ds.Spec.Template.Spec.Volumes[i].HostPath.Path = string(sys)
+				found = true
+			}
+		}
+		return found
+	})
+	if err == nil && !found {
+		err = errors.New("post-render: no nfd-worker DaemonSet with a host-sys hostPath volume in the render")
+	}
+	return out, err
+}
+
+// editDaemonSets is a post-renderer's walk of a render: edit sees each DaemonSet and says whether it changed it; the
+// render comes back with those DaemonSets as edit left them and every other document as it was.
+func editDaemonSets(in *bytes.Buffer, edit func(*appsv1.DaemonSet) bool) (*bytes.Buffer, error) {
 	r := utilyaml.NewYAMLReader(bufio.NewReader(in))
 	var out bytes.Buffer
-	found := false
 	for {
 		doc, err := r.Read()
 		if err == io.EOF {
@@ -198,13 +219,7 @@ func (sys workerSysfs) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
 			return nil, err
 		}
 		var ds appsv1.DaemonSet
-		if err := yaml.Unmarshal(doc, &ds); err == nil && ds.Kind == "DaemonSet" && runs(ds.Spec.Template.Spec, "nfd-worker") {
-			for i, v := range ds.Spec.Template.Spec.Volumes {
-				if v.Name == "host-sys" && v.HostPath != nil {
-					ds.Spec.Template.Spec.Volumes[i].HostPath.Path = string(sys)
-					found = true
-				}
-			}
+		if err := yaml.Unmarshal(doc, &ds); err == nil && ds.Kind == "DaemonSet" && edit(&ds) {
 			if doc, err = yaml.Marshal(ds); err != nil {
 				return nil, err
 			}
@@ -214,9 +229,6 @@ func (sys workerSysfs) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
 		if !bytes.HasSuffix(doc, []byte("\n")) {
 			out.WriteString("\n")
 		}
-	}
-	if !found {
-		return nil, errors.New("post-render: no nfd-worker DaemonSet with a host-sys hostPath volume in the render")
 	}
 	return &out, nil
 }
