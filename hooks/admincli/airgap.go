@@ -78,12 +78,14 @@ func airgapKeygenCommand(out io.Writer) *cobra.Command {
 func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	o := airgap.MirrorOptions{}
 	cmd := &cobra.Command{
-		Use:   "mirror --registry REG [--sha256 HEX] [--verify-key FILE] [--force] [--insecure] [--ca FILE] BUNDLE",
+		Use:   "mirror --registry REG [--sha256 HEX] [--verify-key FILE] [--force] [--allow-downgrade] [--insecure] [--ca FILE] BUNDLE",
 		Short: "Push a bundle's images into a private registry and print the helm install line for it",
 		Long: "Verifies the whole of BUNDLE before pushing anything: the tarball against --sha256 when given, every file\n" +
 			"against SHA256SUMS, every blob against its digest, every manifest against its descriptor (a bundle failing any\n" +
 			"of these pushes nothing). A tag the registry already has at another digest is left alone and fails the mirror\n" +
-			"before anything is pushed, unless --force. It then pushes each image to REG/<repository>:<tag> unless the\n" +
+			"before anything is pushed, unless --force. A bundle of an older release than one the registry already holds\n" +
+			"(this project's image at a newer version) fails the mirror before anything is pushed, unless --allow-downgrade:\n" +
+			"an old bundle brings back its release's flaws, even signed. It then pushes each image to REG/<repository>:<tag> unless the\n" +
 			"registry already has it there, verifies each by digest, copies the chart archive to --out and prints the helm\n" +
 			"install line with --set global.imageRegistry=REG. Running it again pushes nothing. Registry credentials come\n" +
 			"from the Docker config (docker login).",
@@ -103,6 +105,7 @@ func airgapMirrorCommand(out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&o.SHA256, "sha256", "", "the bundle tarball's SHA-256 `HEX`, as published with it: any other bundle is refused before it is read (costs one more read of the file)")
 	cmd.Flags().StringVar(&o.VerifyKey, "verify-key", "", "refuse the bundle unless its SHA256SUMS.sig verifies with the Ed25519 public key `FILE` (PEM): checked before anything else of the bundle is trusted")
 	cmd.Flags().BoolVar(&o.Force, "force", false, "move tags the registry already has at another digest to the bundle's images")
+	cmd.Flags().BoolVar(&o.AllowDowngrade, "allow-downgrade", false, "mirror a bundle older than a release the registry already holds")
 	cmd.Flags().StringVar(&o.CAFile, "ca", "", "PEM `FILE` of CA certificates to trust for the registry's TLS, besides the system's")
 	cmd.Flags().StringVar(&o.Out, "out", ".", "folder `DIR` to copy the chart archive to, for the helm install line")
 	return cmd

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/Masterminds/semver/v3"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -48,6 +49,10 @@ type MirrorOptions struct {
 	// Force moves a tag the registry already has at another digest to the bundle's image; without it such a tag
 	// fails the mirror before anything is pushed.
 	Force bool
+	// AllowDowngrade mirrors a bundle older than a release the registry already holds (the project's own image at a
+	// newer version); without it such a bundle fails the mirror before anything is pushed: an old bundle, even one
+	// signed, brings back the flaws its release had.
+	AllowDowngrade bool
 	// Out is the folder the chart archive is copied to for the helm install line; default ".".
 	Out string
 	// Progress receives a progress bar per image while it is pushed (drawn only on a terminal); nil: none.
@@ -148,6 +153,9 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	}
 	counter := &pushCounter{base: base}
 	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain), remote.WithTransport(counter)}
+	if err := o.refuseDowngrade(plan, opts, out); err != nil {
+		return err
+	}
 	var moved []string
 	for i, p := range plan {
 		if plan[i].current, err = tagged(p.dst, opts); err != nil {
@@ -215,6 +223,46 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "helm install %s %s --namespace %s --create-namespace -f %s\n",
 		installRelease, shellQuote(chartFile), installNamespace, shellQuote(valuesFile))
 	return nil
+}
+
+// refuseDowngrade fails when the registry holds the project's own image at a newer version than the bundle's (a
+// release mirrored before, likely installed), unless AllowDowngrade. The bundle's version is its own image's tag,
+// which its signature and sums cover.
+func (o *MirrorOptions) refuseDowngrade(plan []planned, opts []remote.Option, out io.Writer) error {
+	i := slices.IndexFunc(plan, func(p planned) bool { return p.img.Repository() == OwnRepository })
+	if i < 0 {
+		return nil // a bundle of other images only: no release to compare
+	}
+	own := plan[i]
+	bundled, err := semver.NewVersion(own.dst.TagStr())
+	if err != nil {
+		return nil // not a release version (a development build): nothing to compare
+	}
+	tags, err := remote.List(own.dst.Repository, opts...)
+	var terr *transport.Error
+	if errors.As(err, &terr) && terr.StatusCode == http.StatusNotFound {
+		return nil // the registry holds no release yet
+	}
+	if err != nil {
+		return fmt.Errorf("list the releases %s holds (to refuse a downgrade): %w", own.dst.Repository, err)
+	}
+	var newest *semver.Version
+	for _, tag := range tags {
+		if v, err := semver.NewVersion(tag); err == nil && v.Prerelease() == "" && (newest == nil || v.GreaterThan(newest)) {
+			newest = v
+		}
+	}
+	if newest == nil || !newest.GreaterThan(bundled) {
+		return nil
+	}
+	if o.AllowDowngrade {
+		fmt.Fprintf(out, "bundle %s is of release %s, older than release %s in %s: mirrored all the same (--allow-downgrade)\n",
+			o.Bundle, bundled.Original(), newest.Original(), own.dst.Repository)
+		return nil
+	}
+	return fmt.Errorf("bundle %s is of release %s, older than release %s that %s already holds; nothing pushed: "+
+		"an old bundle brings back its release's flaws, even signed (--allow-downgrade mirrors it all the same)",
+		o.Bundle, bundled.Original(), newest.Original(), own.dst.Repository)
 }
 
 // writeValues writes the bundle's values-airgap.yaml into Out with the registry filled in: global.imageRegistry

@@ -454,3 +454,47 @@ func TestMirrorNoticesATagSetWhileMirroring(t *testing.T) {
 		t.Errorf("the tag set while mirroring was moved to %s", got)
 	}
 }
+
+// TestMirrorRefusesADowngrade: a registry that holds this project's image at a newer release refuses an older
+// bundle (signed or not, it brings back its release's flaws) before anything is pushed, unless AllowDowngrade; a
+// registry holding only older releases, or a pre-release of a newer one, takes it.
+func TestMirrorRefusesADowngrade(t *testing.T) {
+	f := newFixture(t, 4<<10)
+	bundle := f.mustBundle(t) // release 1.2.3
+	own, _ := ParseImage(ownImage)
+	releaseIn := func(reg, version string) {
+		t.Helper()
+		img, err := ParseImage(strings.TrimSuffix(ownImage, ":1.2.3") + ":" + version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pushTo(t, reg, img, f.seeded[toolkit])
+	}
+
+	older := startRegistry(t)
+	releaseIn(older, "1.2.2")
+	releaseIn(older, "2.0.0-rc.1")
+	if log, err := mirror(t, bundle, older); err != nil {
+		t.Fatalf("a registry holding 1.2.2 and 2.0.0-rc.1 refused release 1.2.3: %v\n%s", err, log)
+	}
+
+	newer := startRegistry(t)
+	releaseIn(newer, "1.10.0")
+	_, err := mirror(t, bundle, newer)
+	want := fmt.Sprintf("is of release 1.2.3, older than release 1.10.0 that %s/%s already holds; nothing pushed", newer, own.Repository())
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--allow-downgrade") {
+		t.Fatalf("want a refusal %q naming --allow-downgrade, got %v", want, err)
+	}
+	for _, ref := range []string{ownImage, driverRHEL, driverUbuntu, toolkit, nfd} {
+		if _, err := remote.Head(tagIn(t, newer, ref)); err == nil {
+			t.Errorf("%s was pushed although the mirror was refused", ref)
+		}
+	}
+	log, err := mirror(t, bundle, newer, func(o *MirrorOptions) { o.AllowDowngrade = true })
+	if err != nil {
+		t.Fatalf("with AllowDowngrade: %v\n%s", err, log)
+	}
+	if !strings.Contains(log, "older than release 1.10.0") || !strings.Contains(log, ": 5 pushed, 0 already there;") {
+		t.Errorf("want the downgrade named and every image pushed:\n%s", log)
+	}
+}
