@@ -61,7 +61,8 @@ FALLBACK_STRATEGIES: empty
 
 {{/* device-plugin.mounts: mounts shared by the plugin and the MPS control daemon */}}
 {{- define "device-plugin.mounts" -}}
-- {name: run-nvidia-validations, mountPath: /run/nvidia/validations}
+{{- /* the start scripts only read driver-ready and .driver-ctr-ready there */}}
+- {name: run-nvidia-validations, mountPath: /run/nvidia/validations, readOnly: true}
 - {name: run-nvidia-mps, mountPath: /mps}
 - {name: mps-shm, mountPath: /dev/shm}
 {{- if .Values.config.name }}

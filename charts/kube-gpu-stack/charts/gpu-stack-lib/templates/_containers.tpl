@@ -133,7 +133,7 @@ dict "ctx" . "name" NAME "files" (list FILE ...)
   "image" (include "gpu-stack-lib.stackImage" .ctx)
   "pullPolicy" .ctx.Values.global.stackImage.pullPolicy
   "command" (concat (list "validator" "wait") .files)
-  "volumeMounts" (list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "mountPropagation" "HostToContainer"))
+  "volumeMounts" (list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "readOnly" true "mountPropagation" "HostToContainer"))
   "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsNonRoot" true "runAsUser" 65532 "capabilities" (dict "drop" (list "ALL")))
 ) -}}
 {{- end }}

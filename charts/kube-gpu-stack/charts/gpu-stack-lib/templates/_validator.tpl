@@ -17,7 +17,8 @@ status file under the validations dir, which other operands wait on. dict:
   statusOnly optional: true for a component that only reads the status files (metrics): it mounts the validations
              dir read-only and nothing of the host, and runs unprivileged as the image's non-root user
 A check runs privileged and as root: the image's user (65532) would get no effective capabilities, even privileged,
-so it could neither write the validations dir, chroot nor create the /dev/char links.
+so it could neither write the validations dir, chroot nor create the /dev/char links. Only the driver check creates
+those links: every other check mounts the host's /dev/char read-only.
 */}}
 {{- define "gpu-stack-lib.validatorContainer" -}}
 {{- $env := dict
@@ -33,6 +34,7 @@ so it could neither write the validations dir, chroot nor create the /dev/char l
   (dict "name" "host-root" "mountPath" "/host" "readOnly" true "mountPropagation" "HostToContainer")
   (dict "name" "driver-install-dir" "mountPath" "/run/nvidia/driver" "readOnly" true "mountPropagation" "HostToContainer")
   (dict "name" "host-dev-char" "mountPath" "/host-dev-char") -}}
+{{- if ne .component "driver" }}{{ $_ := set (last $mounts) "readOnly" true }}{{ end -}}
 {{- $sc := dict "privileged" true "runAsUser" 0 "readOnlyRootFilesystem" true -}}
 {{- if .statusOnly -}}
 {{- $mounts = list (dict "name" "run-nvidia-validations" "mountPath" "/run/nvidia/validations" "readOnly" true "mountPropagation" "HostToContainer") -}}
