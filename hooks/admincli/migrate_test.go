@@ -81,3 +81,44 @@ current-context: c
 		}
 	}
 }
+
+// A full copy of an older GPU Operator release's values.yaml is recognised, and its defaults (v25.10.1's CUDA base
+// image for the VFIO manager among them) are dropped, not pinned; --from-version names the release, and an unknown
+// one fails naming those migrate knows.
+func TestMigrateFromVersion(t *testing.T) {
+	const v25 = "../gpumigrate/testdata/gpu-operator-v25.10.1/values.yaml"
+	for args, want := range map[string][]string{
+		"":                       {"GPU Operator release: v25.10.1 (recognised: ", "vfioManager", "the GPU Operator v25.10.1 default"},
+		"--from-version=25.10.1": {"GPU Operator release: v25.10.1 (given with --from-version)", "the GPU Operator v25.10.1 default"},
+		"--from-version=v24.9.2": {"GPU Operator release: v24.9.2 (given with --from-version; mind that its operand image versions look like v25.10.1's"},
+	} {
+		out := filepath.Join(t.TempDir(), "values.yaml")
+		var stdout bytes.Buffer
+		cmd := NewCommand(&stdout)
+		cmd.SetArgs(append([]string{"migrate", "-f", v25, "-o", out}, strings.Fields(args)...))
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("migrate %s: %v", args, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("migrate %s: the report lacks %q:\n%s", args, w, stdout.String())
+			}
+		}
+		if values, _ := os.ReadFile(out); args != "--from-version=v24.9.2" && strings.Contains(string(values), "cuda") {
+			t.Errorf("migrate %s: the values name the v25.10.1 default CUDA image:\n%s", args, values)
+		}
+	}
+
+	cmd := NewCommand(&bytes.Buffer{})
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs([]string{"migrate", "-f", v25, "--from-version", "25.3.4"})
+	err := cmd.Execute()
+	if err == nil {
+		t.Fatal("--from-version 25.3.4, a release migrate has no defaults of, was accepted")
+	}
+	for _, w := range []string{"--from-version 25.3.4", "v24.9.2, v25.10.1, v26.7.0"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("the error does not say %q: %v", w, err)
+		}
+	}
+}

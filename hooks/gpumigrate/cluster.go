@@ -157,9 +157,13 @@ func clusterPolicy(ctx context.Context, dyn dynamic.Interface) (*unstructured.Un
 		looked, strings.Join(names, ", "))
 }
 
-// ConvertCluster converts what FromCluster read; precompiled drivers get the GPU nodes' kernels.
-func ConvertCluster(c Cluster) Result {
-	r := Convert(c.Values, c.Drivers)
+// ConvertCluster converts what FromCluster read, against the defaults of the release it recognises.
+func ConvertCluster(c Cluster) Result { return ConvertClusterFrom(c, Recognise(c.Values)) }
+
+// ConvertClusterFrom converts what FromCluster (or a file) read, against the defaults of the release src names;
+// precompiled drivers get the GPU nodes' kernels.
+func ConvertClusterFrom(c Cluster, src Source) Result {
+	r := convert(c.Values, c.Drivers, src)
 	r.Nodes = c.Labels
 	if precompiledAnywhere(r.Values) {
 		if kernels := slices.Compact(slices.Sorted(slices.Values(c.Kernels))); len(kernels) > 0 {

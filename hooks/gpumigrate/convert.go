@@ -2,7 +2,6 @@ package gpumigrate
 
 import (
 	"cmp"
-	_ "embed"
 	"fmt"
 	"maps"
 	"reflect"
@@ -25,6 +24,8 @@ type Result struct {
 	Report []Entry
 	// Nodes summarises the operator's node labels (live mode only).
 	Nodes []NodeLabelCount
+	// Source is the GPU Operator release the values were read against.
+	Source Source
 }
 
 // imageRef collects an operand's repository, image and version, which become one image.* block.
@@ -38,12 +39,15 @@ type imageRef struct {
 
 // converter walks one input tree with one rule table into out.
 type converter struct {
-	rules  []Rule
-	root   map[string]any // the whole input, for rules that read a sibling
-	out    map[string]any
-	prefix string // input key prefix in the report (NVIDIADriver/<name>.spec.)
-	images map[string]*imageRef
-	report *[]Entry
+	rules []Rule
+	// root is the whole input, defaults included, for rules that read a sibling: the operator applied them too
+	root map[string]any
+	// defaults are the values of the release the input came from (OperatorTag's when not known)
+	defaults map[string]any
+	out      map[string]any
+	prefix   string // input key prefix in the report (NVIDIADriver/<name>.spec.)
+	images   map[string]*imageRef
+	report   *[]Entry
 	// imageOf resolves the operand of an input path's parent (values: operand keys; NVIDIADriver: the pool).
 	imageOf func(parent string) (operand, bool)
 }
@@ -62,12 +66,24 @@ func newConverter(rules []Rule, root map[string]any, out map[string]any, report 
 }
 
 // Convert turns GPU Operator values (or a ClusterPolicy spec, which uses the same keys) and NVIDIADriver objects
-// into this chart's values.
+// into this chart's values, every value taken as the site's.
 func Convert(values map[string]any, drivers []map[string]any) Result {
-	var r Result
-	r.Values = map[string]any{}
+	return convert(values, drivers, Source{})
+}
+
+// convert converts values read against the defaults of the release src names: those are dropped, not converted.
+func convert(values map[string]any, drivers []map[string]any, src Source) Result {
+	r := Result{Values: map[string]any{}, Source: src}
+	own := values
+	if src.Version != "" {
+		own = dropDefaults("", values, src.defaults(), src.Version, &r.Report)
+	}
+	if src.Doubt != "" {
+		r.Report = append(r.Report, Entry{Key: "(source) GPU Operator release", Action: Decision, Why: src.Doubt})
+	}
 	c := newConverter(rules, values, r.Values, &r.Report)
-	c.walk("", values)
+	c.defaults = src.defaults()
+	c.walk("", own)
 	c.finishImages()
 	convertDrivers(drivers, r.Values, &r.Report)
 	mirrorOwnImage(r.Values, &r.Report)
@@ -266,11 +282,28 @@ func imagePart(c *converter, at string, v any) Entry {
 		ref.digest = s
 		return Entry{Action: Mapped, To: []string{t + "image.digest"}}
 	}
+	if ran := c.ranImage(parent); !ref.setImage && ran != "" && ran[strings.LastIndex(ran, "/")+1:] != op.image {
+		return Entry{Action: Decision, To: []string{t + "image.tag"}, Why: fmt.Sprintf("%s is a version of %s, which the operator ran there, "+
+			"not of %s/%s, which this chart runs: not carried over (the chart's own tag applies); set %simage.tag to a tag of that image if you must",
+			show(v), ran, op.repo, op.image, t)}
+	}
 	ref.version, ref.setVer = s, true
 	if strings.HasPrefix(s, "sha256:") {
 		return Entry{Action: Mapped, To: []string{t + "image.digest"}}
 	}
 	return Entry{Action: Mapped, To: []string{t + "image.tag"}}
+}
+
+// ranImage is the image the operator ran for the operand at parent where the input names none of its own: the
+// default the input carried (dropped as such), else its release's; "" when neither names one.
+func (c *converter) ranImage(parent string) string {
+	for _, m := range []map[string]any{c.root, c.defaults} {
+		if name, _ := getPath(m, parent+".image"); name != nil && name != "" {
+			repo, _ := getPath(m, parent+".repository")
+			return strings.TrimPrefix(fmt.Sprintf("%v/%v", valueOr(repo, ""), name), "/")
+		}
+	}
+	return ""
 }
 
 // publicRegistries serve the operands' upstream images; any other registry the converted images name is the site's
@@ -669,6 +702,23 @@ var (
 	maxUnavailable = maxParallel
 )
 
+// dcgmHostEngine is where the operator points the exporter when the standalone DCGM runs (its Service and port).
+const dcgmHostEngine = "nvidia-dcgm:5555"
+
+// dcgmStandalone: with the standalone DCGM on, the operator points the exporter at it; this chart needs the address
+// said (dcgmExporter.remoteHostEngine), or refuses to render rather than run a second, embedded engine.
+func dcgmStandalone(c *converter, at string, v any) Entry {
+	c.set("dcgm.enabled", v)
+	if v != true {
+		return Entry{Action: Mapped, To: []string{"dcgm.enabled"}}
+	}
+	if _, set := getPath(c.out, "dcgmExporter.remoteHostEngine"); !set {
+		c.set("dcgmExporter.remoteHostEngine", dcgmHostEngine)
+	}
+	return Entry{Action: Mapped, To: []string{"dcgm.enabled", "dcgmExporter.remoteHostEngine=" + dcgmHostEngine},
+		Why: "the exporter reads the standalone host engine, as the operator set it up"}
+}
+
 // serviceMonitor: the operator creates the ServiceMonitor only where its CRD exists; this chart renders it when asked.
 func serviceMonitor(c *converter, at string, v any) Entry {
 	c.set("dcgmExporter.serviceMonitor.enabled", v)
@@ -679,22 +729,11 @@ func serviceMonitor(c *converter, at string, v any) Entry {
 	return e
 }
 
-// operatorDefaults are the GPU Operator chart's values at OperatorTag, to tell settings someone changed from its
-// defaults.
-//
-//go:embed testdata/gpu-operator-v26.7.0/values.yaml
-var operatorDefaults []byte
-
 // nfdSubchart: the operator's NFD subchart values. Its defaults (PCI whitelist, GPU tolerations, GC) are what the
 // bundled NFD here does; anything changed from them must be carried over by hand, the keys differ, so the report
 // names each changed key.
 func nfdSubchart(c *converter, at string, v any) Entry {
-	in, err := ParseFile(operatorDefaults)
-	if err != nil {
-		return Entry{Action: Decision, To: []string{"nfd.worker", "nfd.master", "nfd.gc"},
-			Why: "carry any change from the operator's defaults over to nfd.worker / nfd.master / nfd.gc, whose keys differ"}
-	}
-	changed := changedKeys(at, v, in.Values["node-feature-discovery"])
+	changed := changedKeys(at, v, c.defaults["node-feature-discovery"])
 	if len(changed) == 0 {
 		return Entry{Action: Dropped, Why: "the operator's defaults: the bundled NFD (nfd.mode=bundled) has the same PCI whitelist, GPU tolerations and GC"}
 	}

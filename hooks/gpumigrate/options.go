@@ -20,6 +20,8 @@ type Options struct {
 	Dynamic     dynamic.Interface
 	// Server is the address Dynamic reads, named in its errors: the kubeconfig may point at another cluster.
 	Server string
+	// FromVersion is the GPU Operator release the values come from, whose defaults are dropped ("": recognise them).
+	FromVersion string
 	// Kernels are the GPU nodes' kernels for precompiled drivers, added to those --from-cluster finds.
 	Kernels []string
 	// Out is the values file to write ("" or "-": standard output).
@@ -38,7 +40,24 @@ func (o *Options) Validate() error {
 	if o.FromCluster && o.Dynamic == nil {
 		return errors.New("--from-cluster needs a cluster client")
 	}
+	if o.FromVersion != "" {
+		if _, err := CheckVersion(o.FromVersion); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// source is the release --from-version names, else the one the values' defaults are recognised as.
+func (o *Options) source(values map[string]any) (Source, error) {
+	if o.FromVersion == "" {
+		return Recognise(values), nil
+	}
+	tag, err := CheckVersion(o.FromVersion)
+	if err != nil {
+		return Source{}, err
+	}
+	return FromVersion(tag, values), nil
 }
 
 // Run converts and writes the values and the report.
@@ -73,7 +92,11 @@ func (o *Options) Run(ctx context.Context, stdout io.Writer) (Result, error) {
 		sources = append(sources, o.File)
 	}
 	cluster.Kernels = append(cluster.Kernels, o.Kernels...)
-	r = ConvertCluster(cluster)
+	src, err := o.source(cluster.Values)
+	if err != nil {
+		return r, err
+	}
+	r = ConvertClusterFrom(cluster, src)
 
 	valuesOut, reportOut := stdout, stdout
 	if o.Out != "" && o.Out != "-" {

@@ -19,9 +19,25 @@ func WriteValues(w io.Writer, r Result, source string) error {
 		body = nil
 	}
 	_, err = fmt.Fprintf(w, "# kube-gpu-stack values converted by `kube-gpu-stack migrate` from %s (GPU Operator %s keys).\n"+
-		"# The report lists every input key: where it went, what was dropped and why, and what needs a decision.\n%s",
-		source, OperatorTag, body)
+		"%s# The report lists every input key: where it went, what was dropped and why, and what needs a decision.\n%s",
+		source, OperatorTag, sourceComment(r.Source), body)
 	return err
+}
+
+// sourceComment tells the values file's reader that the input's release defaults are not in it.
+func sourceComment(s Source) string {
+	if s.Version == "" {
+		return ""
+	}
+	return "# Values equal to the GPU Operator " + s.Version + " defaults were dropped: this chart's own apply.\n"
+}
+
+// sourceLine is the report's line on the release the input was read against.
+func sourceLine(s Source) string {
+	if s.Version == "" {
+		return "GPU Operator release: " + s.How
+	}
+	return "GPU Operator release: " + s.Version + " (" + s.How + "); every value equal to its default is dropped: \"the GPU Operator " + s.Version + " default\""
 }
 
 // Counts returns how many entries have each action.
@@ -39,6 +55,9 @@ func WriteReport(w io.Writer, r Result) error {
 	n := r.Counts()
 	fmt.Fprintf(w, "kube-gpu-stack migrate: %d keys: %d mapped, %d dropped, %d need a decision, %d with no place in kube-gpu-stack\n",
 		len(r.Report), n[Mapped], n[Dropped], n[Decision], n[Unknown])
+	if r.Source.How != "" {
+		fmt.Fprintln(w, sourceLine(r.Source))
+	}
 	sections := []struct {
 		a     Action
 		title string

@@ -217,6 +217,8 @@ func buildRules() []Rule {
 		{From: "devicePlugin.config.data", To: "devicePlugin.config.data"},
 		{From: "devicePlugin.mps.root", To: "devicePlugin.mps.root"},
 
+		// ahead of the operand rules' dcgm.enabled: the first exact rule wins
+		{From: "dcgm.enabled", conv: dcgmStandalone, Targets: []string{"dcgm.enabled", "dcgmExporter.remoteHostEngine"}},
 		{From: "dcgm.hostPort", To: "dcgm.hostPort"},
 		{From: "dcgmExporter.annotations", To: "dcgmExporter.podAnnotations"},
 		{From: "dcgmExporter.hostPID", Action: Dropped, Same: false, Why: "the exporter maps GPU processes to pods through the kubelet's pod-resources API"},
