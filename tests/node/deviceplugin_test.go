@@ -80,7 +80,7 @@ func TestDevicePluginOnNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lib, err := build.Build(ctx, "")
+	lib, err := build.Build(ctx, testNode.ModuleDir, "")
 	if errors.Is(err, build.ErrNoCgo) && os.Getenv("CI") != "true" {
 		t.Skipf("SKIP: the simulated NVML cannot be built here (CI=true makes this a failure): %v", err)
 	}

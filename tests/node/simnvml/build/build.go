@@ -45,19 +45,14 @@ func DefaultCacheDir() (string, error) {
 // Build builds the library (once per content: a folder of cacheDir named by a hash of the package's sources, the
 // Go version and the flags holds it; empty cacheDir is DefaultCacheDir) and returns its path, a file named
 // libnvidia-ml.so.1. Put a config.FileName beside a copy of it, or set config.EnvVar, before loading it. It
-// runs the go command in the module holding the working directory. The error wraps ErrNoCgo when the machine
-// cannot build cgo.
-func Build(ctx context.Context, cacheDir string) (string, error) {
+// runs the go command in moduleDir, this module's root. The error wraps ErrNoCgo when the machine cannot build cgo.
+func Build(ctx context.Context, moduleDir, cacheDir string) (string, error) {
 	if cacheDir == "" {
 		d, err := DefaultCacheDir()
 		if err != nil {
 			return "", err
 		}
 		cacheDir = d
-	}
-	moduleDir, err := moduleRoot()
-	if err != nil {
-		return "", err
 	}
 	if err := checkCgo(ctx, moduleDir); err != nil {
 		return "", err
@@ -180,21 +175,4 @@ func sourceKey(ctx context.Context, moduleDir string) (string, error) {
 		h.Write(b)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }

@@ -35,13 +35,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// moduleDir is this module's root, seen from this package's folder (where go test runs it).
+var moduleDir, _ = filepath.Abs(filepath.Join("..", "..", "..", ".."))
+
 // library is the built library's path. Without cgo it skips, except under CI=true, where that is a failure.
 func library(t *testing.T) string {
 	t.Helper()
 	built.once.Do(func() {
 		built.dir, built.err = os.MkdirTemp("", "simnvml-test-")
 		if built.err == nil {
-			built.lib, built.err = Build(context.Background(), built.dir)
+			built.lib, built.err = Build(context.Background(), moduleDir, built.dir)
 		}
 	})
 	if errors.Is(built.err, ErrNoCgo) && os.Getenv("CI") != "true" {
@@ -102,7 +105,7 @@ func TestBuildReusesItsFolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := Build(context.Background(), built.dir)
+	again, err := Build(context.Background(), moduleDir, built.dir)
 	if err != nil {
 		t.Fatal(err)
 	}
