@@ -109,7 +109,8 @@ NRI only the NRI socket's directory.
 {{- define "container-toolkit.mounts" -}}
 {{- $rt := include "container-toolkit.runtime" . -}}
 - {name: run-nvidia-toolkit, mountPath: /run/nvidia/toolkit}
-- {name: run-nvidia-validations, mountPath: /run/nvidia/validations}
+{{- /* only the wrapper's driver-ready is read there: the installer never writes it */}}
+- {name: run-nvidia-validations, mountPath: /run/nvidia/validations, readOnly: true}
 - {name: toolkit-install-dir, mountPath: {{ .Values.global.hostPaths.toolkitInstallDir | quote }}}
 - {name: driver-install-dir, mountPath: /driver-root, mountPropagation: HostToContainer}
 - {name: host-root, mountPath: /host, readOnly: true, mountPropagation: HostToContainer}

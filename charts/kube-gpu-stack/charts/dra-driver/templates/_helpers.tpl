@@ -68,7 +68,7 @@ says (readOnly: false is left out, as the API server leaves it out: no GitOps dr
 - {name: kubelet-plugins-registry, mountPath: {{ printf "%s/plugins_registry" $kubelet }}}
 - {name: kubelet-plugins, mountPath: {{ printf "%s/plugins" $kubelet }}, mountPropagation: Bidirectional}
 - {name: cdi-root, mountPath: /var/run/cdi}
-- {name: run-nvidia-validations, mountPath: /run/nvidia/validations, mountPropagation: HostToContainer}
+- {name: run-nvidia-validations, mountPath: /run/nvidia/validations, readOnly: true, mountPropagation: HostToContainer}
 - {name: driver-install-dir, mountPath: /driver-root,{{ if .driverRootReadOnly }} readOnly: true,{{ end }} mountPropagation: HostToContainer}
 - {name: host-root, mountPath: /host, readOnly: true, mountPropagation: HostToContainer}
 {{- end }}
