@@ -63,17 +63,24 @@ func Start[T runtime.Object](ctx context.Context, src *Source, example T) (*Stor
 		return nil, err
 	}
 	go s.informer.RunWithContext(ictx)
-	synced := make(chan struct{})
-	go func() {
-		defer close(synced)
-		cache.WaitForCacheSync(ictx.Done(), s.informer.HasSynced)
-	}()
-	select {
-	case <-synced:
-		if s.informer.HasSynced() {
-			return s, nil
+	// the store's own signal, not cache.WaitForCacheSync's 100 ms polls: every watch a hook starts on a node's
+	// driver change path would add up to a poll period to it
+	// and the watch open: a fake clientset (no WatchList) drops what changes between its list and its watch, and a
+	// caller that acts once Start returns (evicts, then waits for the pod to go) would miss the change it caused.
+	// With WatchList the watch is open before the store syncs; a LIST then WATCH pays one more round trip.
+	synced, opened := s.informer.HasSyncedChecker().Done(), src.opened
+	for (synced != nil || opened != nil) && ictx.Err() == nil && s.Err() == nil {
+		select {
+		case <-synced:
+			synced = nil
+		case <-opened:
+			opened = nil
+		case <-ictx.Done():
+		case <-s.failed:
 		}
-	case <-s.failed:
+	}
+	if synced == nil && opened == nil {
+		return s, nil
 	}
 	stop()
 	if err := s.Err(); err != nil {
@@ -250,6 +257,9 @@ type Source struct {
 	// noWatchList: the client cannot stream the initial list in the watch (WatchList: one request instead of
 	// LIST + WATCH); fake clientsets cannot, and the reflector asks.
 	noWatchList bool
+	// opened is closed once a watch of the source is open.
+	opened   chan struct{}
+	openOnce sync.Once
 }
 
 // IsWatchListSemanticsUnSupported tells the reflector whether the client can serve WatchList.
@@ -280,27 +290,29 @@ func source(client kubernetes.Interface, resource, namespace string, cluster boo
 	if len(sel) > 0 {
 		what += " (" + strings.Join(sel, ", ") + ")"
 	}
-	return &Source{
-		ListWatch: &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
-				if o.ResourceVersion == "0" {
-					// the reflector's first list (a streamed WatchList that failed falls back to it) asks for "any"
-					// version, which the API server's watch cache may serve from before the caller's own last read:
-					// a pod the caller just listed would be missing, and a caller waiting for it to go would take it
-					// for gone. A consistent read costs one etcd-quorum list per store, only on this path.
-					o.ResourceVersion = ""
-				}
-				return list(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
-				return watchFn(ctx, o)
-			},
+	src := &Source{what: what, noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(client), opened: make(chan struct{})}
+	src.ListWatch = &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
+			if o.ResourceVersion == "0" {
+				// the reflector's first list (a streamed WatchList that failed falls back to it) asks for "any"
+				// version, which the API server's watch cache may serve from before the caller's own last read:
+				// a pod the caller just listed would be missing, and a caller waiting for it to go would take it
+				// for gone. A consistent read costs one etcd-quorum list per store, only on this path.
+				o.ResourceVersion = ""
+			}
+			return list(ctx, o)
 		},
-		what:        what,
-		noWatchList: watchlist.DoesClientNotSupportWatchListSemantics(client),
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector, o.LabelSelector = fieldSelector, labelSelector
+			w, err := watchFn(ctx, o)
+			if err == nil {
+				src.openOnce.Do(func() { close(src.opened) })
+			}
+			return w, err
+		},
 	}
+	return src
 }
 
 // NodePods lists and watches the pods bound to node, in namespace ("" for all), matching labelSelector.
