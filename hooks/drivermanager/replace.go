@@ -118,8 +118,11 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 				}
 			}
 		}
+		if why != "" && calledOffAt == ds.Generation && o.stillCalledOff(ctx) {
+			why = "" // the watch had not caught up with the call-off the last run read
+		}
 		if why != "" {
-			err := o.replace(ctx, base, out, pod, ds, why, dss.Get)
+			err := o.replace(ctx, base, out, pod, ds, why, dss.Get, dss.Refresh)
 			if err == nil || ctx.Err() != nil {
 				<-ctx.Done()
 				return nil
@@ -150,6 +153,13 @@ func (o *UncordonOptions) replaceWhenOutdated(ctx context.Context, base *slog.Lo
 	}
 }
 
+// stillCalledOff reads the node afresh: a run that found it called off read it so, and the gate's watch of it may
+// not show that yet. An unreadable node counts as not called off: the next run reads it again.
+func (o *UncordonOptions) stillCalledOff(ctx context.Context) bool {
+	node, err := nodestate.Get(ctx, o.Client, o.NodeName)
+	return err == nil && calledOff(node)
+}
+
 // ownPod reads the gate's own pod (PodName).
 func (o *UncordonOptions) ownPod(ctx context.Context) (*corev1.Pod, error) {
 	if o.PodName == "" {
@@ -173,9 +183,9 @@ func (o *UncordonOptions) ownPod(ctx context.Context) (*corev1.Pod, error) {
 
 // replace empties the node under the new template's driver-manager settings, then evicts the gate's own pod.
 // base is the gate's logger before it names the node (the driver manager's run names it, as in the init container).
-// current is the DaemonSet as the gate's watch has it now.
+// current is the DaemonSet as the gate's watch has it now; refresh reads it afresh into the watch.
 func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io.Writer, pod *corev1.Pod, ds *appsv1.DaemonSet, why string,
-	current func() (*appsv1.DaemonSet, bool)) error {
+	current func() (*appsv1.DaemonSet, bool), refresh func(context.Context)) error {
 	log := base.With("node", o.NodeName)
 	if o.ManagerOptions == nil {
 		return errors.New("no driver-manager settings reader: cannot empty the node")
@@ -193,7 +203,10 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 	log.Info("the driver DaemonSet installs another driver: emptying the node before this driver pod stops", "change", why, "daemonSet", ds.Name)
 	// the template may change back while the node waits for its turn (a rollback mid-rollout): each run under the
 	// node's Lease looks again, before it marks the node and after its turn came
-	outdated := func() string {
+	outdated := func(ctx context.Context, confirm bool) string {
+		if confirm {
+			refresh(ctx) // unreadable: the watched copy judges
+		}
 		fresh, ok := current()
 		if !ok || fresh.UID != ds.UID {
 			return "" // the DaemonSet is going (an uninstall): nothing to replace
@@ -223,8 +236,9 @@ func (o *UncordonOptions) replace(ctx context.Context, base *slog.Logger, out io
 // its operands paused and its slot held, for the new pod's manager. A node no plan marked (the pre-upgrade hook did
 // not run) is marked here, alone in a pool of its DaemonSet with one slot: without the plan, one node per DaemonSet
 // at a time. A failure restores the node (failed) and marks it upgrade-failed; a stop leaves it as it is.
-// outdated says how the pod's DaemonSet now changes its driver ("" when it no longer does).
-func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string, outdated func() string) error {
+// outdated says how the pod's DaemonSet now changes its driver ("" when it no longer does); confirm asks it to read
+// the DaemonSet afresh rather than trust a watch that may lag.
+func (o *Options) empty(ctx context.Context, log *slog.Logger, out io.Writer, daemonSet, why string, outdated func(ctx context.Context, confirm bool) string) error {
 	return o.inTurns(ctx, log, out, true, func(m *manager, ctx context.Context) (string, error) {
 		return "", m.emptyForReplacement(ctx, daemonSet, why, outdated)
 	})
@@ -248,7 +262,7 @@ var errCalledOff = errors.New("a newer plan called the node off: its pod already
 // the turn (tookSlot), a node a plan called off meanwhile (upgrade-done, not cordoned) stands down too: the rollback
 // that called it off changes the template back only after its plan, and a node its plan left in service must stay
 // so, outside the pool's slots.
-func (m *manager) stillOutdated(ctx context.Context, outdated func() string, tookSlot bool) error {
+func (m *manager) stillOutdated(ctx context.Context, outdated func(context.Context, bool) string, tookSlot bool) error {
 	if tookSlot && m.agent && !m.o.Stopping && !underWay(m.node) {
 		// (a driver pod being deleted empties its node whatever a plan says: its driver stops next)
 		fresh, err := nodestate.Get(ctx, m.o.Client, m.o.NodeName)
@@ -262,7 +276,12 @@ func (m *manager) stillOutdated(ctx context.Context, outdated func() string, too
 			return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errCalledOff)}
 		}
 	}
-	if underWay(m.node) || outdated() != "" {
+	if underWay(m.node) {
+		return nil
+	}
+	// a node a plan called off is put back to wait for its turn only on a fresh read of the template: the rollback
+	// whose plan called it off changes the template back right after, and the gate's watch may not show that yet
+	if outdated(ctx, calledOff(m.node) && m.agent && !m.o.Stopping) != "" {
 		return nil
 	}
 	// before its turn too: a waiting node takes a freed slot from its watch before this run (slotTurn), and the
@@ -276,7 +295,7 @@ func (m *manager) stillOutdated(ctx context.Context, outdated func() string, too
 	return &untouchedError{fmt.Errorf("node %s: %w", m.o.NodeName, errNoLongerOutdated)}
 }
 
-func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string, outdated func() string) error {
+func (m *manager) emptyForReplacement(ctx context.Context, daemonSet, why string, outdated func(context.Context, bool) string) error {
 	if _, err := nodestate.Resume(m.node); err != nil {
 		return &untouchedError{err}
 	}

@@ -118,7 +118,7 @@ func (o *UncordonOptions) emptyForNext(ctx context.Context, base *slog.Logger, o
 	}
 	why := "its driver pod " + pod.Name + " is being deleted"
 	// still the DaemonSet that takes the node over, as its labels are now (a fresh read)
-	stillNext := func() string {
+	stillNext := func(ctx context.Context, _ bool) string {
 		fresh, err := nodestate.Get(ctx, o.Client, o.NodeName)
 		if err != nil {
 			return why // unreadable: the emptying goes on for the DaemonSet it found, as before its turn

@@ -26,6 +26,8 @@ type templateWatch struct {
 	changed         chan struct{}
 	revs            *kwatch.Store[*appsv1.ControllerRevision] // nil when the DaemonSet was gone at the start
 
+	read func(context.Context) (*appsv1.DaemonSet, error)
+
 	mu  sync.Mutex
 	ds  *appsv1.DaemonSet // nil once the DaemonSet is gone
 	err error             // a read that retrying cannot fix
@@ -43,6 +45,7 @@ func watchTemplate(ctx context.Context, client kubernetes.Interface, namespace, 
 		}
 		return ds, err
 	}
+	w.read = read
 	ds, err := read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("read the driver DaemonSet %s/%s: %w", namespace, name, err)
@@ -88,6 +91,21 @@ func watchTemplate(ctx context.Context, client kubernetes.Interface, namespace, 
 		}
 	}()
 	return w, nil
+}
+
+// Refresh reads the DaemonSet now, for a decision that must not rest on a watch that may lag; an error leaves the
+// copy as it was.
+func (w *templateWatch) Refresh(ctx context.Context) {
+	if w.read == nil {
+		return
+	}
+	ds, err := w.read(ctx)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	w.ds = ds
+	w.mu.Unlock()
 }
 
 // Get returns the DaemonSet as last read, and false once it is gone.
