@@ -84,6 +84,22 @@ func Update(ctx context.Context, client kubernetes.Interface, name string, compu
 	return node, nil
 }
 
+// UpdateFrom is Update that first tries the patch compute makes of known, the node as its caller last read or
+// wrote it, with known's resourceVersion: when nobody wrote the node since, that one request does what Update's
+// read and patch do. The server refuses it when anyone did (409 Conflict), and Update takes over, as it does for an
+// empty patch (nothing to write is only known from a fresh read), an error of compute, or any other error.
+func UpdateFrom(ctx context.Context, client kubernetes.Interface, name string, known *corev1.Node, compute func(*corev1.Node) (Patch, error)) (*corev1.Node, error) {
+	if known != nil && known.Name == name && known.ResourceVersion != "" {
+		if p, err := compute(known.DeepCopy()); err == nil && !p.Empty() {
+			node, err := client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, p.jsonAt(known.ResourceVersion), metav1.PatchOptions{})
+			if err == nil {
+				return node, nil
+			}
+		}
+	}
+	return Update(ctx, client, name, compute)
+}
+
 // jsonAt renders the merge patch with a resourceVersion precondition (none when rv is empty).
 func (p Patch) jsonAt(rv string) []byte {
 	if rv == "" {

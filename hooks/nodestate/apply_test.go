@@ -176,3 +176,85 @@ func TestUpdateFailsAtOnceWhenComputeFails(t *testing.T) {
 		t.Fatalf("err = %v after %d computes", err, calls)
 	}
 }
+
+// countVerbs counts the requests of each verb on nodes.
+func countVerbs(c *fake.Clientset) map[string]int {
+	calls := map[string]int{}
+	c.PrependReactor("*", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		calls[a.GetVerb()]++
+		return false, nil, nil
+	})
+	return calls
+}
+
+// A node nobody wrote since the caller's last read takes the change in one request, with that read's version.
+func TestUpdateFromAnUnchangedNodeSendsOnlyThePatch(t *testing.T) {
+	c := fake.NewClientset(node(nil))
+	nodestatetest.Versioned(c)
+	known, err := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := countVerbs(c)
+	n, err := nodestate.UpdateFrom(context.Background(), c, "gpu-1", known, func(n *corev1.Node) (nodestate.Patch, error) {
+		return nodestate.Cordon(n, "x"), nil
+	})
+	if err != nil || !n.Spec.Unschedulable {
+		t.Fatalf("node %v, err %v; want cordoned", n, err)
+	}
+	if calls["get"] != 0 || calls["patch"] != 1 {
+		t.Fatalf("requests %v; want the patch alone", calls)
+	}
+}
+
+// The admin's change lands after the caller's last read: the patch computed from that read is refused, and the
+// change is computed again from the node as the admin left it, their switch kept.
+func TestUpdateFromAStaleNodeRecomputesFromAFreshRead(t *testing.T) {
+	dcgm := nodestate.DeployLabelPrefix + "dcgm-exporter"
+	plugin := nodestate.DeployLabelPrefix + "device-plugin"
+	c := fake.NewClientset(node(map[string]string{dcgm: "true", plugin: "true"}))
+	v := nodestatetest.Versioned(c)
+	known, err := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Edit("gpu-1", func(n *corev1.Node) { n.Labels[dcgm] = "false" }); err != nil {
+		t.Fatal(err)
+	}
+	n, err := nodestate.UpdateFrom(context.Background(), c, "gpu-1", known, func(n *corev1.Node) (nodestate.Patch, error) {
+		return nodestate.Pause(n, []string{"dcgm-exporter", "device-plugin"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Conflicts != 1 || n.Labels[dcgm] != "false" || n.Labels[plugin] != nodestate.Paused {
+		t.Fatalf("%d conflicts, labels %v; want the stale patch refused, the admin's false kept, the device plugin paused", v.Conflicts, n.Labels)
+	}
+	if record := n.Annotations[nodestate.PausedLabelsAnnotation]; strings.Contains(record, dcgm) {
+		t.Fatalf("pause record %s names the switch the admin set", record)
+	}
+}
+
+// Nothing to write, as far as the caller's last read shows, is only believed from a fresh read: the admin may have
+// changed what the change is about since.
+func TestUpdateFromConfirmsAnEmptyPatchOnAFreshRead(t *testing.T) {
+	c := fake.NewClientset(node(map[string]string{"a": "1"}))
+	v := nodestatetest.Versioned(c)
+	known, err := c.CoreV1().Nodes().Get(context.Background(), "gpu-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Edit("gpu-1", func(n *corev1.Node) { n.Labels["a"] = "2" }); err != nil {
+		t.Fatal(err)
+	}
+	// puts label a back to 1: nothing to do on the node the caller knows
+	n, err := nodestate.UpdateFrom(context.Background(), c, "gpu-1", known, func(n *corev1.Node) (nodestate.Patch, error) {
+		if n.Labels["a"] == "1" {
+			return nodestate.Patch{}, nil
+		}
+		return nodestate.Cordon(n, "a changed"), nil
+	})
+	if err != nil || !n.Spec.Unschedulable {
+		t.Fatalf("node %v, err %v; want the change computed from the fresh read (cordoned)", n, err)
+	}
+}
