@@ -77,8 +77,8 @@ func newSwitchingNodeOptions(d *draNode) (*draNode, *Options) {
 }
 
 // TestAllocationSwitchWithAnUnchangedDriverMovesPodsFirst: the same driver config, another allocation mode: not the
-// fast path. The claim holder is evicted, the operands and then the DRA plugin paused, the driver reloaded, and the
-// node labelled device-plugin with the resume, waiting for validation.
+// fast path. The operands are paused, the claim holder evicted, then the DRA plugin paused, the driver reloaded, and
+// the node labelled device-plugin with the resume, waiting for validation.
 func TestAllocationSwitchWithAnUnchangedDriverMovesPodsFirst(t *testing.T) {
 	d, o := newSwitchingNode(t)
 	out, err := d.run(o)
@@ -88,7 +88,7 @@ func TestAllocationSwitchWithAnUnchangedDriverMovesPodsFirst(t *testing.T) {
 	if strings.Contains(out, "kept the loaded driver") {
 		t.Fatalf("fast path taken on a switch: %s", out)
 	}
-	if got, want := d.recorded(), []string{"evicted ml/train", "paused operator-validator", "paused dra-driver"}; !slices.Equal(got, want) {
+	if got, want := d.recorded(), []string{"paused operator-validator", "evicted ml/train", "paused dra-driver"}; !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	n := d.node()

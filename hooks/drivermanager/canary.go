@@ -75,7 +75,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 		watched := slices.Sorted(maps.Keys(mark.Canary))
 		rctx, cancel := context.WithCancel(ctx)
 		var stores []*kwatch.Store[*corev1.Node]
-		stores, err = m.watchTurn(rctx, watched)
+		stores, err = m.turns.start(watched, m.watchTurn)
 		if err != nil {
 			cancel()
 			return &untouchedError{fmt.Errorf("node %s: watch the nodes of pool %s for its canary and failures: %w", m.o.NodeName, mark.Pool, err)}
@@ -160,6 +160,13 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 			return false, nil
 		})
 		cancel()
+		// the look under the Lease that holds the node hands its watches to the wait that follows, which would list
+		// the same nodes again. Not the wait to the fresh run under the Lease when the turn comes: that run decides
+		// from watches listed after its own writes (a kept watch may not show yet the upgrade-required it wrote, and
+		// the node would look moved on by someone else)
+		if !errors.Is(err, errTurnHeld) {
+			m.turns.drop()
+		}
 		if err != nil || !rewatch {
 			break
 		}
@@ -298,6 +305,49 @@ var errTurnHeld = errors.New("driver change held until its turn")
 type heldError struct{ m *manager }
 
 func (e *heldError) Error() string { return errTurnHeld.Error() }
+
+// turnWatches are the watches of a node's turn (watchTurn), kept from the look under the node's Lease that finds
+// the node held to the wait without the Lease that follows it. They run under Run's context, not the look's, and
+// end with drop (at the end of the wait, or a new plan naming other canaries) or when inTurns returns.
+type turnWatches struct {
+	outer    context.Context
+	canaries []string
+	stores   []*kwatch.Store[*corev1.Node]
+	stop     context.CancelFunc
+}
+
+// start returns the kept watches when they follow the same canaries, else starts new ones (and keeps them).
+func (t *turnWatches) start(canaries []string, watch func(context.Context, []string) ([]*kwatch.Store[*corev1.Node], error)) ([]*kwatch.Store[*corev1.Node], error) {
+	if t.stores != nil && slices.Equal(t.canaries, canaries) && !t.failed() {
+		return t.stores, nil
+	}
+	t.drop()
+	ctx, stop := context.WithCancel(t.outer)
+	stores, err := watch(ctx, canaries)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	t.canaries, t.stores, t.stop = slices.Clone(canaries), stores, stop
+	return stores, nil
+}
+
+// failed: a kept watch ended with an error retrying cannot fix; new ones say what it is.
+func (t *turnWatches) failed() bool {
+	for _, s := range t.stores {
+		if s.Err() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (t *turnWatches) drop() {
+	if t.stop != nil {
+		t.stop()
+	}
+	t.canaries, t.stores, t.stop = nil, nil, nil
+}
 
 // watchTurn watches just the nodes Decide reads, each selected by the API server, so that a wait costs the same in
 // a pool of ten nodes or a thousand: the nodes in upgrade-failed (of every pool: Decide counts its own pool's),

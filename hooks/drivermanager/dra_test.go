@@ -114,15 +114,15 @@ func (d *draNode) pluginRuns() bool {
 	return err == nil
 }
 
-// TestDRAClaimHoldersLeaveBeforeThePluginIsPaused: on a DRA node the claim holder is evicted first, then the other
-// operands are paused, then, last, the DRA kubelet plugin; its pod gone, the driver unloads, and every switch,
-// the plugin's included, is restored.
+// TestDRAClaimHoldersLeaveBeforeThePluginIsPaused: on a DRA node the other operands are paused with the cordon, the
+// claim holder is evicted, then, last, the DRA kubelet plugin is paused (the reference driver manager's order); its
+// pod gone, the driver unloads, and every switch, the plugin's included, is restored.
 func TestDRAClaimHoldersLeaveBeforeThePluginIsPaused(t *testing.T) {
 	d := newDRANode(t, map[string]string{draSwitch: "true"})
 	if _, err := d.run(d.options()); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := d.recorded(), []string{"evicted ml/train", "paused operator-validator", "paused dra-driver"}; !slices.Equal(got, want) {
+	if got, want := d.recorded(), []string{"paused operator-validator", "evicted ml/train", "paused dra-driver"}; !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	if d.pluginRuns() || len(d.host.LoadedModules()) != 0 {

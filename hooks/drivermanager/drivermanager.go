@@ -24,10 +24,10 @@
 //	claim         a planned node takes one of its pool's slots (package slots: the mark's maxUnavailable); a full
 //	              pool holds it, untouched, as the canary does, until a node gives its slot back (the gate, at
 //	              upgrade-done); a failed node keeps its slot
-//	cordon        cordon-required -> cordon (recorded as ours) -> pod-deletion-required
+//	cordon        cordon-required -> cordon (recorded as ours) + operand switches paused -> pod-deletion-required
 //	evict         GPU pods through the Eviction API (PDB-aware, watched); on failure with auto-drain:
-//	              drain-required -> drain the node
-//	pause         pod-restart-required + operand switches paused; watch until their pods are gone
+//	              drain-required -> drain the node; meanwhile, watch until the paused operands' pods are gone
+//	pause         pod-restart-required
 //	              then, on a node whose DRA kubelet plugin runs (Options.DRAPlugin), no pod may still hold a
 //	              gpu.nvidia.com claim (the eviction moved them; one left fails the run with the plugin untouched);
 //	              the plugin's switch is paused, last, and its pod watched until gone
@@ -65,6 +65,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -288,8 +289,12 @@ func (o *Options) Run(ctx context.Context, out io.Writer) error {
 // with a heldError) waits on watches alone, holding no Lease (canary.go), and once the turn comes a fresh run under
 // the Lease reads the node (and the host) again.
 func (o *Options) inTurns(ctx context.Context, log *slog.Logger, out io.Writer, agent bool, body func(*manager, context.Context) (string, error)) error {
+	turns := &turnWatches{outer: ctx}
+	defer turns.drop()
 	for {
-		err := o.withLease(ctx, log, func(ctx context.Context, known bool) error { return o.onNode(ctx, log, out, agent, known, body) })
+		err := o.withLease(ctx, log, func(ctx context.Context, known bool) error {
+			return o.onNode(ctx, log, out, agent, known, turns, body)
+		})
 		var held *heldError
 		if !errors.As(err, &held) {
 			return err
@@ -306,8 +311,8 @@ func (o *Options) inTurns(ctx context.Context, log *slog.Logger, out io.Writer, 
 
 // onNode reads the node and runs body on it; it ends body's outcome as a run ends: a refusal or a kill as is, a
 // stop (ctx ended) with nothing undone, a failure with the node restored (failed). A summary goes to out.
-func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, agent, known bool, body func(*manager, context.Context) (string, error)) error {
-	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out, agent: agent, known: known}
+func (o *Options) onNode(ctx context.Context, log *slog.Logger, out io.Writer, agent, known bool, turns *turnWatches, body func(*manager, context.Context) (string, error)) error {
+	m := &manager{o: o, log: log.With("node", o.NodeName), drainLog: log, out: out, agent: agent, known: known, turns: turns}
 	gctx, cancel := context.WithTimeout(ctx, o.APITimeout)
 	node, err := nodestate.Get(gctx, o.Client, o.NodeName)
 	cancel()
@@ -350,6 +355,8 @@ type manager struct {
 	agent bool
 	// known: a driver manager of this release ran on the node before (its Lease was there).
 	known bool
+	// turns carries the watches of the node's turn from one look to the next (canary.go).
+	turns *turnWatches
 }
 
 // untouchedError is returned without restoring anything: a run stopped by AfterStep (what a kill leaves), or one
@@ -773,16 +780,22 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 }
 
 // emptyNode moves the node's workloads off and stops what uses its GPUs, short of the driver itself: cordon (as
-// ours), evict the GPU pods (auto-drain on failure), pause the GPU operands and watch their pods go, the DRA kubelet
-// plugin last. The new driver pod's manager runs it before the unload; the old driver pod's upgrade gate runs it
+// ours) and pause the GPU operands, evict the GPU pods (auto-drain on failure) while the operands' pods go, the DRA
+// kubelet plugin last. The new driver pod's manager runs it before the unload; the old driver pod's upgrade gate runs it
 // before that pod stops (replace.go), so that the old driver container's stop finds nothing on the GPUs. drained
 // says whether the whole node was drained.
 func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 	moveOff := m.o.Eviction.Enabled || m.o.Drain.Enabled
-	if err := m.apply(ctx, m.state(nodestate.CordonRequired, "")); err != nil {
+	if err := m.apply(ctx, m.emptyingState(nodestate.CordonRequired)); err != nil {
 		return false, err
 	}
-	cs := []change{m.state(nodestate.PodDeletionRequired, "")}
+	// The operands pause with the cordon and leave while the GPU pods are evicted, as the reference driver manager
+	// pauses them before it evicts: a running job keeps the GPUs it holds (it only loses their monitoring), no new
+	// pod gets one, and the node is empty after the longer of the two waits, not their sum. (The DRA kubelet plugin
+	// is not among them: it goes last, once no pod holds a claim.) A switch the admin sets meanwhile is kept:
+	// Resume restores only what is still paused.
+	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) }
+	cs := []change{m.emptyingState(nodestate.PodDeletionRequired), pause}
 	if moveOff {
 		cs = append(cs, pure(func(n *corev1.Node) nodestate.Patch { return nodestate.Cordon(n, cordonReason) }))
 	}
@@ -792,21 +805,26 @@ func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 	if err := m.step(ctx, "cordon"); err != nil {
 		return false, err
 	}
-	if drained, err = m.moveGPUPodsOff(ctx, ""); err != nil {
+	paused := m.paused(nodestate.PausableOperands)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) {
+		drained, err = m.moveGPUPodsOff(gctx, "")
+		return err
+	})
+	g.Go(func() error { return m.awaitOperandsGone(gctx, paused) })
+	if err := g.Wait(); err != nil {
 		return false, err
+	}
+	if len(paused) > 0 {
+		m.log.Info("paused operands are gone", "operands", paused)
 	}
 	if err := m.step(ctx, "evict"); err != nil {
 		return false, err
 	}
-	// Computed from the node as it is after the eviction (minutes later): a switch the admin set meanwhile is kept.
-	pause := func(n *corev1.Node) (nodestate.Patch, error) { return nodestate.Pause(n, nodestate.PausableOperands) }
-	if err := m.apply(ctx, pause, m.state(nodestate.PodRestartRequired, "")); err != nil {
+	if err := m.apply(ctx, m.emptyingState(nodestate.PodRestartRequired)); err != nil {
 		return false, err
 	}
 	if err := m.step(ctx, "pause"); err != nil {
-		return false, err
-	}
-	if err := m.waitOperandsGone(ctx, m.paused(nodestate.PausableOperands)); err != nil {
 		return false, err
 	}
 	// the DRA kubelet plugin goes last, within the operands step (a stop after "pause" finds it still running)
@@ -825,6 +843,21 @@ func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 		return false, err
 	}
 	return drained, nil
+}
+
+// emptying is the order of the states a node goes through while emptyNode empties it.
+var emptying = []nodestate.UpgradeState{nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired}
+
+// emptyingState is the change to state s of the emptying, none on a node past it already: the new driver pod's
+// manager goes over a node its old pod's gate emptied (for pods that arrived meanwhile) without taking its state
+// back, and a run that resumes an emptying goes on from where the state says it stopped.
+func (m *manager) emptyingState(s nodestate.UpgradeState) change {
+	return pure(func(n *corev1.Node) nodestate.Patch {
+		if slices.Index(emptying, nodestate.UpgradeState(n.Labels[nodestate.UpgradeStateLabel])) >= slices.Index(emptying, s) {
+			return nodestate.Patch{}
+		}
+		return m.setState(n, s, "")
+	})
 }
 
 // moveGPUPodsOff evicts the node's GPU pods (when eviction is on), or drains the node when that fails and
@@ -951,9 +984,8 @@ func (m *manager) paused(ops []string) []string {
 
 // pauseDRAPlugin stops the DRA kubelet plugin on a DRA node, after everything else, as the reference driver
 // manager (k8s-driver-manager v0.12.0) does: the plugin unprepares the claims of pods as they leave, so it goes
-// only once no pod holds a gpu.nvidia.com claim. The reference pauses the other operands before it evicts; here
-// the eviction comes first (the GPU Operator's upgrade controller order, which the states follow), so by now the
-// claim holders are gone. One still there (eviction off, a PDB that refused it, a DaemonSet pod, which the eviction
+// only once no pod holds a gpu.nvidia.com claim. The other operands paused with the cordon, as the reference
+// pauses them before it evicts; by now the eviction is over and the claim holders are gone. One still there (eviction off, a PDB that refused it, a DaemonSet pod, which the eviction
 // skips) fails the run, the plugin untouched: the restore resumes the other operands and no claim is stranded.
 func (m *manager) pauseDRAPlugin(ctx context.Context) error {
 	op := m.o.DRAPlugin
@@ -1011,6 +1043,16 @@ func (m *manager) operandPods(ctx context.Context, op string) ([]corev1.Pod, err
 
 // waitOperandsGone watches until no pod of the paused operands is left on the node.
 func (m *manager) waitOperandsGone(ctx context.Context, paused []string) error {
+	if err := m.awaitOperandsGone(ctx, paused); err != nil || len(paused) == 0 {
+		return err
+	}
+	m.log.Info("paused operands are gone", "operands", paused)
+	return nil
+}
+
+// awaitOperandsGone is waitOperandsGone without the log line: it runs beside the eviction, which writes to the
+// same output.
+func (m *manager) awaitOperandsGone(ctx context.Context, paused []string) error {
 	if len(paused) == 0 {
 		return nil
 	}
@@ -1033,7 +1075,6 @@ func (m *manager) waitOperandsGone(ctx context.Context, paused []string) error {
 		return fmt.Errorf("paused operands' pods still on the node after %s: %s (is their DaemonSet's node affinity honouring the %s* switches?): %w",
 			m.o.OperandTimeout, strings.Join(left, ", "), nodestate.DeployLabelPrefix, err)
 	}
-	m.log.Info("paused operands are gone", "operands", paused)
 	return nil
 }
 
@@ -1100,13 +1141,13 @@ func fixed(p nodestate.Patch) change {
 	return func(*corev1.Node) (nodestate.Patch, error) { return p, nil }
 }
 
-// apply computes the changes from a fresh read of the node and writes them as one patch with that read's
-// resourceVersion (nodestate.Update: recomputed on a conflict, transient errors retried within APITimeout), and
-// keeps the node as written.
+// apply computes the changes from the node as this run last read or wrote it and writes them as one patch with
+// its resourceVersion; a node changed since (the server refuses: 409) is read afresh and the changes computed again
+// (nodestate.UpdateFrom: transient errors retried within APITimeout). It keeps the node as written.
 func (m *manager) apply(ctx context.Context, cs ...change) error {
 	ctx, cancel := context.WithTimeout(ctx, m.o.APITimeout)
 	defer cancel()
-	node, err := nodestate.Update(ctx, m.o.Client, m.o.NodeName, func(n *corev1.Node) (nodestate.Patch, error) {
+	node, err := nodestate.UpdateFrom(ctx, m.o.Client, m.o.NodeName, m.node, func(n *corev1.Node) (nodestate.Patch, error) {
 		ps := make([]nodestate.Patch, 0, len(cs))
 		for _, c := range cs {
 			p, err := c(n)

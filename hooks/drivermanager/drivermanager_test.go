@@ -957,7 +957,8 @@ func TestStopAfterEachStepIsNoFailure(t *testing.T) {
 }
 
 // TestStopWhileWaitingForOperandsIsNoFailure: SIGTERM in the middle of a wait (paused operands' pods still on the
-// node) stops the run there, the node paused and cordoned, not failed.
+// node; they leave while the GPU pods are evicted, pod-deletion-required) stops the run there, the node paused and
+// cordoned, not failed.
 func TestStopWhileWaitingForOperandsIsNoFailure(t *testing.T) {
 	e := newEnv(t, gpuNode(map[string]string{"nvidia.com/gpu.deploy.device-plugin": "true"}))
 	plugin := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-device-plugin-x", Namespace: namespace,
@@ -971,7 +972,7 @@ func TestStopWhileWaitingForOperandsIsNoFailure(t *testing.T) {
 		t.Fatalf("err = %v, want the stop", err)
 	}
 	n := e.node()
-	if state(n) != nodestate.PodRestartRequired || !nodestate.CordonedByUs(n) || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
+	if state(n) != nodestate.PodDeletionRequired || !nodestate.CordonedByUs(n) || n.Labels["nvidia.com/gpu.deploy.device-plugin"] != nodestate.Paused {
 		t.Fatalf("state=%q ours=%v labels=%v; want the wait's state kept", state(n), nodestate.CordonedByUs(n), n.Labels)
 	}
 	if err := e.client.CoreV1().Pods(namespace).Delete(context.Background(), plugin.Name, metav1.DeleteOptions{}); err != nil {

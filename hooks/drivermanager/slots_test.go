@@ -105,6 +105,40 @@ func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 	}
 }
 
+// The watches of a held node's turn carry over from the look under the node's Lease that finds the pool full to the
+// wait without the Lease: they read the same nodes, and list them once (a rollout's waiting nodes all look at once,
+// when their DaemonSet changes). The fresh run once the slot is free lists them again, after its own writes.
+func TestHeldNodeListsTheNodesOfItsTurnOnceUntilItsTurn(t *testing.T) {
+	e := slotEnv(t, "gpu-7")
+	e.setState("gpu-7", nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
+		t.Fatalf("gpu-7: %+v %v", c, err)
+	}
+	done := e.start(context.Background())
+	assertHeld(t, e, "waiting for a slot of pool default")
+	e.freeSlotOf("gpu-7", done)
+	if n := e.node(); state(n) != nodestate.ValidationRequired {
+		t.Fatalf("after the give-back: state %q", state(n))
+	}
+	lists := map[string]int{}
+	for _, a := range e.client.Actions() {
+		if l, ok := a.(k8stesting.ListAction); ok && a.GetResource().Resource == "nodes" {
+			r := l.GetListRestrictions()
+			lists["labels "+r.Labels.String()+" fields "+r.Fields.String()]++
+		}
+	}
+	// the failed nodes, the reverted nodes and the node itself (no canary): once for the look and the wait, once for
+	// the fresh run
+	if len(lists) != 3 {
+		t.Fatalf("node lists %v; want the turn's three watches", lists)
+	}
+	for what, n := range lists {
+		if n != 2 {
+			t.Errorf("nodes listed %d times (%s), want twice", n, what)
+		}
+	}
+}
+
 // A node out of service under one pool's slot whose mark names another pool by the time it is done (it moved
 // between pools mid-change, or lost its mark with its Node object and took its new pool's plan) gives that slot
 // back: its mark's pool holds none of it, so every pool's slots are looked through. The claim held a slot of the pool
