@@ -32,6 +32,7 @@ var (
 	nodeCount      = flag.Int("nodes", 200, "GPU nodes in the pool")
 	installTime    = flag.Duration("install", 30*time.Second, "how long each node's driver install takes")
 	maxUnavailable = flag.Int("max-unavailable", 20, "the pool's driver.upgradePolicy.maxUnavailable")
+	timeline       = flag.String("timeline", "", "write each node's phase times (seconds from the rollout's start) as CSV to this file")
 )
 
 var (

@@ -3,7 +3,9 @@ package rolloutbench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -22,6 +25,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
@@ -301,11 +305,7 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 	st := func(node string, s nodestate.UpgradeState) time.Time { return rec.states[node][s] }
 	// a node's cycle, in the order it runs: the old pod's gate takes a slot and empties the node, then evicts its own
 	// pod; the new pod's manager unloads, the install runs, the new pod's gate validates and uncordons
-	phases := []struct {
-		name string
-		from func(string) time.Time
-		to   func(string) time.Time
-	}{
+	phases := []phase{
 		{"cordon-required -> pod-deletion-required (cordon)", func(n string) time.Time { return st(n, nodestate.CordonRequired) }, func(n string) time.Time { return st(n, nodestate.PodDeletionRequired) }},
 		{"pod-deletion-required -> pod-restart-required (GPU pod eviction)", func(n string) time.Time { return st(n, nodestate.PodDeletionRequired) }, func(n string) time.Time { return st(n, nodestate.PodRestartRequired) }},
 		{"pod-restart-required -> old pod deleted (operands paused and gone, the gate evicts its pod)", func(n string) time.Time { return st(n, nodestate.PodRestartRequired) }, func(n string) time.Time { return rec.oldDeleted[n] }},
@@ -318,15 +318,17 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 		{"uncordon-required -> upgrade-done (uncordon, slot given back)", func(n string) time.Time { return st(n, nodestate.UncordonRequired) }, func(n string) time.Time { return st(n, nodestate.UpgradeDone) }},
 		{"upgrade-done -> new driver pod Ready (ready file, pod status; off the slot's path)", func(n string) time.Time { return st(n, nodestate.UpgradeDone) }, func(n string) time.Time { return rec.newReady[n] }},
 	}
+	if *timeline != "" {
+		// columns: node, cordon-required, each phase's end, slot given back, slot taken
+		if err := writeTimeline(*timeline, e.gpuNodes, start, phases[0].from, phases, func(n string) []time.Time {
+			return []time.Time{rec.gaveSlot[n], rec.tookSlot[n]}
+		}); err != nil {
+			b.Error(err)
+		}
+	}
 	var lines []string
 	for _, p := range phases {
-		var ds []time.Duration
-		for _, node := range e.gpuNodes {
-			if from, to := p.from(node), p.to(node); !from.IsZero() && !to.IsZero() {
-				ds = append(ds, to.Sub(from))
-			}
-		}
-		lines = append(lines, fmt.Sprintf("  %-95s %s", p.name, quantiles(ds)))
+		lines = append(lines, fmt.Sprintf("  %-95s %s", p.name, quantiles(between(e.gpuNodes, p.from, p.to))))
 	}
 	var overhead []time.Duration
 	for _, node := range e.gpuNodes {
@@ -347,6 +349,9 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 	}
 	lines = append(lines, fmt.Sprintf("  %-95s %s", "slot held minus its install (cordon-required -> upgrade-done)", quantiles(overhead)),
 		fmt.Sprintf("  %-95s %s", "slot handed on (a node upgrade-done -> the next waiting node cordon-required)", quantiles(handoff)),
+		fmt.Sprintf("  %-95s %s", "  of which: upgrade-done -> slot given back (the gate's give-back, seen on the slots Lease)", quantiles(between(e.gpuNodes, func(n string) time.Time { return st(n, nodestate.UpgradeDone) }, func(n string) time.Time { return rec.gaveSlot[n] }))),
+		fmt.Sprintf("  %-95s %s", "  of which: slot given back -> the next waiting node took it (watch, jitter, take)", quantiles(rec.slotHandoffs())),
+		fmt.Sprintf("  %-95s %s", "  of which: slot taken -> cordon-required (the taker's run under its node Lease)", quantiles(between(e.gpuNodes, func(n string) time.Time { return rec.tookSlot[n] }, func(n string) time.Time { return st(n, nodestate.CordonRequired) }))),
 		fmt.Sprintf("rollout start -> first node cordon-required (the plan hook, the DaemonSets updated, the gates see it): %s; last node upgrade-done -> rollout end (every new pod Ready): %s",
 			firstOut.Sub(start).Round(10*time.Millisecond), end.Sub(lastDone).Round(10*time.Millisecond)))
 
@@ -408,6 +413,48 @@ func quietWindow(managerRun, installRun map[string]kubelet.Run) (time.Time, time
 	return lastManagerEnd.Add(time.Second), firstInstallEnd.Add(-time.Second)
 }
 
+// phase is a stretch of a node's cycle, between two times the recording or the stand-in's runs have.
+type phase struct {
+	name     string
+	from, to func(node string) time.Time
+}
+
+// writeTimeline writes one CSV row per node, ordered by when it went out (first), with each phase's end and the
+// extra times, in seconds from start.
+func writeTimeline(path string, nodes []string, start time.Time, first func(string) time.Time, phases []phase, extra func(string) []time.Time) error {
+	ordered := slices.Clone(nodes)
+	slices.SortFunc(ordered, func(a, b string) int { return first(a).Compare(first(b)) })
+	var sb strings.Builder
+	sec := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return fmt.Sprintf("%.3f", t.Sub(start).Seconds())
+	}
+	for _, n := range ordered {
+		row := []string{n, sec(first(n))}
+		for _, p := range phases {
+			row = append(row, sec(p.to(n)))
+		}
+		for _, t := range extra(n) {
+			row = append(row, sec(t))
+		}
+		sb.WriteString(strings.Join(row, ",") + "\n")
+	}
+	return os.WriteFile(path, []byte(sb.String()), 0o644)
+}
+
+// between is, for each node that has both times, from's to to's.
+func between(nodes []string, from, to func(string) time.Time) []time.Duration {
+	var ds []time.Duration
+	for _, node := range nodes {
+		if f, t := from(node), to(node); !f.IsZero() && !t.IsZero() {
+			ds = append(ds, t.Sub(f))
+		}
+	}
+	return ds
+}
+
 func median(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
 		return 0
@@ -440,6 +487,11 @@ type recording struct {
 	newReady   map[string]time.Time
 	newPod     map[string]string
 	states     map[string]map[nodestate.UpgradeState]time.Time
+	// holders is each slots Lease's holders as last seen; tookSlot and gaveSlot when a node first appeared among
+	// a pool's holders and last left them
+	holders  map[string]map[string]string
+	tookSlot map[string]time.Time
+	gaveSlot map[string]time.Time
 	done       chan struct{}
 	closed     bool
 	cancel     context.CancelFunc
@@ -449,6 +501,7 @@ func record(ctx context.Context, client kubernetes.Interface, image string, want
 	ctx, cancel := context.WithCancel(ctx)
 	r := &recording{image: image, start: time.Now(), want: want, oldDeleted: map[string]time.Time{}, newCreated: map[string]time.Time{},
 		newReady: map[string]time.Time{}, newPod: map[string]string{}, states: map[string]map[nodestate.UpgradeState]time.Time{},
+		holders: map[string]map[string]string{}, tookSlot: map[string]time.Time{}, gaveSlot: map[string]time.Time{},
 		done: make(chan struct{}), cancel: cancel}
 	pods := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -469,10 +522,24 @@ func record(ctx context.Context, client kubernetes.Interface, image string, want
 		cancel()
 		return nil, err
 	}
+	leaseInf := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace))
+	if _, err := leaseInf.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { r.slots(obj) },
+		UpdateFunc: func(_, obj any) { r.slots(obj) },
+	}); err != nil {
+		cancel()
+		return nil, err
+	}
 	pods.Start(ctx.Done())
 	nodeInf.Start(ctx.Done())
+	leaseInf.Start(ctx.Done())
 	pods.WaitForCacheSync(ctx.Done())
 	nodeInf.WaitForCacheSync(ctx.Done())
+	leaseInf.WaitForCacheSync(ctx.Done())
+	r.mu.Lock()
+	clear(r.tookSlot) // holders from before the change are the starting point, not claims of it
+	clear(r.gaveSlot)
+	r.mu.Unlock()
 	return r, nil
 }
 
@@ -529,6 +596,35 @@ func nodeOfAffinity(p *corev1.Pod) string {
 	return ""
 }
 
+// slots notes, from a pool's slots Lease, when a node took a slot (first seen among the holders) and gave it back
+// (last seen leaving them).
+func (r *recording) slots(obj any) {
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok || !strings.HasPrefix(l.Name, slots.Prefix) {
+		return
+	}
+	holders, err := slots.Holders(l)
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for node := range holders {
+		if _, was := r.holders[l.Name][node]; !was {
+			if _, seen := r.tookSlot[node]; !seen {
+				r.tookSlot[node] = now
+			}
+		}
+	}
+	for node := range r.holders[l.Name] {
+		if _, is := holders[node]; !is {
+			r.gaveSlot[node] = now
+		}
+	}
+	r.holders[l.Name] = holders
+}
+
 func (r *recording) node(obj any) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -562,18 +658,29 @@ func (r *recording) handoffs() []time.Duration {
 			takes = append(takes, t)
 		}
 	}
-	slices.SortFunc(dones, func(a, b time.Time) int { return a.Compare(b) })
+	return pairInOrder(dones, takes)
+}
+
+// slotHandoffs is handoffs as the slots Leases show it: a slot given back -> the next slot taken.
+func (r *recording) slotHandoffs() []time.Duration {
+	return pairInOrder(slices.Collect(maps.Values(r.gaveSlot)), slices.Collect(maps.Values(r.tookSlot)))
+}
+
+// pairInOrder pairs, in time order, the k-th free with the (m+k)-th take, m being the takes before the first free
+// (the first batch), and returns how long each take came after its free.
+func pairInOrder(frees, takes []time.Time) []time.Duration {
+	slices.SortFunc(frees, func(a, b time.Time) int { return a.Compare(b) })
 	slices.SortFunc(takes, func(a, b time.Time) int { return a.Compare(b) })
-	if len(dones) == 0 {
+	if len(frees) == 0 {
 		return nil
 	}
 	m := 0
-	for m < len(takes) && takes[m].Before(dones[0]) {
+	for m < len(takes) && takes[m].Before(frees[0]) {
 		m++
 	}
 	var out []time.Duration
-	for k := 0; m+k < len(takes) && k < len(dones); k++ {
-		out = append(out, takes[m+k].Sub(dones[k]))
+	for k := 0; m+k < len(takes) && k < len(frees); k++ {
+		out = append(out, takes[m+k].Sub(frees[k]))
 	}
 	return out
 }
