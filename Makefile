@@ -71,7 +71,7 @@ demo:
 
 ## bench-scale: every scale benchmark on the local control plane, one after the other: tests/scale (1,000 simulated
 ## GPU nodes: the gate, the admin CLI, renders, API load), then tests/rolloutbench (bench-rollout's defaults);
-## numbers, not assertions, quoted in the README's Benchmarks
+## numbers, not assertions, quoted in docs/development.md, Benchmarks
 bench-scale:
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
 		$(GO) test -run XXX -bench . -benchtime 1x -timeout 60m ./tests/scale/... && \

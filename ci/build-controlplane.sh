@@ -26,7 +26,7 @@ declare -A pkg=(
   [etcd]=go.etcd.io/etcd/server/v3
   [kwok]=sigs.k8s.io/kwok/cmd/kwok
 )
-progress_start "control plane" "about 5 minutes on an idle 2-core machine, up to half an hour on a loaded one (the README's timing table, measured 4 December 2026), most of it the first binary"
+progress_start "control plane" "about 5 minutes on an idle 2-core machine, up to half an hour on a loaded one (the timing table of docs/development.md, measured 4 December 2026), most of it the first binary"
 n=0
 for b in "${bins[@]}"; do
   n=$((n + 1))

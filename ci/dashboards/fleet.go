@@ -49,7 +49,7 @@ func fleetOverview() *dashboard.DashboardBuilder {
 
 	d = d.WithRow(dashboard.NewRowBuilder("GPU health").Id(i.id())).
 		WithPanel(events(&i, "Xid errors", "New Xid errors per node and Xid, from the exporter's counter "+
-			"DCGM_EXP_XID_ERRORS_COUNT (a repeated Xid counts again). See the README's Xid tiers.", 12, 8,
+			"DCGM_EXP_XID_ERRORS_COUNT (a repeated Xid counts again). See docs/gpu-health.md for the Xid tiers.", 12, 8,
 			query("A", fmt.Sprintf("sum by (Hostname, xid) (increase(%s{%s}[$__rate_interval])) > 0", xidCount, dcgm), "{{Hostname}} Xid {{xid}}"))).
 		WithPanel(events(&i, "ECC double-bit errors", "New uncorrectable (double-bit) ECC errors per node.", 12, 8,
 			query("A", fmt.Sprintf("sum by (Hostname) (increase(%s{%s}[$__rate_interval])) > 0", eccDBE, dcgm), "{{Hostname}}"))).

@@ -473,7 +473,7 @@ func valueOr(v, def any) any {
 	return v
 }
 
-// platform presets of the container toolkit (README "Platforms"): the main config and socket each one implies.
+// platform presets of the container toolkit (docs/install.md, "Platforms"): the main config and socket each one implies.
 var platformPresets = []struct{ platform, marker, config, socket string }{
 	{"k3s", "/var/lib/rancher/k3s/", "/var/lib/rancher/k3s/agent/etc/containerd/config.toml", "/run/k3s/containerd/containerd.sock"},
 	{"rke2", "/var/lib/rancher/rke2/", "/var/lib/rancher/rke2/agent/etc/containerd/config.toml", "/run/k3s/containerd/containerd.sock"},
@@ -507,7 +507,7 @@ func toolkitEnv(c *converter, at string, v any) Entry {
 			if cfg := env["CONTAINERD_CONFIG"]; cfg != "" && cfg != p.config {
 				c.set("toolkit.runtimeConfig.config", cfg)
 				to = append(to, "toolkit.runtimeConfig.config")
-				notes = append(notes, cfg+" differs from the "+p.platform+" preset's "+p.config+"; kept (README \"Platforms\")")
+				notes = append(notes, cfg+" differs from the "+p.platform+" preset's "+p.config+"; kept (docs/install.md, \"Platforms\")")
 			}
 			if s := env["CONTAINERD_SOCKET"]; s != "" && s != p.socket {
 				c.set("toolkit.runtimeConfig.socket", s)

@@ -28,7 +28,7 @@ func gateTimeout(t *testing.T, stream string) time.Duration {
 
 // TestFirstInstallOutlastsTheDriverBuild: on the first install every GPU node builds its driver at once, which the
 // driver's startup probe allows initialDelay + period x failureThreshold (about 21 minutes), so the gate must wait
-// at least that long there, and the README's install commands give Helm a --timeout above the gate's Job deadline
+// at least that long there, and the documented install commands give Helm a --timeout above the gate's Job deadline
 // (gate + 30 s), or a normal first install is marked failed. Upgrades keep the shorter timeoutSeconds.
 func TestFirstInstallOutlastsTheDriverBuild(t *testing.T) {
 	t.Parallel()
@@ -55,31 +55,38 @@ func TestFirstInstallOutlastsTheDriverBuild(t *testing.T) {
 		t.Errorf("the gate waits %s after an upgrade, want hooks.validation.timeoutSeconds (240s), its Job gone before `helm upgrade`'s default %ds", got, helmTimeout)
 	}
 
-	readme, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "README.md"))
+	docs, err := filepath.Glob(filepath.Join(chartrender.RepoRoot(), "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	commands := 0
-	for _, line := range strings.Split(string(readme), "\n") {
-		if !strings.HasPrefix(line, "helm install gpu ./charts/kube-gpu-stack") {
-			continue
+	for _, file := range append([]string{filepath.Join(chartrender.RepoRoot(), "README.md")}, docs...) {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
 		}
-		commands++
-		f := strings.Fields(line)
-		timeout := 5 * time.Minute // helm's default
-		for i, w := range f {
-			if w == "--timeout" && i+1 < len(f) {
-				if timeout, err = time.ParseDuration(f[i+1]); err != nil {
-					t.Fatalf("README %q: %v", line, err)
+		name := filepath.Base(file)
+		for _, line := range strings.Split(string(text), "\n") {
+			if !strings.HasPrefix(line, "helm install gpu ./charts/kube-gpu-stack") {
+				continue
+			}
+			commands++
+			f := strings.Fields(line)
+			timeout := 5 * time.Minute // helm's default
+			for i, w := range f {
+				if w == "--timeout" && i+1 < len(f) {
+					if timeout, err = time.ParseDuration(f[i+1]); err != nil {
+						t.Fatalf("%s %q: %v", name, line, err)
+					}
 				}
 			}
-		}
-		if timeout <= install+30*time.Second {
-			t.Errorf("README %q: helm's timeout %s does not outlast the gate's Job (%s + 30s)", line, timeout, install)
+			if timeout <= install+30*time.Second {
+				t.Errorf("%s %q: helm's timeout %s does not outlast the gate's Job (%s + 30s)", name, line, timeout, install)
+			}
 		}
 	}
 	if commands == 0 {
-		t.Error("the README has no `helm install gpu ./charts/kube-gpu-stack` command")
+		t.Error("neither the README nor docs/ has a `helm install gpu ./charts/kube-gpu-stack` command")
 	}
 }
 

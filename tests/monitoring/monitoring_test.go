@@ -265,10 +265,10 @@ func TestEveryAlertIsUnitTested(t *testing.T) {
 }
 
 // TestAlertsCarrySeverityAndRunbook: every alert has a severity and a runbook_url pointing at its own section of
-// the README, and that section exists.
+// docs/monitoring.md, and that section exists.
 func TestAlertsCarrySeverityAndRunbook(t *testing.T) {
 	r := render(t, []string{profile})
-	readme, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "README.md"))
+	readme, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "docs", "monitoring.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestAlertsCarrySeverityAndRunbook(t *testing.T) {
 			anchors[strings.ToLower(strings.TrimSpace(h))] = true
 		}
 	}
-	const base = "https://github.com/kube-gpu-stack/kube-gpu-stack/blob/main/README.md#"
+	const base = "https://github.com/kube-gpu-stack/kube-gpu-stack/blob/main/docs/monitoring.md#"
 	for _, a := range r.alerts(t) {
 		if !slices.Contains([]string{"critical", "warning", "info"}, a.Labels["severity"]) {
 			t.Errorf("%s: severity %q, want critical, warning or info", a.Alert, a.Labels["severity"])
@@ -288,7 +288,7 @@ func TestAlertsCarrySeverityAndRunbook(t *testing.T) {
 			t.Errorf("%s: runbook_url %q, want %s%s", a.Alert, a.Annotations["runbook_url"], base, strings.ToLower(a.Alert))
 		}
 		if !anchors[anchor] {
-			t.Errorf("%s: the README has no runbook heading \"#### %s\"", a.Alert, a.Alert)
+			t.Errorf("%s: docs/monitoring.md has no runbook heading \"#### %s\"", a.Alert, a.Alert)
 		}
 		if a.Annotations["summary"] == "" || a.Annotations["description"] == "" {
 			t.Errorf("%s: needs a summary and a description", a.Alert)

@@ -492,9 +492,9 @@ type recording struct {
 	holders  map[string]map[string]string
 	tookSlot map[string]time.Time
 	gaveSlot map[string]time.Time
-	done       chan struct{}
-	closed     bool
-	cancel     context.CancelFunc
+	done     chan struct{}
+	closed   bool
+	cancel   context.CancelFunc
 }
 
 func record(ctx context.Context, client kubernetes.Interface, image string, want int) (*recording, error) {
