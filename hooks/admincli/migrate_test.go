@@ -111,12 +111,12 @@ func TestMigrateFromVersion(t *testing.T) {
 
 	cmd := NewCommand(&bytes.Buffer{})
 	cmd.SetErr(&bytes.Buffer{})
-	cmd.SetArgs([]string{"migrate", "-f", v25, "--from-version", "25.3.4"})
+	cmd.SetArgs([]string{"migrate", "-f", v25, "--from-version", "25.3.2"})
 	err := cmd.Execute()
 	if err == nil {
-		t.Fatal("--from-version 25.3.4, a release migrate has no defaults of, was accepted")
+		t.Fatal("--from-version 25.3.2, a release migrate has no defaults of, was accepted")
 	}
-	for _, w := range []string{"--from-version 25.3.4", "v24.9.2, v25.10.1, v26.7.0"} {
+	for _, w := range []string{"--from-version 25.3.2", "v24.6.2, v24.9.2, v25.3.4, v25.10.1, v26.3.3, v26.7.0"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("the error does not say %q: %v", w, err)
 		}

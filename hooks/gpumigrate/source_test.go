@@ -57,7 +57,7 @@ func fullCopy(t *testing.T, tag, changes string) map[string]any {
 // TestKnownReleasesAreVendored: migrate knows the defaults of each vendored release, oldest first, and each file
 // says where it came from.
 func TestKnownReleasesAreVendored(t *testing.T) {
-	want := []string{"v24.9.2", "v25.10.1", OperatorTag}
+	want := []string{"v24.6.2", "v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", OperatorTag}
 	if got := KnownVersions(); !slices.Equal(got, want) {
 		t.Fatalf("known releases %v, want %v", got, want)
 	}
@@ -211,7 +211,7 @@ func TestVersionOfAnotherImageIsADecision(t *testing.T) {
 // --from-version names the release; an unknown one fails naming those migrate knows, one that does not match the
 // file is used but the report says what the file looks like.
 func TestFromVersion(t *testing.T) {
-	for _, v := range []string{"v99.1.0", "25.3.4", "latest"} {
+	for _, v := range []string{"v99.1.0", "25.3.2", "latest"} {
 		o := Options{File: releaseFile("v25.10.1"), FromVersion: v}
 		err := o.Validate()
 		if err == nil {
