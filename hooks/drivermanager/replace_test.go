@@ -339,10 +339,7 @@ func TestRestartedGateCarriesAHalfEmptiedNodeOn(t *testing.T) {
 // looks again: nothing to empty. The node stays in service with its driver, no slot held, its pod in place.
 func TestGateWaitingForATurnStandsDownWhenTheTemplateChangesBack(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	e.withDriverPod(newDigest)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

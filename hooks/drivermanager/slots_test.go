@@ -62,6 +62,15 @@ func (e *env) freeSlotOf(holder string, done <-chan error) {
 	}
 }
 
+// holdSlot puts node out of service holding pool default's one slot, as a node mid-change does.
+func (e *env) holdSlot(node string) {
+	e.t.Helper()
+	e.setState(node, nodestate.PodRestartRequired)
+	if c, err := pool(e).Take(context.Background(), node, e.clock()); err != nil || !c.Taken {
+		e.t.Fatalf("%s: %+v %v", node, c, err)
+	}
+}
+
 // holders are pool default's slot holders, sorted.
 func (e *env) holders() []string { return e.slotHolders("default") }
 
@@ -70,10 +79,7 @@ func (e *env) holders() []string { return e.slotHolders("default") }
 // goes. The gate gives it back at upgrade-done.
 func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	done := e.start(context.Background())
 	assertHeld(t, e, "waiting for a slot of pool default: 1 of its nodes, its maxUnavailable, are out of service (the holders: kubectl get lease -n gpu-system kube-gpu-stack-slots-default)")
 	time.Sleep(300 * time.Millisecond)
@@ -110,10 +116,7 @@ func TestFullPoolHoldsTheNodeUntouchedUntilASlotIsGivenBack(t *testing.T) {
 // when their DaemonSet changes). The fresh run once the slot is free lists them again, after its own writes.
 func TestHeldNodeListsTheNodesOfItsTurnOnceUntilItsTurn(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	done := e.start(context.Background())
 	assertHeld(t, e, "waiting for a slot of pool default")
 	e.freeSlotOf("gpu-7", done)
@@ -322,10 +325,7 @@ func TestCalledOffNodeWhosePodChangesTheDriverWaitsForASlot(t *testing.T) {
 		t.Run("state "+string(s)+"", func(t *testing.T) {
 			e := slotEnv(t, "gpu-7")
 			e.setState(nodeName, s)
-			e.setState("gpu-7", nodestate.PodRestartRequired)
-			if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-				t.Fatalf("gpu-7: %+v %v", c, err)
-			}
+			e.holdSlot("gpu-7")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := e.start(ctx)
@@ -419,10 +419,7 @@ func TestNodeMovedToAnotherPoolIsGovernedByItsNewPool(t *testing.T) {
 // pool's bound (the soak caught it: pool a with 4 nodes out against 3).
 func TestNodeCalledOffWhileItsManagerStartsToWaitWaitsForASlot(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	o := e.options(newDigest)
 	calledOff := false
 	o.AfterStep = func(step string) error {
@@ -531,10 +528,7 @@ func TestNodeCalledOffJustAfterItTookItsSlotGivesItBack(t *testing.T) {
 // runs per node, every one of them for a slot another node had taken.
 func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing.T) {
 	e := slotEnv(t, "gpu-7", "gpu-8")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	leases := coordinationv1.SchemeGroupVersion.WithResource("leases")
 	var mu sync.Mutex
 	var writes []string // in order: "slots <holders>" and "node-lease"
@@ -629,10 +623,7 @@ func TestNodeThatTookASlotWhileWaitingGivesItBackWhenItsTurnHasGone(t *testing.T
 			t.Fatal(err)
 		}
 	}
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	var failed atomic.Bool
 	e.client.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)

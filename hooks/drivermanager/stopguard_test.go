@@ -440,10 +440,7 @@ func TestNodeMovedBackWhileItsStoppingGateWaitsIsEmptiedUnderThePoolItIsIn(t *te
 // taking the node out beyond its pool's bound (the soak caught it after a pool rename: pool b 8 out against 7).
 func TestStoppingDriverPodOfANodeCalledOffWaitsForASlot(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	e.withGPUPod(nil)
 	e.withDriverPod(oldDigest)
 	var once sync.Once
@@ -541,10 +538,7 @@ func TestDriverPodDeletedWhileItsNodeIsGoneEmptiesTheNodeThatComesBack(t *testin
 // manager to move it on (the soak, seed 3 with failing drivers).
 func TestStoppingGateWhosePodIsGoneStandsDownAtItsTurn(t *testing.T) {
 	e := slotEnv(t, "gpu-7")
-	e.setState("gpu-7", nodestate.PodRestartRequired)
-	if c, err := pool(e).Take(context.Background(), "gpu-7", e.clock()); err != nil || !c.Taken {
-		t.Fatalf("gpu-7: %+v %v", c, err)
-	}
+	e.holdSlot("gpu-7")
 	e.withGPUPod(nil)
 	e.withDriverPod(oldDigest)
 	ctx, cancel := context.WithCancel(context.Background())

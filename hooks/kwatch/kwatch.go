@@ -65,8 +65,9 @@ func Start[T runtime.Object](ctx context.Context, src *Source, example T) (*Stor
 	go s.informer.RunWithContext(ictx)
 	// the store's own signal, not cache.WaitForCacheSync's 100 ms polls: every watch a hook starts on a node's
 	// driver change path would add up to a poll period to it
-	// and the watch open: a fake clientset (no WatchList) drops what changes between its list and its watch, and a
-	// caller that acts once Start returns (evicts, then waits for the pod to go) would miss the change it caused.
+	// and the watch open: a fake clientset (no WatchList) replays at its watch what was added or changed since its
+	// list, but not a deletion, and a caller that acts once Start returns (evicts, then waits for the pod to go)
+	// would miss the deletion it caused.
 	// With WatchList the watch is open before the store syncs; a LIST then WATCH pays one more round trip.
 	synced, opened := s.informer.HasSyncedChecker().Done(), src.opened
 	for (synced != nil || opened != nil) && ictx.Err() == nil && s.Err() == nil {

@@ -37,9 +37,9 @@ var (
 	commandRE  = regexp.MustCompile(`^(kube-gpu-stack|helm|make)( |$)`)
 )
 
-// docCommands returns the kube-gpu-stack, helm and make commands of the README and docs/*.md: each line of a code
-// block and each inline code span, split at shell separators, whose first word is one of the three.
-func docCommands(t *testing.T) []shown {
+// docFiles are the README and every Markdown file under docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
 	root := chartrender.RepoRoot()
 	files := []string{filepath.Join(root, "README.md")}
 	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d os.DirEntry, err error) error {
@@ -51,8 +51,15 @@ func docCommands(t *testing.T) []shown {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return files
+}
+
+// docCommands returns the kube-gpu-stack, helm and make commands of the README and docs/*.md: each line of a code
+// block and each inline code span, split at shell separators, whose first word is one of the three.
+func docCommands(t *testing.T) []shown {
+	root := chartrender.RepoRoot()
 	var out []shown
-	for _, f := range files {
+	for _, f := range docFiles(t) {
 		raw, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

@@ -39,16 +39,7 @@ func anchors(t *testing.T, path string) map[string]bool {
 // other's sections, so a page moved or a heading renamed breaks them silently otherwise.
 func TestDocumentedLinksResolve(t *testing.T) {
 	root := chartrender.RepoRoot()
-	files := []string{filepath.Join(root, "README.md")}
-	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
-			files = append(files, p)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := docFiles(t)
 	links := 0
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
