@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -385,7 +386,13 @@ func (e *bench) report(b *testing.B, rec *recording, canary int, start, end time
 		a := server.Agent(agent)
 		byAgent = append(byAgent, fmt.Sprintf("%s %.1f (%v)", agent, float64(a.Total())/float64(n), a.Verbs()))
 	}
-	b.Logf("server side (audit log), requests per node by user agent: %s\n%s", strings.Join(byAgent, "; "), server)
+	var conflicts []string
+	for k, c := range apiload.Refused(reqs, start, end, http.StatusConflict) {
+		conflicts = append(conflicts, fmt.Sprintf("%s %d", k, c))
+	}
+	slices.Sort(conflicts)
+	b.Logf("server side (audit log), requests per node by user agent: %s\nconflicts (409): %s\n%s",
+		strings.Join(byAgent, "; "), strings.Join(conflicts, "; "), server)
 	b.ReportMetric(total.Seconds(), "rollout-s")
 	b.ReportMetric(perBatch, "overhead-s/batch")
 	b.ReportMetric(median(overhead).Seconds(), "overhead-s/node")

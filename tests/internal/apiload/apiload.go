@@ -67,6 +67,8 @@ type Request struct {
 	At time.Time
 	// Watch is a watch request (verb watch, or list with watch=true as the API server names it).
 	Watch bool
+	// Code is the response's HTTP status (0 on a stage logged before the response, such as a watch's start).
+	Code int
 }
 
 // event is the part of audit.k8s.io/v1 Event that Read uses.
@@ -85,6 +87,9 @@ type event struct {
 		Namespace   string `json:"namespace"`
 		Name        string `json:"name"`
 	} `json:"objectRef"`
+	ResponseStatus *struct {
+		Code int `json:"code"`
+	} `json:"responseStatus"`
 	RequestReceived time.Time `json:"requestReceivedTimestamp"`
 }
 
@@ -108,6 +113,9 @@ func Read(path string) ([]Request, error) {
 		}
 		r := Request{AuditID: e.AuditID, User: e.User.Username, UserAgent: e.UserAgent, Verb: e.Verb,
 			Stage: e.Stage, At: e.RequestReceived, Watch: e.Verb == "watch"}
+		if e.ResponseStatus != nil {
+			r.Code = e.ResponseStatus.Code
+		}
 		if o := e.ObjectRef; o != nil {
 			r.Resource, r.Subresource, r.Namespace, r.Name = o.Resource, o.Subresource, o.Namespace, o.Name
 		}
@@ -181,6 +189,21 @@ func Summarize(reqs []Request, from, to time.Time) Summary {
 		return a.Verb < b.Verb
 	})
 	return s
+}
+
+// Refused counts the requests received in [from, to) that were answered code (409: a conflict, a write sent with a
+// resourceVersion another writer had replaced), by user agent program, verb and resource: "driver-upgrade-gate update
+// leases".
+func Refused(reqs []Request, from, to time.Time, code int) map[string]int {
+	out := map[string]int{}
+	for _, r := range reqs {
+		if r.Code != code || r.At.Before(from) || !r.At.Before(to) {
+			continue
+		}
+		agent, _, _ := strings.Cut(r.UserAgent, "/")
+		out[agent+" "+r.Verb+" "+r.Resource]++
+	}
+	return out
 }
 
 // Total is the number of requests in the summary; users narrows it to users whose name has one of these

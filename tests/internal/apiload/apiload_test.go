@@ -45,7 +45,7 @@ func TestReadCannedLog(t *testing.T) {
 	}
 	want := Request{AuditID: "a4", User: "kube-gpu-stack-admin", UserAgent: "e2e.test/v0.0.0", Verb: "patch",
 		Resource: "pods", Subresource: "status", Namespace: "gpu", Name: "v-1", Stage: "ResponseComplete",
-		At: time.Date(2026, 12, 2, 3, 0, 1, 500000000, time.UTC)}
+		At: time.Date(2026, 12, 2, 3, 0, 1, 500000000, time.UTC), Code: 200}
 	if !reqs[3].At.Equal(want.At) {
 		t.Errorf("At = %v, want %v", reqs[3].At, want.At)
 	}
@@ -96,5 +96,21 @@ func TestSummarizeCountsEachRequestOnceInWindow(t *testing.T) {
 	}
 	if !strings.Contains(s.String(), "system:serviceaccount:gpu:gate") {
 		t.Errorf("table lacks the gate:\n%s", s)
+	}
+}
+
+func TestRefusedCountsOneCodeInWindowByAgentVerbAndResource(t *testing.T) {
+	at := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	reqs := []Request{
+		{UserAgent: "driver-upgrade-gate/v0", Verb: "update", Resource: "leases", At: at, Code: 409},
+		{UserAgent: "driver-upgrade-gate/v0", Verb: "update", Resource: "leases", At: at.Add(time.Second), Code: 409},
+		{UserAgent: "driver-upgrade-gate/v0", Verb: "update", Resource: "leases", At: at, Code: 200},
+		{UserAgent: "driver-manager/v0", Verb: "update", Resource: "nodes", At: at, Code: 409},
+		{UserAgent: "driver-manager/v0", Verb: "update", Resource: "nodes", At: at.Add(time.Hour), Code: 409},
+	}
+	got := Refused(reqs, at, at.Add(time.Minute), 409)
+	want := map[string]int{"driver-upgrade-gate update leases": 2, "driver-manager update nodes": 1}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Refused = %v, want %v", got, want)
 	}
 }
