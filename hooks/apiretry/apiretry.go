@@ -25,6 +25,10 @@ const (
 	InitialDelay = 100 * time.Millisecond
 	// MaxDelay caps the wait between tries.
 	MaxDelay = 5 * time.Second
+	// ConflictStep is how much the pause after a conflict grows per conflict, up to MaxConflictDelay.
+	ConflictStep = 10 * time.Millisecond
+	// MaxConflictDelay caps the pause after a conflict.
+	MaxConflictDelay = 100 * time.Millisecond
 )
 
 // Transient reports whether err may pass if the request is sent again: a server error (5xx, which is how etcd's
@@ -69,6 +73,33 @@ func Delay(attempt int) time.Duration {
 	return d + rand.N(d/2+1)
 }
 
+// ConflictDelay is the pause before conflict number attempt (0 for the first) is read and decided again: up to
+// ConflictStep per conflict so far, capped at MaxConflictDelay, at least half of it, the rest jitter. A conflict is
+// not trouble that may pass with time: another writer changed the object a moment ago, and the fresh read decides.
+// Many writers of one object (a pool's nodes on its slots Lease) conflict in turn as each one wins, so Delay's
+// doubling would leave the losers seconds behind, with a slot free in the meantime.
+func ConflictDelay(attempt int) time.Duration {
+	d := min(ConflictStep*time.Duration(attempt+1), MaxConflictDelay)
+	return d/2 + rand.N(d/2+1)
+}
+
+// OnConflict is Do for a read-modify-write: fn reads, decides and writes with the read's resourceVersion. A
+// conflict calls fn again after ConflictDelay; a Transient error after Delay, counted apart from the conflicts.
+func OnConflict(ctx context.Context, fn func(context.Context) error) error {
+	conflicts, transients := 0, 0
+	return retry(ctx, func(err error) (time.Duration, bool) {
+		switch {
+		case apierrors.IsConflict(err):
+			conflicts++
+			return ConflictDelay(conflicts - 1), true
+		case Transient(err):
+			transients++
+			return Delay(transients - 1), true
+		}
+		return 0, false
+	}, fn)
+}
+
 // Do calls fn until it succeeds or returns an error that is not Transient, waiting Delay between tries. It stops
 // at ctx's deadline (DefaultTimeout when ctx has none) and then returns fn's last error, saying how long it
 // retried: the error the caller sees is the API server's, not a bare "context deadline exceeded".
@@ -76,27 +107,44 @@ func Do(ctx context.Context, fn func(context.Context) error) error {
 	return OnError(ctx, Transient, fn)
 }
 
-// OnError is Do with the caller's choice of which errors to retry (e.g. Transient or a Conflict).
+// OnError is Do with the caller's choice of which errors to retry (after Delay).
 func OnError(ctx context.Context, retriable func(error) bool, fn func(context.Context) error) error {
+	attempt := 0
+	return retry(ctx, func(err error) (time.Duration, bool) {
+		if !retriable(err) {
+			return 0, false
+		}
+		attempt++
+		return Delay(attempt - 1), true
+	}, fn)
+}
+
+// retry calls fn until it succeeds, next says not to retry its error, or ctx ends (DefaultTimeout when ctx has no
+// deadline); next also says how long to wait before the next call.
+func retry(ctx context.Context, next func(error) (time.Duration, bool), fn func(context.Context) error) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
 	start := time.Now()
-	for attempt := 0; ; attempt++ {
+	for tries := 1; ; tries++ {
 		err := fn(ctx)
-		if err == nil || !retriable(err) {
+		if err == nil {
+			return nil
+		}
+		wait, again := next(err)
+		if !again {
 			return err
 		}
 		if ctx.Err() != nil {
-			return &GaveUpError{Last: err, Tries: attempt + 1, After: time.Since(start), Cause: context.Cause(ctx)}
+			return &GaveUpError{Last: err, Tries: tries, After: time.Since(start), Cause: context.Cause(ctx)}
 		}
-		t := time.NewTimer(Delay(attempt))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return &GaveUpError{Last: err, Tries: attempt + 1, After: time.Since(start), Cause: context.Cause(ctx)}
+			return &GaveUpError{Last: err, Tries: tries, After: time.Since(start), Cause: context.Cause(ctx)}
 		case <-t.C:
 		}
 	}

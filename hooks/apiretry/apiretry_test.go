@@ -96,6 +96,64 @@ func TestDelayGrowsCappedWithJitter(t *testing.T) {
 	}
 }
 
+// A conflict pauses briefly, growing by ConflictStep to MaxConflictDelay, never to Delay's seconds: the seventh
+// conflict in a row would wait 6.4 s under Delay.
+func TestConflictDelayStaysShortWithJitter(t *testing.T) {
+	for attempt := range 30 {
+		base := min(ConflictStep*time.Duration(attempt+1), MaxConflictDelay)
+		for range 20 {
+			if d := ConflictDelay(attempt); d < base/2 || d > base {
+				t.Fatalf("ConflictDelay(%d) = %s, want in [%s, %s]", attempt, d, base/2, base)
+			}
+		}
+	}
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		seen[ConflictDelay(5)] = true
+	}
+	if len(seen) < 2 {
+		t.Fatal("ConflictDelay has no jitter")
+	}
+}
+
+// OnConflict reads again after each conflict, and counts conflicts and transient errors apart: a transient error
+// after many conflicts waits Delay(0), not Delay(many).
+func TestOnConflictRetriesConflictsAndTransientErrorsEachOnItsOwnCount(t *testing.T) {
+	conflict := apierrors.NewConflict(schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}, "slots", errors.New("changed"))
+	var errs []error
+	for range 12 {
+		errs = append(errs, conflict)
+	}
+	errs = append(errs, apierrors.NewServiceUnavailable("restarting"))
+	calls := 0
+	start := time.Now()
+	err := OnConflict(context.Background(), func(context.Context) error {
+		if calls++; calls <= len(errs) {
+			return errs[calls-1]
+		}
+		return nil
+	})
+	if err != nil || calls != len(errs)+1 {
+		t.Fatalf("err=%v after %d calls; want success on call %d", err, calls, len(errs)+1)
+	}
+	// 12 conflicts wait at most 10+20+...+100+100+100 ms, the transient error at most Delay(0)'s 150 ms; Delay's
+	// backoff for the 13th try would alone be 5 s or more (3 s spare for a busy machine)
+	if took, most := time.Since(start), 950*time.Millisecond+InitialDelay*3/2+3*time.Second; took > most {
+		t.Errorf("took %s, want under %s (conflicts back off to seconds?)", took, most)
+	}
+}
+
+func TestOnConflictStopsAtOnceOnALastingError(t *testing.T) {
+	calls := 0
+	err := OnConflict(context.Background(), func(context.Context) error {
+		calls++
+		return apierrors.NewForbidden(nodes, "gpu-1", errors.New("cannot update"))
+	})
+	if calls != 1 || !apierrors.IsForbidden(err) {
+		t.Fatalf("err=%v after %d calls; want the Forbidden at once", err, calls)
+	}
+}
+
 func TestDoRetriesEachTransientKindThenSucceeds(t *testing.T) {
 	for name, terr := range transientErrors() {
 		t.Run(name, func(t *testing.T) {

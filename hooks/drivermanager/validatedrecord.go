@@ -29,8 +29,7 @@ func rememberValidated(ctx context.Context, client kubernetes.Interface, namespa
 	}
 	leases := client.CoordinationV1().Leases(namespace)
 	// a conflict is the Lease's renewal by its holder: read again and write on top of it
-	retryable := func(err error) bool { return apiretry.Transient(err) || apierrors.IsConflict(err) }
-	err := apiretry.OnError(ctx, retryable, func(ctx context.Context) error {
+	err := apiretry.OnConflict(ctx, func(ctx context.Context) error {
 		l, err := leases.Get(ctx, LeaseName(node), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil

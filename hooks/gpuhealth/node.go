@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -29,8 +28,7 @@ func (r Reporter) Report(ctx context.Context, v Verdict) error {
 	if r.Policy.Taint == nil || v.Status == corev1.ConditionUnknown {
 		return nil
 	}
-	retriable := func(err error) bool { return apiretry.Transient(err) || apierrors.IsConflict(err) }
-	if err := apiretry.OnError(ctx, retriable, func(ctx context.Context) error { return r.taint(ctx, v) }); err != nil {
+	if err := apiretry.OnConflict(ctx, func(ctx context.Context) error { return r.taint(ctx, v) }); err != nil {
 		return fmt.Errorf("node %s: taint %s:%s: %w", r.NodeName, r.Policy.Taint.Key, r.Policy.Taint.Effect, err)
 	}
 	return nil

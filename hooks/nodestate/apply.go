@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -57,8 +56,7 @@ func Get(ctx context.Context, client kubernetes.Interface, name string) (*corev1
 func Update(ctx context.Context, client kubernetes.Interface, name string, compute func(*corev1.Node) (Patch, error)) (*corev1.Node, error) {
 	var node *corev1.Node
 	var computeErr error
-	retriable := func(err error) bool { return apiretry.Transient(err) || apierrors.IsConflict(err) }
-	err := apiretry.OnError(ctx, retriable, func(ctx context.Context) error {
+	err := apiretry.OnConflict(ctx, func(ctx context.Context) error {
 		n, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err

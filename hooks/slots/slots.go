@@ -316,7 +316,7 @@ func write(lease *coordinationv1.Lease, holders map[string]string) error {
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
 // retryConflicts runs f until it succeeds, fails for good, or ctx ends: a conflict (another manager wrote the Lease
-// since f read it) reads and decides again, as errors that may pass are retried (apiretry's backoff).
+// since f read it) reads and decides again after a short pause, and errors that may pass wait apiretry's backoff.
 func retryConflicts(ctx context.Context, f func(context.Context) error) error {
-	return apiretry.OnError(ctx, func(err error) bool { return apiretry.Transient(err) || apierrors.IsConflict(err) }, f)
+	return apiretry.OnConflict(ctx, f)
 }
