@@ -49,6 +49,7 @@ func airgapBundleCommand(out io.Writer) *cobra.Command {
 	cmd.Flags().BoolVar(&o.Insecure, "insecure", false, "allow plain HTTP to the registries pulled from")
 	cmd.Flags().StringVar(&o.Out, "out", "", "the tarball `FILE` to write (default <chart>-<version>-airgap.tar)")
 	cmd.Flags().StringVar(&o.SigningKey, "sign-key", "", "sign SHA256SUMS with the Ed25519 private key `FILE` (PEM, PKCS #8: airgap keygen, or openssl genpkey -algorithm ed25519) into SHA256SUMS.sig")
+	cmd.Flags().StringVar(&o.CommandSums, "command-sums", "", "carry `FILE`, the release's sha256sum list of its kube-gpu-stack command binaries, under the bundle's sums and signature; airgap mirror writes it out")
 	return cmd
 }
 

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -24,7 +25,40 @@ const (
 	ValuesFile = "values-airgap.yaml"
 	// LayoutDir is the OCI image layout holding every image.
 	LayoutDir = "images"
+	// CommandSumsFile lists the SHA-256 of the release's kube-gpu-stack command binaries (sha256sum's format), in a
+	// bundle made with them (BundleOptions.CommandSums): SumsFile and its signature cover it like every other file.
+	CommandSumsFile = "kube-gpu-stack-SHA256SUMS"
 )
+
+// maxCommandSumsBytes bounds CommandSumsFile: a line per platform, with room to spare.
+const maxCommandSumsBytes = 64 << 10
+
+// ParseCommandSums checks a list of command binaries' checksums in sha256sum's format ("HEX  NAME" or "HEX *NAME",
+// one a line): each a SHA-256 and a plain file name (no folder: they name a release's files), none named twice. It
+// returns the names.
+func ParseCommandSums(raw []byte, source string) ([]string, error) {
+	if len(raw) > maxCommandSumsBytes {
+		return nil, fmt.Errorf("%s: %d bytes, more than a list of command checksums needs (%d at most)", source, len(raw), maxCommandSumsBytes)
+	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("%s is empty: want a line per command binary", source)
+	}
+	var names []string
+	for i, line := range strings.Split(strings.TrimSuffix(string(raw), "\n"), "\n") {
+		sum, name, ok := strings.Cut(line, " ")
+		name = strings.TrimPrefix(strings.TrimPrefix(name, " "), "*")
+		switch {
+		case !ok || len(sum) != 64 || strings.Trim(sum, "0123456789abcdef") != "":
+			return nil, fmt.Errorf("%s:%d: %q is not a SHA-256 (64 lower-case hex digits), two spaces and a file name", source, i+1, line)
+		case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\\"):
+			return nil, fmt.Errorf("%s:%d: %q is not a plain file name", source, i+1, name)
+		case slices.Contains(names, name):
+			return nil, fmt.Errorf("%s:%d: %s is listed twice", source, i+1, name)
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
 
 // PlaceholderRegistry is what values-airgap.yaml sets global.imageRegistry to until the admin names the real one.
 const PlaceholderRegistry = "registry.example.internal"

@@ -51,12 +51,18 @@ type BundleOptions struct {
 	Progress io.Writer
 	// SigningKey is an Ed25519 private key (PEM, PKCS #8) that signs SumsFile into SignatureFile; empty: unsigned.
 	SigningKey string
+	// CommandSums is the release's checksums of its kube-gpu-stack command binaries (sha256sum's format). The bundle
+	// carries it as CommandSumsFile, under its sums and signature, and `airgap mirror` writes it out: whoever mirrors
+	// checks the command they carried in against what the bundle's signer released. Empty: none.
+	CommandSums string
 
 	images []Image
 	// signingKey is SigningKey, loaded by Validate, before anything is pulled.
 	signingKey ed25519.PrivateKey
 	// version is the chart's version, for the files' comments.
 	version string
+	// commandSums is CommandSums's content, read and checked by Validate.
+	commandSums []byte
 }
 
 // Complete fills the defaults that depend on the chart: the images file, the output name and the own image.
@@ -126,6 +132,16 @@ func (o *BundleOptions) Validate() error {
 		}
 		o.signingKey = key
 	}
+	if o.CommandSums != "" {
+		raw, err := os.ReadFile(o.CommandSums)
+		if err == nil {
+			_, err = ParseCommandSums(raw, o.CommandSums)
+		}
+		if err != nil {
+			return fmt.Errorf("--command-sums: %w", err)
+		}
+		o.commandSums = raw
+	}
 	return ValidateRegistry("--upstream", o.Upstream)
 }
 
@@ -139,7 +155,8 @@ func (o *BundleOptions) listed(img Image) int {
 }
 
 // Run writes the bundle: the packaged chart, every listed image pulled by digest into one OCI image layout, the
-// image list with digests, values-airgap.yaml and SHA256SUMS, as one tarball at Out. It prints a line per image
+// image list with digests, values-airgap.yaml, the command's checksums when given, and SHA256SUMS, as one tarball
+// at Out. It prints a line per image
 // and a summary; on failure nothing is left at Out.
 func (o *BundleOptions) Run(ctx context.Context, out io.Writer) error {
 	outDir, err := filepath.Abs(filepath.Dir(o.Out))
@@ -188,6 +205,11 @@ func (o *BundleOptions) Run(ctx context.Context, out io.Writer) error {
 	}
 	if err := os.WriteFile(filepath.Join(work, ValuesFile), []byte(o.airgapValues(resolved)), 0o644); err != nil {
 		return err
+	}
+	if o.commandSums != nil {
+		if err := os.WriteFile(filepath.Join(work, CommandSumsFile), o.commandSums, 0o644); err != nil {
+			return err
+		}
 	}
 	blobs, blobBytes, err := layoutBlobs(lay)
 	if err != nil {

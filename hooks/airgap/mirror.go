@@ -213,6 +213,9 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := o.writeCommandSums(files, out); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "%d images in %s: %d pushed, %d already there; the registry accepted %s\n",
 		len(index.Manifests), o.Registry, pushedImages, present, counter.snapshot())
 	if valuesFile == "" { // a bundle without values-airgap.yaml
@@ -289,6 +292,28 @@ func (o *MirrorOptions) writeValues(files *bundleFiles) (string, error) {
 		dst = "." + string(filepath.Separator) + dst
 	}
 	return dst, nil
+}
+
+// writeCommandSums writes the bundle's CommandSumsFile, if it has one, into Out, and says how to check the command
+// against it. The bundle's sums (and signature, with VerifyKey) covered it; it is read back against them here.
+func (o *MirrorOptions) writeCommandSums(files *bundleFiles, out io.Writer) error {
+	if _, ok := files.entries[CommandSumsFile]; !ok {
+		return nil
+	}
+	raw, err := files.readFile(CommandSumsFile, maxCommandSumsBytes, "")
+	if err != nil {
+		return err
+	}
+	if _, err := ParseCommandSums(raw, o.Bundle+": "+CommandSumsFile); err != nil {
+		return err
+	}
+	dst := filepath.Join(o.Out, CommandSumsFile)
+	if err := writeFileAtomic(o.Out, dst, raw); err != nil {
+		return fmt.Errorf("write %s: %w", dst, err)
+	}
+	fmt.Fprintf(out, "wrote %s, the release's checksums of its command, which the bundle's %s covers: "+
+		"check the command you carried in with sha256sum -c %s --ignore-missing, where it lies\n", dst, SumsFile, shellQuote(dst))
+	return nil
 }
 
 // writeFileAtomic writes data to dst (in dir) through a temporary file, so dst is never half written.
