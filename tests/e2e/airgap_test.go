@@ -12,13 +12,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )
 
 // TestAirgapInstallFromPrivateRegistry: the chart archive from the air-gapped bundle, pushed with Helm's registry
 // client as an OCI chart into the private registry the bundle's images were mirrored into, installs with
-// `helm install oci://…` and global.imageRegistry set to that registry; every container of every pod the release
+// `helm install oci://…` and the mirror's values-airgap.yaml (that registry, every image pinned to the digest
+// bundled); every container of every pod the release
 // runs (operands, init containers, sidecars, hook pods) takes its image from there, and each is there, by digest,
 // as bundled. Both registries are in-process on 127.0.0.1.
 func TestAirgapInstallFromPrivateRegistry(t *testing.T) {
@@ -45,8 +47,10 @@ func TestAirgapInstallFromPrivateRegistry(t *testing.T) {
 
 	tg := e.target()
 	tg.Chart, tg.ChartVersion = "oci://"+m.Private+"/charts/kube-gpu-stack", md.Version
-	rel, err := tg.Install(t.Context(), []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml")},
-		"global.imageRegistry="+m.Private)
+	// as the mirror's output says: its values-airgap.yaml names the registry and pins every image to the digest
+	// bundled (the chart's default pins are upstream's digests, which the registry seeded here does not hold)
+	rel, err := tg.Install(t.Context(), []string{filepath.Join(chartrender.RepoRoot(), "values", "container-only.yaml"),
+		filepath.Join(filepath.Dir(m.ChartFile), airgap.ValuesFile)})
 	if err != nil {
 		t.Fatalf("helm install from %s: %v", tg.Chart, err)
 	}

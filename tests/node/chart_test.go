@@ -29,6 +29,8 @@ func nodeValues(t *testing.T, hostRoot string) string {
 	values := fmt.Sprintf(`global:
   # the image built and imported here; never pulled
   stackImage: {tag: %[4]q, pullPolicy: Never}
+  # the toolkit image is built here, not upstream's: unpinned
+  imageDigests: {"nvidia/k8s/container-toolkit:v1.20.0": ""}
   # the driver manager's module and mount operations act on the fixture host (rootFS), not this machine's kernel
   extraEnv: {DRIVER_MANAGER_KERNEL: fixture}
   hostPaths:

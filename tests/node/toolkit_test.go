@@ -276,6 +276,8 @@ func toolkitValues(t *testing.T, hostRoot, installDir, dropIn string) string {
 	repo, tag, _ := strings.Cut(rest, ":")
 	values := fmt.Sprintf(`global:
   stackImage: {tag: %[1]q, pullPolicy: Never}
+  # the toolkit image is built here, not upstream's: unpinned
+  imageDigests: {"nvidia/k8s/container-toolkit:v1.20.0": ""}
   extraEnv: {DRIVER_MANAGER_KERNEL: fixture}
   hostPaths:
     rootFS: %[2]s

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,6 +45,27 @@ func Registry(t testing.TB) string {
 	s := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(s.Close)
 	return strings.TrimPrefix(s.URL, "http://")
+}
+
+// unpinnedList writes the images by tag alone into a file for the bundle to read (BundleOptions.ImagesFile), and
+// returns its path; "" when none is pinned (the chart's own list does). The registry seeded here holds random
+// images, never the digests the chart pins (upstream's, global.imageDigests' defaults); the bundle's
+// values-airgap.yaml then pins every image to what it bundled, by the same keys, so the renders checked against the
+// private registry still carry a digest for each image.
+func unpinnedList(t testing.TB, images []airgap.Image) string {
+	t.Helper()
+	if !slices.ContainsFunc(images, func(img airgap.Image) bool { return img.Digest != (v1.Hash{}) }) {
+		return ""
+	}
+	var lines []string
+	for _, img := range images {
+		lines = append(lines, img.Ref)
+	}
+	path := filepath.Join(t.TempDir(), imagelist.FileName)
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // BundleAndMirror seeds an upstream registry under every name in chartDir's images.txt, bundles the chart with
@@ -84,7 +106,7 @@ func BundleAndMirror(t testing.TB, chartDir string) *Mirrored {
 
 	m.Bundle = filepath.Join(t.TempDir(), "bundle.tar")
 	var out bytes.Buffer
-	b := airgap.BundleOptions{ChartDir: chartDir, OwnImageLayout: ownLayout, Upstream: m.Upstream, Out: m.Bundle}
+	b := airgap.BundleOptions{ChartDir: chartDir, ImagesFile: unpinnedList(t, images), OwnImageLayout: ownLayout, Upstream: m.Upstream, Out: m.Bundle}
 	if err := b.Complete(); err != nil {
 		t.Fatal(err)
 	}
