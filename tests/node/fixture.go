@@ -11,12 +11,35 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/node/simnvml/config"
 )
+
+// standInDriverVersion is the version the driver stand-in's nvidia-smi reports and its libraries are named by.
+const standInDriverVersion = "595.91.07"
+
+// nvmlPath is the driver root's NVML, by its versioned name.
+var nvmlPath = "/" + driverLibDir + "/libnvidia-ml.so." + standInDriverVersion
+
+// standInGPUs is the GPU the driver stand-in's NVML (tests/node/simnvml) answers for: the fixture host's one
+// (HostTree's /dev/nvidia0, NVIDIAGPU's PCI function).
+var standInGPUs = config.Config{DriverVersion: standInDriverVersion, CUDAVersion: "13.0", GPUs: []config.GPU{
+	{Name: "NVIDIA A100-SXM4-40GB", UUID: "GPU-0c5a4e2b-0000-4000-8000-000000000001", MemoryBytes: 42949672960,
+		PCIBusID: NVIDIAGPU.Address, PCIDeviceID: 0x20b0, Minor: 0, ComputeCapability: "8.0", MIGCapable: true},
+}}
+
+// DriverLinks are the driver root's links to DriverFiles' libraries by their sonames (path -> target), as a driver
+// installs them: the toolkit's CDI generation finds the driver's version, and its libraries, by the versioned names.
+var DriverLinks = map[string]string{
+	"/" + driverLibDir + "/libnvidia-ml.so.1": "libnvidia-ml.so." + standInDriverVersion,
+	"/" + driverLibDir + "/libcuda.so.1":      "libcuda.so." + standInDriverVersion,
+}
 
 // DriverFiles builds what a driver root holds for the checks that run it, into dir: an nvidia-smi that is
 // dynamically linked against glibc (as the real one is, so a static image cannot exec it without the driver root's
-// loader), stub libnvidia-ml.so.1 and libcuda.so.1, and this machine's glibc loader and libc. It returns them as
-// path in the driver root -> file here.
+// loader), a stub libcuda named by the driver's version, as a driver installs it (its .so.1 name is in
+// DriverLinks), and this machine's glibc loader and libc. It returns them as path in the driver root -> file here.
+// The driver root's NVML (nvmlPath) is the simulated one, which importImages adds.
 func DriverFiles(ctx context.Context, dir string) (map[string]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -29,7 +52,7 @@ int main(int argc, char **argv) {
 	return 0;
 }
 `
-	lib := `int nvmlInit_v2(void) { return 0; } int cuInit(unsigned int f) { return 0; }`
+	lib := `int cuInit(unsigned int f) { return 0; }`
 	if err := os.WriteFile(filepath.Join(dir, "smi.c"), []byte(smi), 0o644); err != nil {
 		return nil, err
 	}
@@ -38,7 +61,6 @@ int main(int argc, char **argv) {
 	}
 	for _, c := range [][]string{
 		{"-O2", "-o", "nvidia-smi", "smi.c"},
-		{"-O2", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", "libnvidia-ml.so.1", "lib.c"},
 		{"-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "libcuda.so.1", "lib.c"},
 	} {
 		cmd := exec.CommandContext(ctx, "gcc", c...)
@@ -47,14 +69,12 @@ int main(int argc, char **argv) {
 			return nil, fmt.Errorf("gcc %v: %v: %s", c, err, out)
 		}
 	}
-	libdir := "/usr/lib/x86_64-linux-gnu"
 	return map[string]string{
-		"/usr/bin/nvidia-smi":                 filepath.Join(dir, "nvidia-smi"),
-		libdir + "/libnvidia-ml.so.1":         filepath.Join(dir, "libnvidia-ml.so.1"),
-		libdir + "/libcuda.so.1":              filepath.Join(dir, "libcuda.so.1"),
-		"/lib64/ld-linux-x86-64.so.2":         "/lib64/ld-linux-x86-64.so.2",
-		"/lib/x86_64-linux-gnu/libc.so.6":     "/lib/x86_64-linux-gnu/libc.so.6",
-		"/usr/lib/x86_64-linux-gnu/libc.so.6": "/lib/x86_64-linux-gnu/libc.so.6",
+		"/usr/bin/nvidia-smi": filepath.Join(dir, "nvidia-smi"),
+		"/" + driverLibDir + "/libcuda.so." + standInDriverVersion: filepath.Join(dir, "libcuda.so.1"),
+		"/lib64/ld-linux-x86-64.so.2":                              "/lib64/ld-linux-x86-64.so.2",
+		"/lib/x86_64-linux-gnu/libc.so.6":                          "/lib/x86_64-linux-gnu/libc.so.6",
+		"/usr/lib/x86_64-linux-gnu/libc.so.6":                      "/lib/x86_64-linux-gnu/libc.so.6",
 	}, nil
 }
 

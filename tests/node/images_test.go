@@ -3,11 +3,14 @@ package node
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/node/simnvml/build"
 )
 
 // Stand-in images for the third-party operands the suite runs, tagged with the references the chart renders.
@@ -43,7 +46,18 @@ func importImages(ctx context.Context, n *Node, runtimeBin string) error {
 	if err != nil {
 		return err
 	}
+	// the driver root's NVML answers for the fixture host's GPU (the toolkit's CDI generation asks it the driver's
+	// version), as the real driver's does for the node's
+	nvml, err := build.Build(ctx, n.ModuleDir, "")
+	if err != nil {
+		return fmt.Errorf("the driver root's simulated NVML: %w", err)
+	}
+	files[nvmlPath] = filepath.Join(n.Dir, "driver-files", "libnvidia-ml.so."+standInDriverVersion)
+	if err := standInGPUs.Embed(nvml, files[nvmlPath]); err != nil {
+		return err
+	}
 	driver.Files = files // the driver root the real image installs
+	maps.Copy(driver.Links, DriverLinks)
 	toolkit, err := StandIn(toolkitImage, "./tests/node/standin/toolkit")
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 )
@@ -140,6 +142,7 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 		t.Errorf("the installed nvidia-container-runtime.real --version: %v: %s", err, out)
 	}
 
+	managementSpec(t, installDir)
 	runOnNvidia(t, ctx, runtimeBin)
 	// Upstream v1.20.0's installer signals containerd with SIGHUP to the pid it reads from the credentials of
 	// containerd's first message on a fresh connection, but it turns SO_PASSCRED on only after connecting: when that
@@ -195,8 +198,88 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 	// imports); a node's real config keeps it, importing an empty folder.
 	t.Logf("containerd's main config after uninstall still imports %s: %v (it did before the install: %v)", importLine,
 		strings.Contains(mainEnd, importLine), strings.Contains(mainBefore, importLine))
+	if _, err := os.Stat(managementCDISpec); err == nil {
+		t.Logf("the installer's %s stays after uninstall (upstream v1.20.0's installer never removes it)", managementCDISpec)
+	}
 	if _, err := os.Stat(runtimeBin); err == nil {
 		t.Logf("the installed toolkit stays in %s after uninstall (upstream's installer removes only the runtime config)", installDir)
+	}
+}
+
+// managementCDISpec is where the installer writes its CDI spec for management containers (the chart's CDI root).
+const managementCDISpec = "/var/run/cdi/management.nvidia.com-gpu.yaml"
+
+// cdiEdits is the part of a CDI spec's container edits the checks read.
+type cdiEdits struct {
+	DeviceNodes []struct {
+		Path     string `json:"path"`
+		HostPath string `json:"hostPath"`
+	} `json:"deviceNodes"`
+	Mounts []struct {
+		HostPath string `json:"hostPath"`
+	} `json:"mounts"`
+	Hooks []struct {
+		Path string `json:"path"`
+	} `json:"hooks"`
+}
+
+// managementSpec checks the CDI spec the installer generated for the stack's own containers
+// (management.nvidia.com/gpu=all, the chart's NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND), as the host sees it:
+// the device nodes under the host's /dev, the driver's libraries under the driver root on the host, found by the
+// versioned names the driver stand-in installs, and the hooks run by the nvidia-cdi-hook in the install folder.
+func managementSpec(t *testing.T, installDir string) {
+	t.Helper()
+	t.Cleanup(func() { os.Remove(managementCDISpec) })
+	raw, err := os.ReadFile(managementCDISpec)
+	if err != nil {
+		t.Errorf("the installer wrote no CDI spec for management containers: %v", err)
+		return
+	}
+	var spec struct {
+		Kind    string `json:"kind"`
+		Devices []struct {
+			Name           string   `json:"name"`
+			ContainerEdits cdiEdits `json:"containerEdits"`
+		} `json:"devices"`
+		ContainerEdits cdiEdits `json:"containerEdits"`
+	}
+	if err := yaml.Unmarshal(raw, &spec); err != nil {
+		t.Fatalf("%s: %v", managementCDISpec, err)
+	}
+	t.Logf("%s:\n%s", managementCDISpec, raw)
+	// a device's own edits and the common ones, as the host names their files
+	var names, nodes, mounts, hooks []string
+	edits := []cdiEdits{spec.ContainerEdits}
+	for _, d := range spec.Devices {
+		names = append(names, d.Name)
+		edits = append(edits, d.ContainerEdits)
+	}
+	for _, e := range edits {
+		for _, n := range e.DeviceNodes {
+			nodes = append(nodes, cmp.Or(n.HostPath, n.Path))
+		}
+		for _, m := range e.Mounts {
+			mounts = append(mounts, m.HostPath)
+		}
+		for _, h := range e.Hooks {
+			hooks = append(hooks, h.Path)
+		}
+	}
+	if spec.Kind != "management.nvidia.com/gpu" || !slices.Contains(names, "all") {
+		t.Errorf("%s: kind %q with devices %v, want management.nvidia.com/gpu with device all", managementCDISpec, spec.Kind, names)
+	}
+	for _, want := range []string{"/dev/nvidiactl", "/dev/nvidia0"} {
+		if !slices.Contains(nodes, want) {
+			t.Errorf("%s does not name the device node %s (nodes %v)", managementCDISpec, want, nodes)
+		}
+	}
+	lib := "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + standInDriverVersion
+	if !slices.Contains(mounts, lib) {
+		t.Errorf("%s does not mount %s, the driver's NVML as the host names it (mounts %v)", managementCDISpec, lib, mounts)
+	}
+	hook := filepath.Join(installDir, "toolkit", "nvidia-cdi-hook")
+	if len(hooks) == 0 || slices.ContainsFunc(hooks, func(p string) bool { return p != hook }) {
+		t.Errorf("%s runs hooks %v, want each to be %s", managementCDISpec, hooks, hook)
 	}
 }
 
@@ -293,11 +376,10 @@ driver:
   startupProbe: {initialDelaySeconds: 2, periodSeconds: 2}
 toolkit:
   image: {registry: %[5]s, repository: %[6]s, tag: %[7]s}
-  # No CDI spec generation: it calls NVML (nvmlSystemGetDriverVersion), which the driver stand-in's
-  # libnvidia-ml.so.1 does not have, and with it go the control device nodes, which the installer makes from the
-  # kernel's /proc/devices, where no NVIDIA driver registered here. containerd's CDI switch stays on, as the chart's
-  # CDI_ENABLED=true has it.
-  extraEnv: {CDI_OUTPUT_DIR: "", RUNTIME_ENABLE_CDI: "true"}
+  # The installer makes no control device nodes here: it reads their numbers from the kernel's /proc/devices, where
+  # no NVIDIA driver registered on this machine (the fixture host has its own /dev/nvidiactl). containerd's CDI
+  # switch stays on, as the chart's CDI_ENABLED=true has it.
+  extraEnv: {CREATE_DEVICE_NODES: none, RUNTIME_ENABLE_CDI: "true"}
   runtimeConfig:
     config: %[8]s
     dropInConfig: %[9]s
