@@ -79,7 +79,7 @@ func NewRoot(out io.Writer) (*cobra.Command, Scope) {
 	}
 	root.AddCommand(inGroup(AdminGroup, statusCommand(flags, &release, out), upgradeCommand(flags, &release, out))...)
 	root.AddCommand(inGroup(HookGroup, checkCommand(flags, &release, out), cleanupCommand(flags, &release, out),
-		preUpgradeCommand(flags, &release, out, &now), seedLabelCommand(flags, out))...)
+		preUpgradeCommand(flags, &release, out, &now), seedLabelCommand(flags, out), keepRuntimeConfigCommand(out))...)
 	root.SetHelpCommandGroupID(AdminGroup)
 	root.SetCompletionCommandGroupID(AdminGroup)
 	return root, Scope{Flags: flags, Release: &release, Now: &now}
