@@ -403,6 +403,9 @@ func describe(p *corev1.Pod) string {
 		if st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
 			continue
 		}
+		if sidecar(p, st.Name) && st.State.Running != nil && st.Started != nil && *st.Started {
+			continue // a native sidecar runs for the pod's life: started, it holds nothing back
+		}
 		return fmt.Sprintf("Init:%d/%d %s %s", i, n, st.Name, containerState(st))
 	}
 	for _, st := range p.Status.ContainerStatuses {
@@ -414,6 +417,12 @@ func describe(p *corev1.Pod) string {
 		return strings.TrimSpace(p.Status.Reason + " " + p.Status.Message)
 	}
 	return string(p.Status.Phase) + ", not ready"
+}
+
+// sidecar says whether the pod's init container name is a native sidecar (restartPolicy Always).
+func sidecar(p *corev1.Pod, name string) bool {
+	i := slices.IndexFunc(p.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == name })
+	return i >= 0 && p.Spec.InitContainers[i].RestartPolicy != nil && *p.Spec.InitContainers[i].RestartPolicy == corev1.ContainerRestartPolicyAlways
 }
 
 func containerState(st corev1.ContainerStatus) string {

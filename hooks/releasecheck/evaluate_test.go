@@ -91,6 +91,22 @@ func TestEvaluate(t *testing.T) {
 		}
 	})
 
+	// a native sidecar (the toolkit's runtime-config-keeper) runs for the pod's life: a pod held back by its next
+	// init container names that one, not the sidecar
+	t.Run("a running native sidecar holds nothing back", func(t *testing.T) {
+		p := pod(validator, "a", "r1", false)
+		always, started := corev1.ContainerRestartPolicyAlways, true
+		p.Spec.InitContainers = append([]corev1.Container{{Name: "runtime-config-keeper", RestartPolicy: &always}}, p.Spec.InitContainers...)
+		p.Status.InitContainerStatuses = append([]corev1.ContainerStatus{{Name: "runtime-config-keeper", Started: &started,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}, p.Status.InitContainerStatuses...)
+		slimmed, _ := slim(p.DeepCopy())
+		for _, q := range []*corev1.Pod{p, slimmed.(*corev1.Pod)} {
+			if got := describe(q); got != "Init:2/3 toolkit-validation CrashLoopBackOff" {
+				t.Errorf("describe = %q, want the validation that holds the pod back", got)
+			}
+		}
+	})
+
 	t.Run("a failed validation fails its node with the reason", func(t *testing.T) {
 		bad := gpuNode("b", nil)
 		bad.Annotations = map[string]string{nodestate.ValidationAnnotationPrefix + "driver": "failed: nvidia-smi exited 9"}

@@ -8,7 +8,8 @@ import (
 )
 
 // slim drops, before an object enters the watches' caches, what Evaluate never reads: every object's managed
-// fields, a pod's spec but its node and init container names, a node's image list and a revision's template. On
+// fields, a pod's spec but its node and its init containers' names and restart policies, a node's image list and a
+// revision's template. On
 // 1,000 nodes the pods' specs and the managed fields are most of what the gate would hold.
 func slim(obj any) (any, error) {
 	if o, ok := obj.(metav1.Object); ok {
@@ -18,7 +19,7 @@ func slim(obj any) (any, error) {
 	case *corev1.Pod:
 		inits := make([]corev1.Container, len(o.Spec.InitContainers))
 		for i, c := range o.Spec.InitContainers {
-			inits[i] = corev1.Container{Name: c.Name}
+			inits[i] = corev1.Container{Name: c.Name, RestartPolicy: c.RestartPolicy} // a native sidecar's runs on
 		}
 		o.Spec = corev1.PodSpec{NodeName: o.Spec.NodeName, InitContainers: inits}
 	case *corev1.Node:

@@ -601,6 +601,9 @@ func running(pod *corev1.Pod, ready bool, stuck *initStuck) corev1.PodStatus {
 	for i, c := range pod.Spec.InitContainers {
 		cs := corev1.ContainerStatus{Name: c.Name, Image: c.Image, ImageID: c.Image}
 		switch {
+		case (stuck == nil || i < stuck.index) && c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways:
+			started := true // a native sidecar runs for the pod's life
+			cs.State.Running, cs.Started, cs.Ready = &corev1.ContainerStateRunning{StartedAt: now}, &started, true
 		case stuck == nil || i < stuck.index:
 			cs.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now}
 			cs.Ready = true

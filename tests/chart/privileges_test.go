@@ -37,7 +37,8 @@ func needsPrivileges(c map[string]any) bool {
 
 // TestProjectImagePrivilegesRunAsRoot: a non-root process has no effective capabilities even in a privileged
 // container (CapEff 0), so every container of the project's image (USER 65532) that is privileged or adds
-// capabilities must run as root; every other one runs as the image's non-root user.
+// capabilities must run as root; every other one runs as the image's non-root user, but those that write root-owned
+// host files, which run as root with no capability (rootForHostFiles).
 func TestProjectImagePrivilegesRunAsRoot(t *testing.T) {
 	t.Parallel()
 	seen := map[string]int{}
@@ -59,6 +60,12 @@ func TestProjectImagePrivilegesRunAsRoot(t *testing.T) {
 						continue
 					}
 					seen["unprivileged"]++
+					if _, owner := rootForHostFiles[fmt.Sprint(c["name"])]; owner {
+						if fmt.Sprint(user) != "0" {
+							t.Errorf("%s writes root-owned host files but runs as user %v; set runAsUser: 0", name, orImage(user))
+						}
+						continue
+					}
 					if fmt.Sprint(user) == "0" {
 						t.Errorf("%s needs no privileges but runs as root; keep the image's user 65532", name)
 					}
@@ -69,6 +76,12 @@ func TestProjectImagePrivilegesRunAsRoot(t *testing.T) {
 	if seen["privileged"] == 0 || seen["unprivileged"] == 0 {
 		t.Fatalf("found %d privileged and %d unprivileged containers of the project's image: is the image matched?", seen["privileged"], seen["unprivileged"])
 	}
+}
+
+// rootForHostFiles are the project image's containers that run as root with no capability, for the host files they
+// write, which root owns (the owner's rights need none), and why.
+var rootForHostFiles = map[string]string{
+	"runtime-config-keeper": "writes the runtime's root-owned main config back, and removes the toolkit's CDI spec",
 }
 
 func orImage(u any) any {

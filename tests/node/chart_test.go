@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -155,6 +156,14 @@ func chartOnNode(t *testing.T, hostRoot string, loaded bool, changes []string) {
 			}
 		}
 		for _, s := range p.Status.InitContainerStatuses {
+			i := slices.IndexFunc(p.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == s.Name })
+			if i >= 0 && p.Spec.InitContainers[i].RestartPolicy != nil && *p.Spec.InitContainers[i].RestartPolicy == corev1.ContainerRestartPolicyAlways {
+				// a native sidecar runs for the pod's life
+				if s.State.Running == nil || s.Started == nil || !*s.Started {
+					t.Errorf("pod %s: sidecar %s is not running: %s", p.Name, s.Name, state(s))
+				}
+				continue
+			}
 			if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
 				t.Errorf("pod %s: init container %s did not pass: %s", p.Name, s.Name, state(s))
 			}

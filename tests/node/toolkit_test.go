@@ -190,16 +190,25 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 	if err := testNode.waitContainerd(ctx); err != nil {
 		t.Fatal(err)
 	}
-	mainEnd := readFile(t, testNode.ContainerdConfig())
-	if strings.Contains(mainEnd, "runtimes.nvidia") {
-		t.Errorf("containerd's main config still names the nvidia runtime after uninstall:\n%s", mainEnd)
-	}
 	// Upstream v1.20.0 drops the import again only from a main config that holds nothing else (version and
-	// imports); a node's real config keeps it, importing an empty folder.
-	t.Logf("containerd's main config after uninstall still imports %s: %v (it did before the install: %v)", importLine,
-		strings.Contains(mainEnd, importLine), strings.Contains(mainBefore, importLine))
-	if _, err := os.Stat(managementCDISpec); err == nil {
-		t.Logf("the installer's %s stays after uninstall (upstream v1.20.0's installer never removes it)", managementCDISpec)
+	// imports), and never removes its CDI spec; the pod's runtime-config-keeper, stopped after the installer, gives
+	// the config its bytes back and removes the spec
+	var mainEnd string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		mainEnd = readFile(t, testNode.ContainerdConfig())
+		_, err := os.Stat(managementCDISpec)
+		return mainEnd == mainBefore && errors.Is(err, os.ErrNotExist), nil
+	})
+	if mainEnd != mainBefore {
+		t.Errorf("containerd's main config after uninstall is not its bytes from before the install (imports %s: %v):\n%s\nbefore:\n%s",
+			importLine, strings.Contains(mainEnd, importLine), mainEnd, mainBefore)
+	}
+	if _, err := os.Stat(managementCDISpec); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the installer's %s stays after uninstall: %v", managementCDISpec, err)
+	}
+	if err == nil {
+		t.Logf("containerd's main config has its bytes from before the install, and the CDI spec is gone, %s after the uninstall began",
+			time.Since(start).Round(100*time.Millisecond))
 	}
 	if _, err := os.Stat(runtimeBin); err == nil {
 		t.Logf("the installed toolkit stays in %s after uninstall (upstream's installer removes only the runtime config)", installDir)

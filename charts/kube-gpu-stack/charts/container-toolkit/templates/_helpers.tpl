@@ -127,3 +127,36 @@ NRI only the NRI socket's directory.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+container-toolkit.configKeeper: the toolkit pod's native sidecar (an init container that runs for the pod's life).
+It starts before the toolkit and records the runtime's main config; it stops after the toolkit's own cleanup (a
+native sidecar stops after the pod's containers) and gives the config its bytes back when it differs only by the
+toolkit's import of its drop-in, and removes the toolkit's CDI spec for management containers (hooks/runtimeconfig).
+Upstream's installer, stopped, leaves both. Root for the root-owned config, with no capability and no token.
+*/}}
+{{- define "container-toolkit.configKeeper" -}}
+{{- $rt := include "container-toolkit.runtime" . -}}
+{{- $args := list "--state" "/run/nvidia/toolkit/runtime-config.json" -}}
+{{- $mounts := list (dict "name" "run-nvidia-toolkit" "mountPath" "/run/nvidia/toolkit") -}}
+{{- if not .Values.global.cdi.nriPluginEnabled }}
+{{- $files := include "container-toolkit.runtimeFiles" . | fromJson -}}
+{{- $args = concat $args (list "--config" (printf "/runtime/config-dir/%s" (base $files.config)) "--drop-in" $files.dropInConfig) -}}
+{{- $mounts = append $mounts (dict "name" (printf "%s-config" $rt) "mountPath" "/runtime/config-dir/") -}}
+{{- end }}
+{{- if .Values.global.cdi.enabled }}
+{{- $args = concat $args (list "--cdi-spec" "/var/run/cdi/management.nvidia.com-gpu.yaml") -}}
+{{- $mounts = append $mounts (dict "name" "cdi-root" "mountPath" "/var/run/cdi") -}}
+{{- end }}
+{{- include "gpu-stack-lib.container" (dict
+  "ctx" .
+  "name" "runtime-config-keeper"
+  "image" (include "gpu-stack-lib.stackImage" .)
+  "pullPolicy" .Values.global.stackImage.pullPolicy
+  "command" (list "kube-gpu-stack" "keep-runtime-config")
+  "args" $args
+  "volumeMounts" $mounts
+  "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsUser" 0 "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault"))
+  "spec" (dict "restartPolicy" "Always" "resources" (dict "requests" (dict "cpu" "1m" "memory" "16Mi") "limits" (dict "memory" "64Mi")))
+) }}
+{{- end }}
