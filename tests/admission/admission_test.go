@@ -127,6 +127,9 @@ func nodeWritingAccounts(t *testing.T, stream string) map[string]string {
 		switch o := obj.(type) {
 		case *appsv1.DaemonSet:
 			dss = append(dss, o)
+			if o.Spec.Template.Spec.ServiceAccountName == kataSA && len(o.Spec.Template.Spec.Containers) > 0 {
+				kataImage = o.Spec.Template.Spec.Containers[0].Image
+			}
 		case *rbacv1.ClusterRole:
 			roles[o.Name] = o
 		case *rbacv1.ClusterRoleBinding:

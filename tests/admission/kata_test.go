@@ -10,10 +10,11 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-const (
-	kataSA    = "nvidia-kata-sandbox-device-plugin"
-	kataImage = "nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5"
-)
+const kataSA = "nvidia-kata-sandbox-device-plugin"
+
+// kataImage is the kata plugin's image as the chart renders it (install reads it from the render): the policy
+// allows the GFD pods it starts only with that exact reference, digest pin included.
+var kataImage string
 
 // TestKataPluginStartsOnlyItsNodesGFDPod: the kata sandbox device plugin's Role may create and delete any pod in the
 // release namespace, which holds the stack's privileged pods and Secrets; v0.0.5 starts one GFD pod per node,
@@ -22,6 +23,9 @@ const (
 // pod under another account, another image, a pod reading a Secret, and the deletion of another pod.
 func TestKataPluginStartsOnlyItsNodesGFDPod(t *testing.T) {
 	install(t)
+	if kataImage == "" {
+		t.Fatalf("the render has no DaemonSet of account %s to read the kata plugin's image from", kataSA)
+	}
 	ctx := t.Context()
 	c := clientAs(t, kataSA, podOn(t, kataSA, nodeA))
 	gfd := func(name, node, sa, image string, mutate ...func(*corev1.Pod)) *corev1.Pod {
