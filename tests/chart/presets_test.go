@@ -296,3 +296,31 @@ func TestNRIPlugin(t *testing.T) {
 		})
 	}
 }
+
+// TestToolkitWaitsBeforeItsInstaller: the toolkit's installer starts toolkit.startDelaySeconds (5 by default, the GPU
+// Operator's delay for containerd 1.6.9 and later) after the driver is ready, right before its exec; 0 starts it at
+// once.
+func TestToolkitWaitsBeforeItsInstaller(t *testing.T) {
+	t.Parallel()
+	files := []string{profileFile("container-only")}
+	for set, want := range map[string]string{
+		"":                             "set +a; sleep 5; exec nvidia-toolkit",
+		"toolkit.startDelaySeconds=0":  "set +a; exec nvidia-toolkit",
+		"toolkit.startDelaySeconds=12": "set +a; sleep 12; exec nvidia-toolkit",
+	} {
+		var sets []string
+		if set != "" {
+			sets = append(sets, set)
+		}
+		tk := daemonSet(t, render(t, newestKube, files, sets...), "nvidia-container-toolkit-daemonset")
+		var script string
+		for _, c := range tk.Spec.Template.Spec.Containers {
+			if c.Name == "nvidia-container-toolkit-ctr" && len(c.Command) == 3 {
+				script = c.Command[2]
+			}
+		}
+		if !strings.HasSuffix(script, want) {
+			t.Errorf("with %q the toolkit runs %q, want it to end %q", set, script, want)
+		}
+	}
+}

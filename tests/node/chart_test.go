@@ -46,6 +46,8 @@ driver:
   os: [ubuntu22.04]
   startupProbe: {initialDelaySeconds: 2, periodSeconds: 2}
 toolkit:
+  # the stand-in never restarts containerd, the delay's reason (TestToolkitConfiguresContainerd keeps the default)
+  startDelaySeconds: 0
   runtimeConfig:
     config: %[1]s/etc/containerd/config.toml
     dropInConfig: %[1]s/etc/containerd/conf.d/99-nvidia.toml

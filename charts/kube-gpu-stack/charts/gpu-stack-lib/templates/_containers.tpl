@@ -143,8 +143,11 @@ gpu-stack-lib.withDriverEnv: a command that exports the facts the driver validat
 (IS_HOST_DRIVER, NVIDIA_DRIVER_ROOT, DRIVER_ROOT_CTR_PATH, ...) and then execs the given command, so one pod
 template serves nodes with a containerized driver and nodes with a host driver. dict "command" (list ...)
 ["exports" SHELL: run after driver-ready is sourced, while every variable it sets is exported]
+["delaySeconds" N: wait N seconds before the exec]
 */}}
 {{- define "gpu-stack-lib.withDriverEnv" -}}
-{{- $script := printf "until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for driver-ready; sleep 5; done; set -a; . /run/nvidia/validations/driver-ready; %sset +a; exec %s" (.exports | default "" | printf "%s") (join " " .command) -}}
+{{- $delay := "" -}}
+{{- with .delaySeconds }}{{ $delay = printf "sleep %d; " (int .) }}{{ end -}}
+{{- $script := printf "until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for driver-ready; sleep 5; done; set -a; . /run/nvidia/validations/driver-ready; %sset +a; %sexec %s" (.exports | default "" | printf "%s") $delay (join " " .command) -}}
 {{- toJson (list "sh" "-c" $script) -}}
 {{- end }}
