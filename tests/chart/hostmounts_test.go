@@ -124,7 +124,6 @@ var writableHostMounts = map[hostMount]string{
 	{"nvidia-kata-sandbox-device-plugin-ctr", "/var/run/cdi"}:                      cdiWrites,
 	{"nvidia-sandbox-device-plugin-ctr", "/var/lib/kubelet/device-plugins"}:        pluginSocket,
 	{"nvidia-sandbox-device-plugin-ctr", "/var/run/cdi"}:                           cdiWrites,
-	{"nvidia-sandbox-device-plugin-ctr", "/dev/vfio"}:                              "opens the vfio devices it hands to VMs (upstream's chart mounts it writable; not verified here)",
 	{"gpus", "/var/lib/kubelet/plugins"}:                                           draSocket,
 	{"gpus", "/var/lib/kubelet/plugins_registry"}:                                  draSocket,
 	{"gpus", "/var/run/cdi"}:                                                       cdiWrites,

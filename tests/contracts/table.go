@@ -473,8 +473,9 @@ var Table = []Contract{
 		// no os.Getenv or flag in the non-vendored code.
 		Env: vars(),
 		HostPaths: []HostPath{
-			// pkg/device_plugin/generic_device_plugin.go: vfioDevicePath = "/dev/vfio".
-			{Container: "/dev/vfio", Host: "/dev/vfio", Why: "VFIO group devices it hands to VMs"},
+			// pkg/device_plugin/generic_device_plugin.go: vfioDevicePath = "/dev/vfio", only watched (fsnotify on
+			// /dev/vfio/<group>) and named in the kubelet's DeviceSpecs: no open, create or write there (commit d26f237).
+			{Container: "/dev/vfio", Host: "/dev/vfio", Why: "VFIO group devices it names to the kubelet for VMs (watched, never written)"},
 			{Container: "/var/lib/kubelet/device-plugins", Host: "/var/lib/kubelet/device-plugins", Why: "the kubelet's device-plugin socket directory (where the kubelet serves it whatever its root)"},
 		},
 	},
