@@ -134,7 +134,6 @@ var writableHostMounts = map[hostMount]string{
 	{"gpu-feature-discovery", "/etc/kubernetes/node-feature-discovery/features.d"}: "with the NodeFeature API off, GFD writes its labels as a feature file there",
 	{"nvidia-mig-manager", "/sys"}:                                                 "repartitions GPUs and rebinds them through sysfs",
 	{"nvidia-mig-manager", "/host"}:                                                "runs the host's systemctl through chroot to stop and start GPU clients around a MIG change",
-	{"nvidia-mig-manager", "/run/nvidia/validations"}:                              "upstream's chart mounts it writable (not verified here)",
 	{"nvidia-mig-manager", "/var/run/cdi"}:                                         cdiWrites,
 	{"nvidia-cc-manager", "/sys"}:                                                  "switches the GPUs' confidential-computing mode through sysfs",
 	{"nvidia-cc-manager", "/run/nvidia/validations"}:                               "writes and removes .cc-manager-ctr-ready",
