@@ -139,7 +139,6 @@ var writableHostMounts = map[hostMount]string{
 	{"nvidia-cc-manager", "/run/nvidia/validations"}:                               "writes and removes .cc-manager-ctr-ready",
 	{"nvidia-vfio-manager", "/sys"}:                                                "binds GPUs to vfio-pci through sysfs",
 	{"nvidia-vgpu-device-manager", "/sys"}:                                         "creates and removes the mediated devices through sysfs",
-	{"nvidia-vgpu-device-manager", "/host"}:                                        "runs the host's tools through chroot (upstream's chart mounts it writable; not verified here)",
 }
 
 const (
