@@ -61,8 +61,9 @@ func TestHostMountsAreReadOnlyUnlessTheContainerWrites(t *testing.T) {
 // folder at.
 type hostMount struct{ container, path string }
 
-// writableHostMounts are the host mounts a container writes to, and what it writes. "Not verified here" marks what
-// only upstream's own chart says.
+// writableHostMounts are the host mounts a container writes to, and what it writes, each read from the operand's
+// source at its pinned tag or seen on the real-node tier (a mount only upstream's own chart vouched for was checked
+// against the source and made read-only where the operand writes nothing).
 var writableHostMounts = map[hostMount]string{
 	{"cc-manager-validation", "/run/nvidia/validations"}:                           validatorWrites,
 	{"cuda-validation", "/run/nvidia/validations"}:                                 validatorWrites,
@@ -127,7 +128,6 @@ var writableHostMounts = map[hostMount]string{
 	{"gpus", "/var/lib/kubelet/plugins"}:                                           draSocket,
 	{"gpus", "/var/lib/kubelet/plugins_registry"}:                                  draSocket,
 	{"gpus", "/var/run/cdi"}:                                                       cdiWrites,
-	{"gpus", "/driver-root"}:                                                       "the chart leaves the GPU plugin's driver root writable, the ComputeDomain plugin's read-only (not verified here)",
 	{"compute-domains", "/var/lib/kubelet/plugins"}:                                draSocket,
 	{"compute-domains", "/var/lib/kubelet/plugins_registry"}:                       draSocket,
 	{"compute-domains", "/var/run/cdi"}:                                            cdiWrites,

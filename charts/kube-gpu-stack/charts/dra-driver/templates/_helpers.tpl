@@ -61,7 +61,8 @@ livenessProbe:
 dra-driver.pluginMounts: mounts both kubelet plugins share. The kubelet's plugin directories are mounted at their
 host paths, because the plugins register their sockets with the kubelet by those paths; CDI specs go to the host's
 /var/run/cdi; the driver root is at /driver-root (containerized driver) or /host (host driver), as driver-ready
-says (readOnly: false is left out, as the API server leaves it out: no GitOps drift). dict "ctx" . "driverRootReadOnly" BOOL
+says, read-only for both: v0.4.1 (commit 764900e) writes nothing under it (the GPU plugin runs nvidia-smi there through
+chroot, which opens device nodes only, and reads the persistence daemon's socket). dict "ctx" .
 */}}
 {{- define "dra-driver.pluginMounts" -}}
 {{- $kubelet := include "gpu-stack-lib.kubeletRootDir" .ctx -}}
@@ -69,6 +70,6 @@ says (readOnly: false is left out, as the API server leaves it out: no GitOps dr
 - {name: kubelet-plugins, mountPath: {{ printf "%s/plugins" $kubelet }}, mountPropagation: Bidirectional}
 - {name: cdi-root, mountPath: /var/run/cdi}
 - {name: run-nvidia-validations, mountPath: /run/nvidia/validations, readOnly: true, mountPropagation: HostToContainer}
-- {name: driver-install-dir, mountPath: /driver-root,{{ if .driverRootReadOnly }} readOnly: true,{{ end }} mountPropagation: HostToContainer}
+- {name: driver-install-dir, mountPath: /driver-root, readOnly: true, mountPropagation: HostToContainer}
 - {name: host-root, mountPath: /host, readOnly: true, mountPropagation: HostToContainer}
 {{- end }}
