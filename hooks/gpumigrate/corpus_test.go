@@ -332,6 +332,16 @@ var corpusChecks = append(operandImageChecks(), []corpusCheck{
 			}
 		}
 	}},
+	{keys: []string{"dcgm.hostPort"}, check: func(t *testing.T, site map[string]any, objs rendered, _ string) {
+		want, _ := getPath(site, "dcgm.hostPort")
+		for _, d := range objs.daemonSets(t, operandDaemonSets["dcgm"]) {
+			if !slices.ContainsFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool {
+				return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return fmt.Sprint(p.HostPort) == fmt.Sprint(want) })
+			}) {
+				t.Errorf("no container of %s exposes the host engine on the site's host port %v", d.Name, want)
+			}
+		}
+	}},
 	{keys: []string{"dcgmExporter.serviceMonitor"}, check: func(t *testing.T, site map[string]any, objs rendered, _ string) {
 		sm := objs.find("ServiceMonitor", "nvidia-dcgm-exporter")
 		if sm == nil {
