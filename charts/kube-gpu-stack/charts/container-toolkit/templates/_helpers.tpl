@@ -157,6 +157,6 @@ Upstream's installer, stopped, leaves both. Root for the root-owned config, with
   "args" $args
   "volumeMounts" $mounts
   "securityContext" (dict "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "runAsUser" 0 "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault"))
-  "spec" (dict "restartPolicy" "Always" "resources" (dict "requests" (dict "cpu" "1m" "memory" "16Mi") "limits" (dict "memory" "64Mi")))
+  "spec" (dict "restartPolicy" "Always" "resources" (dict "requests" (dict "cpu" "1m" "memory" "32Mi") "limits" (dict "memory" "128Mi")))
 ) }}
 {{- end }}
