@@ -57,7 +57,7 @@ func fullCopy(t *testing.T, tag, changes string) map[string]any {
 // TestKnownReleasesAreVendored: migrate knows the defaults of each vendored release, oldest first, and each file
 // says where it came from.
 func TestKnownReleasesAreVendored(t *testing.T) {
-	want := []string{"v24.3.0", "v24.6.2", "v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", OperatorTag}
+	want := []string{"v23.9.2", "v24.3.0", "v24.6.2", "v24.9.2", "v25.3.4", "v25.10.1", "v26.3.3", OperatorTag}
 	if got := KnownVersions(); !slices.Equal(got, want) {
 		t.Fatalf("known releases %v, want %v", got, want)
 	}
