@@ -32,22 +32,7 @@ func commandSums(t *testing.T) (string, []byte) {
 func TestBundleCarriesTheCommandsChecksumsUnderItsSignature(t *testing.T) {
 	f := newFixture(t, 4<<10)
 	sumsPath, sums := commandSums(t)
-	private, public, err := GenerateKeys(filepath.Join(t.TempDir(), "release"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bundle := filepath.Join(t.TempDir(), "bundle.tar")
-	o := BundleOptions{ChartDir: f.chartDir, OwnImageLayout: f.ownLayout, Upstream: f.upstream, Out: bundle,
-		SigningKey: private, CommandSums: sumsPath}
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.Run(t.Context(), &strings.Builder{}); err != nil {
-		t.Fatal(err)
-	}
+	bundle, _, public := signedBundle(t, f, func(o *BundleOptions) { o.CommandSums = sumsPath })
 	files := map[string][]byte{}
 	for _, e := range readTar(t, bundle) {
 		files[e.name] = e.data

@@ -20,6 +20,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/atomicfile"
 )
 
 // Where the printed helm install line installs the chart (the README's release name and namespace).
@@ -285,7 +287,7 @@ func (o *MirrorOptions) writeValues(files *bundleFiles) (string, error) {
 	}
 	filled := strings.Replace(string(raw), placeholder, fmt.Sprintf("  imageRegistry: %q\n", o.Registry), 1)
 	dst := filepath.Join(o.Out, ValuesFile)
-	if err := writeFileAtomic(o.Out, dst, []byte(filled)); err != nil {
+	if err := atomicfile.Write(dst, []byte(filled), 0o644); err != nil {
 		return "", fmt.Errorf("write %s: %w", dst, err)
 	}
 	if !filepath.IsAbs(dst) && !strings.HasPrefix(dst, ".") {
@@ -308,33 +310,12 @@ func (o *MirrorOptions) writeCommandSums(files *bundleFiles, out io.Writer) erro
 		return err
 	}
 	dst := filepath.Join(o.Out, CommandSumsFile)
-	if err := writeFileAtomic(o.Out, dst, raw); err != nil {
+	if err := atomicfile.Write(dst, raw, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", dst, err)
 	}
 	fmt.Fprintf(out, "wrote %s, the release's checksums of its command, which the bundle's %s covers: "+
 		"check the command you carried in with sha256sum -c %s --ignore-missing, where it lies\n", dst, SumsFile, shellQuote(dst))
 	return nil
-}
-
-// writeFileAtomic writes data to dst (in dir) through a temporary file, so dst is never half written.
-func writeFileAtomic(dir, dst string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(dst)+".partial-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
 }
 
 // tagged is the digest the registry's tag points at; zero when the tag does not exist.

@@ -7,8 +7,9 @@ import (
 	"testing"
 )
 
-// signedBundle bundles the fixture signed with a new key; it returns the bundle and the key pair's files.
-func signedBundle(t *testing.T, f *fixture) (bundle, private, public string) {
+// signedBundle bundles the fixture signed with a new key, after edit changes the options; it returns the bundle and
+// the key pair's files.
+func signedBundle(t *testing.T, f *fixture, edit ...func(*BundleOptions)) (bundle, private, public string) {
 	t.Helper()
 	private, public, err := GenerateKeys(filepath.Join(t.TempDir(), "release"))
 	if err != nil {
@@ -16,6 +17,9 @@ func signedBundle(t *testing.T, f *fixture) (bundle, private, public string) {
 	}
 	bundle = filepath.Join(t.TempDir(), "bundle.tar")
 	o := BundleOptions{ChartDir: f.chartDir, OwnImageLayout: f.ownLayout, Upstream: f.upstream, Out: bundle, SigningKey: private}
+	for _, e := range edit {
+		e(&o)
+	}
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}

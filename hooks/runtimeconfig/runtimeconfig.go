@@ -13,12 +13,15 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/atomicfile"
 )
 
 // Keeper keeps one runtime config.
@@ -71,7 +74,7 @@ func (k Keeper) Keep() error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(k.State, data, 0o600); err != nil {
+	if err := atomicfile.Write(k.State, data, 0o600); err != nil {
 		return fmt.Errorf("record the runtime config %s in %s: %w", k.Config, k.State, err)
 	}
 	k.Log.Info("recorded the runtime config before the toolkit", "config", k.Config, "existed", rec.Existed, "state", k.State)
@@ -136,7 +139,7 @@ func (k Keeper) restore(rec record) error {
 		k.Log.Info("removed the runtime config the toolkit created", "config", k.Config)
 		return nil
 	}
-	if err := writeAtomic(k.Config, []byte(rec.Content), fs.FileMode(rec.Mode)); err != nil {
+	if err := atomicfile.Write(k.Config, []byte(rec.Content), fs.FileMode(rec.Mode)); err != nil {
 		return fmt.Errorf("give the runtime config %s its bytes from before the toolkit: %w", k.Config, err)
 	}
 	k.Log.Info("gave the runtime config its bytes from before the toolkit", "config", k.Config)
@@ -174,24 +177,14 @@ func (k Keeper) beyondToolkit(now []byte, rec record) string {
 	if _, had := before["version"]; !had {
 		delete(cur, "version")
 	}
-	for key := range merged(cur, before) {
-		if !reflect.DeepEqual(cur[key], before[key]) {
-			return "key " + key
+	for _, m := range []map[string]any{cur, before} {
+		for _, key := range slices.Sorted(maps.Keys(m)) {
+			if !reflect.DeepEqual(cur[key], before[key]) {
+				return "key " + key
+			}
 		}
 	}
 	return ""
-}
-
-// merged is the set of both maps' keys.
-func merged(a, b map[string]any) map[string]bool {
-	keys := map[string]bool{}
-	for k := range a {
-		keys[k] = true
-	}
-	for k := range b {
-		keys[k] = true
-	}
-	return keys
 }
 
 // read returns State's record; nil when there is none.
@@ -208,29 +201,4 @@ func (k Keeper) read() (*record, error) {
 		return nil, fmt.Errorf("the runtime config's record %s is not one (%v): the config stays as it is; delete the file", k.State, err)
 	}
 	return &rec, nil
-}
-
-// writeAtomic writes data to path through a file beside it, so the path never holds half of it.
-func writeAtomic(path string, data []byte, mode fs.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/atomicfile"
 )
 
 // DefaultDir is where the status files live inside operand containers.
@@ -103,23 +105,7 @@ func Write(dir, name string, data []byte) error {
 	if err := validNames([]string{name}); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, name), data, 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", name, err)
 	}
 	return nil
