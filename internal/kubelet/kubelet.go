@@ -70,8 +70,8 @@ type Kubelet struct {
 	// the validators' outcomes) always go straight to the API server. Both are read and set under mu.
 	api           kubernetes.Interface
 	apiKubeconfig string
-	// perComponent, when set, gives the driver manager and the upgrade gate each a client of its own (UseClients).
-	perComponent func(component string) kubernetes.Interface
+	// perComponent, when set, gives the driver manager and the upgrade gate of each node a client (UseClients).
+	perComponent func(component, node string) kubernetes.Interface
 
 	mu       sync.Mutex
 	outcomes map[string]map[string]nodestate.Validation // node -> check -> outcome (absent: ready)
@@ -248,11 +248,12 @@ func (k *Kubelet) apiMoved() {
 	k.apiChanged = make(chan struct{})
 }
 
-// UseClients makes the driver manager and the upgrade gate the stand-in runs from now on talk to the API server
-// through clientFor(DriverManagerRun) and clientFor(UncordonRun): clients with a user agent each, so that the API
-// server's audit log tells their requests apart (in a cluster each runs in its own container). nil goes back to
-// the client UseAPI set.
-func (k *Kubelet) UseClients(clientFor func(component string) kubernetes.Interface) {
+// UseClients makes the driver manager and the upgrade gate the stand-in runs from now on on node talk to the API
+// server through clientFor(DriverManagerRun, node) and clientFor(UncordonRun, node): clients with a user agent
+// each, so that the API server's audit log tells their requests apart (in a cluster each runs in its own
+// container). Each node's should have a connection of its own, as apiFor explains. nil goes back to the client
+// UseAPI set.
+func (k *Kubelet) UseClients(clientFor func(component, node string) kubernetes.Interface) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.perComponent = clientFor
@@ -268,7 +269,7 @@ func (k *Kubelet) apiFor(component, node string) kubernetes.Interface {
 	defer k.mu.Unlock()
 	switch {
 	case k.perComponent != nil:
-		return k.perComponent(component)
+		return k.perComponent(component, node)
 	case k.api != k.client: // UseAPI moved it
 		return k.api
 	}

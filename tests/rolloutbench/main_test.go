@@ -33,6 +33,7 @@ var (
 	installTime    = flag.Duration("install", 30*time.Second, "how long each node's driver install takes")
 	maxUnavailable = flag.Int("max-unavailable", 20, "the pool's driver.upgradePolicy.maxUnavailable")
 	timeline       = flag.String("timeline", "", "write each node's phase times (seconds from the rollout's start) as CSV to this file")
+	keepAudit      = flag.Bool("keep-audit", false, "keep the API server's audit log (JSON lines, every request) and print where")
 )
 
 var (
@@ -61,7 +62,11 @@ func run(m *testing.M) int {
 		fmt.Println("rolloutbench:", err)
 		return 1
 	}
-	defer os.RemoveAll(auditDir)
+	if *keepAudit {
+		fmt.Println("rolloutbench: the API server's audit log is kept in", apiload.AuditLog(auditDir))
+	} else {
+		defer os.RemoveAll(auditDir)
+	}
 	if opts.APIServerArgs, err = apiload.Args(auditDir); err != nil {
 		fmt.Println("rolloutbench:", err)
 		return 1

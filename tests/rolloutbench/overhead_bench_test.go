@@ -100,19 +100,21 @@ func install1(b *testing.B) *bench {
 	if e.harness, err = kubernetes.NewForConfig(withAgent(kube.Config, "rolloutbench")); err != nil {
 		b.Fatal(err)
 	}
-	managerClient, err := e.manager.client(kube.Config, "driver-manager")
-	if err != nil {
-		b.Fatal(err)
-	}
-	gateClient, err := e.gate.client(kube.Config, "driver-upgrade-gate")
-	if err != nil {
-		b.Fatal(err)
-	}
-	stand.UseClients(func(component string) kubernetes.Interface {
-		if component == kubelet.UncordonRun {
-			return gateClient
+	// each node's driver manager and gate have a client (and a connection) of their own
+	managers, gates := map[string]kubernetes.Interface{}, map[string]kubernetes.Interface{}
+	for _, n := range nodes {
+		if managers[n.Name], err = e.manager.client(kube.Config, "driver-manager"); err != nil {
+			b.Fatal(err)
 		}
-		return managerClient
+		if gates[n.Name], err = e.gate.client(kube.Config, "driver-upgrade-gate"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	stand.UseClients(func(component, node string) kubernetes.Interface {
+		if component == kubelet.UncordonRun {
+			return gates[node]
+		}
+		return managers[node]
 	})
 	for _, n := range nodes {
 		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; ok {
