@@ -89,7 +89,7 @@ func (m *manager) waitTurn(ctx context.Context, block bool) error {
 				return &untouchedError{fmt.Errorf("node %s: watch the slots of pool %s: %w", m.o.NodeName, mark.Pool, err)}
 			}
 			timer := make(chan struct{}, 1)
-			recheck := time.AfterFunc(m.o.SlotRecheck, func() { graceOver.Store(true); timer <- struct{}{} })
+			recheck := time.AfterFunc(m.recheckAfter(), func() { graceOver.Store(true); timer <- struct{}{} })
 			context.AfterFunc(rctx, func() { recheck.Stop() })
 			also = []<-chan struct{}{slotsStore.Changed(), timer}
 		}
@@ -214,10 +214,7 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 	pool := slots.Pool{Client: m.o.Client, Namespace: m.o.Namespace, Name: mark.SlotsName(), Max: mark.MaxUnavailable}
 	// the reason names the pool's bound, not its holders: the holders change with every slot given back, and each
 	// waiting node of the pool would write its reason again each time (the slots Lease names them)
-	full := func(holders []string) canary.Turn {
-		if !block {
-			m.log.Info("the pool's slots are all held", "pool", mark.Pool, "holders", strings.Join(holders, ", "))
-		}
+	waiting := func() canary.Turn {
 		return canary.Turn{Waiting: fmt.Sprintf("waiting for a slot of pool %s: %d of its nodes, its maxUnavailable, are out of service (the holders: kubectl get lease -n %s %s)",
 			mark.Pool, mark.MaxUnavailable, m.o.Namespace, slots.Name(mark.SlotsName()))}
 	}
@@ -227,8 +224,13 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 			return canary.Turn{}, &untouchedError{fmt.Errorf("%w; nothing changed, the loaded driver stays", err)}
 		}
 		m.slotsFull = !claim.Taken
-		if !claim.Taken {
-			return full(claim.Holders), nil
+		switch {
+		case claim.Lost:
+			m.log.Info("another node took the free slot first: waiting on the pool's slots", "pool", mark.Pool)
+			return waiting(), nil
+		case !claim.Taken:
+			m.log.Info("the pool's slots are all held", "pool", mark.Pool, "holders", strings.Join(claim.Holders, ", "))
+			return waiting(), nil
 		}
 		m.log.Info("took a slot of the pool", "pool", mark.Pool, "maxUnavailable", mark.MaxUnavailable)
 		return canary.Turn{Go: true}, nil
@@ -236,15 +238,15 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 	if store == nil || graceOver {
 		return canary.Turn{Go: true}, nil
 	}
-	look := func() ([]string, bool) {
+	look := func() (*coordinationv1.Lease, bool) {
 		lease, ok := store.Get(m.o.Namespace, slots.Name(mark.SlotsName()))
 		if !ok {
 			return nil, true // the pool's slots were reset
 		}
 		holders, err := slots.Holders(lease)
-		return slices.Sorted(maps.Keys(holders)), err != nil || len(holders) < mark.MaxUnavailable // a fresh run's Take says what is wrong, or takes the free slot
+		return lease, err != nil || len(holders) < mark.MaxUnavailable // a fresh run's Take says what is wrong, or takes the free slot
 	}
-	holders, free := look()
+	lease, free := look()
 	if free && m.o.SlotJitter > 0 {
 		// the pool's other waiters saw the slot freed too: one of them may take it first (the watch shows it)
 		select {
@@ -252,23 +254,39 @@ func (m *manager) slotTurn(ctx context.Context, mark *canary.Mark, block bool, s
 			return canary.Turn{}, ctx.Err()
 		case <-time.After(rand.N(m.o.SlotJitter)):
 		}
-		holders, free = look()
+		lease, free = look()
 	}
 	if !free {
-		return full(holders), nil
+		return waiting(), nil
 	}
-	// the waiting node takes the slot itself, holding no node Lease: of the pool's waiters that saw it freed, the
-	// ones that lose the race only read the slots Lease, where each went for its node's Lease, read its node and
-	// watched again to find it taken (a slot freed woke every waiter of the pool). The winner's fresh run under the
-	// Lease finds the slot its own, or gives it back when its turn has gone meanwhile (waitTurn).
-	claim, err := pool.Take(ctx, m.o.NodeName, m.o.Now())
+	if lease == nil {
+		return canary.Turn{Go: true}, nil // no Lease: a fresh run's Take creates it
+	}
+	// the waiting node takes the slot itself, holding no node Lease, on the Lease as its watch shows it: of the
+	// pool's waiters that saw the slot freed, the ones that lose the race spend one refused write each, where each
+	// went for its node's Lease, read its node and watched again to find it taken (a slot freed wakes every waiter
+	// of the pool). The winner's fresh run under the Lease finds the slot its own, or gives it back when its turn
+	// has gone meanwhile (waitTurn).
+	taken, err := pool.TakeSeen(ctx, lease, m.o.NodeName, m.o.Now())
 	switch {
 	case ctx.Err() != nil:
 		return canary.Turn{}, ctx.Err()
-	case err != nil || claim.Taken:
+	case err != nil || taken:
 		return canary.Turn{Go: true}, nil // on an error, a fresh run's Take says what is wrong
 	}
-	return full(claim.Holders), nil
+	return waiting(), nil // lost the race: the watch shows the winner next
+}
+
+// recheckAfter is how long a node held by a full pool waits on the slots Lease alone before it looks again:
+// Options.SlotRecheck, plus a random part of up to half of it. Every waiting node of a pool began to wait at the
+// rollout's start; without the spread they would all look again at once, every SlotRecheck, each taking its node
+// Lease and reading its node and the slots Lease in the same second.
+func (m *manager) recheckAfter() time.Duration {
+	d := m.o.SlotRecheck
+	if spread := d / 2; spread > 0 {
+		d += rand.N(spread)
+	}
+	return d
 }
 
 // giveBackWhileHeld gives back a slot of the mark's pool that the node holds while its turn has not come: it took

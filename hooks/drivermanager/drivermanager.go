@@ -177,7 +177,8 @@ type Options struct {
 	DriverVersion, KernelModuleType string
 	// SlotRecheck is how long a node held by a full pool waits on the pool's slots Lease alone before it tries to
 	// take a slot again however full the Lease shows the pool, so that a holder whose give-back was lost (or whose
-	// manager stopped between its claim and its cordon) is dropped (default slots.ClaimGrace).
+	// manager stopped between its claim and its cordon) is dropped (default slots.ClaimGrace), plus a random part
+	// of up to half of it, so that the pool's waiting nodes do not all look again at once.
 	SlotRecheck time.Duration
 	// SlotJitter bounds the random pause of a node held by a full pool between seeing a slot freed and going for
 	// it (default DefaultSlotJitter): every waiting node of the pool watches the slots Lease, and without it each

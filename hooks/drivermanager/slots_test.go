@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
@@ -522,10 +523,11 @@ func TestNodeCalledOffJustAfterItTookItsSlotGivesItBack(t *testing.T) {
 	}
 }
 
-// A waiting node takes a freed slot itself, before it takes its node's Lease: of the pool's waiters that saw the
-// slot freed, those that lose the race only read the slots Lease. Each of them went for its node's Lease, read its
-// node and watched again, and in the rollout benchmark that was the upgrade gates' heaviest load: some thirty such
-// runs per node, every one of them for a slot another node had taken.
+// A waiting node takes a freed slot itself, before it takes its node's Lease, with one write on the slots Lease as
+// its watch shows it: of the pool's waiters that saw the slot freed, each loser of the race spends one refused
+// write. Each of them used to go for its node's Lease, read its node and watch again, and in the rollout benchmark
+// that was the upgrade gates' heaviest load: some thirty such runs per node, every one for a slot another node had
+// taken.
 func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing.T) {
 	e := slotEnv(t, "gpu-7", "gpu-8")
 	e.holdSlot("gpu-7")
@@ -541,26 +543,28 @@ func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing
 		case LeaseName(nodeName):
 			writes = append(writes, "node-lease")
 		case slots.Name("default"):
+			h, _ := slots.Holders(l)
+			if h[nodeName] != "" && freed.Load() && !raced.Swap(true) {
+				// gpu-8, waiting too, wins the race for the freed slot: its claim lands between this node's view
+				// of the Lease and its write, which the API server refuses (the tracker directly: the fake's lock is
+				// held here, and the fake keeps no resourceVersions to refuse by)
+				obj, err := e.client.Tracker().Get(leases, namespace, slots.Name("default"))
+				if err != nil {
+					return true, nil, err
+				}
+				won := obj.DeepCopyObject().(*coordinationv1.Lease)
+				won.Annotations[slots.HoldersAnnotation] = `{"gpu-8":"` + e.clock().UTC().Format(time.RFC3339) + `"}`
+				if err := e.client.Tracker().Update(leases, won, namespace); err != nil {
+					return true, nil, err
+				}
+				return true, nil, apierrors.NewConflict(leases.GroupResource(), l.Name, errors.New("the object has been modified"))
+			}
 			writes = append(writes, "slots "+l.Annotations[slots.HoldersAnnotation])
-			if h, _ := slots.Holders(l); len(h) == 0 {
+			if len(h) == 0 {
 				freed.Store(true)
 			}
 		}
 		return false, nil, nil
-	})
-	e.client.PrependReactor("get", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.(k8stesting.GetAction).GetName() != slots.Name("default") || !freed.Load() || raced.Swap(true) {
-			return false, nil, nil
-		}
-		// gpu-8, waiting too, wins the race for the freed slot: its claim lands before this node's read (the tracker
-		// directly: the fake's lock is held here)
-		obj, err := e.client.Tracker().Get(leases, namespace, slots.Name("default"))
-		if err != nil {
-			return false, nil, err
-		}
-		l := obj.DeepCopyObject().(*coordinationv1.Lease)
-		l.Annotations[slots.HoldersAnnotation] = `{"gpu-8":"` + e.clock().UTC().Format(time.RFC3339) + `"}`
-		return false, nil, e.client.Tracker().Update(leases, l, namespace)
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -584,7 +588,7 @@ func TestWaitingNodeTakesAFreedSlotBeforeItsNodeLeaseAndALoserWaitsOn(t *testing
 		time.Sleep(10 * time.Millisecond)
 	}
 	if !raced.Load() {
-		t.Fatal("the waiting node never read the slots Lease after the slot was freed")
+		t.Fatal("the waiting node never went for the slot freed")
 	}
 	time.Sleep(300 * time.Millisecond)
 	assertHeld(t, e, "waiting for a slot of pool default")
@@ -674,4 +678,76 @@ func (e *env) startWithoutSlotJitter(ctx context.Context) <-chan error {
 	done := make(chan error, 1)
 	go func() { done <- o.Run(ctx, &bytes.Buffer{}) }()
 	return done
+}
+
+// A node that loses the race for a free slot under its node's Lease (another node created the pool's slots Lease
+// between its read and its write, taking the first slot) takes nothing and waits on the slots Lease, from where it
+// takes the slot still free at once: neither racing again on a fresh read, which at a rollout's start had every
+// loser read and write once more for each slot taken, nor waiting for the slot recheck.
+func TestNodeThatLostTheRaceForAFreeSlotTakesOneStillFreeFromItsWatch(t *testing.T) {
+	mark := canary.Mark{Pool: "default", Plan: planID, Canary: map[string]string{}, MaxUnavailable: 2}.Format()
+	e := newEnv(t, planned(nodeName, nodestate.UpgradeRequired, mark))
+	if _, err := e.client.CoreV1().Nodes().Create(context.Background(), planned("gpu-8", nodestate.UpgradeRequired, mark), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	leases := coordinationv1.SchemeGroupVersion.WithResource("leases")
+	var raced atomic.Bool
+	var creates atomic.Int32
+	e.client.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease)
+		if l.Name != slots.Name("default") {
+			return false, nil, nil
+		}
+		creates.Add(1)
+		if raced.Swap(true) {
+			return false, nil, nil
+		}
+		first := l.DeepCopy()
+		first.Annotations[slots.HoldersAnnotation] = `{"gpu-8":"` + e.clock().UTC().Format(time.RFC3339) + `"}`
+		if err := e.client.Tracker().Create(leases, first, namespace); err != nil {
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewAlreadyExists(leases.GroupResource(), l.Name)
+	})
+	var waited atomic.Bool // the node showed it waits for a slot: it did not race again under its Lease
+	e.client.PrependReactor("patch", "nodes", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if strings.Contains(string(a.(k8stesting.PatchAction).GetPatch()), "waiting for a slot") {
+			waited.Store(true)
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	select {
+	case err := <-e.startWithoutSlotJitter(ctx):
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the node did not take the slot still free after it lost the race; reason %q", e.node().Annotations[nodestate.UpgradeReasonAnnotation])
+	}
+	if !raced.Load() || creates.Load() != 1 || !waited.Load() {
+		t.Fatalf("raced %v, slots Lease creates %d, waited %v: want the one lost race, then a wait on the slots Lease", raced.Load(), creates.Load(), waited.Load())
+	}
+	if got := e.holders(); !slices.Equal(got, slices.Sorted(slices.Values([]string{"gpu-8", nodeName}))) {
+		t.Fatalf("holders %v, want gpu-8 and the node", got)
+	}
+}
+
+// The pool's waiting nodes began to wait together, at the rollout's start: each looks again after SlotRecheck plus
+// a random part of up to half of it, so that they do not all take their node Lease in the same second, every
+// SlotRecheck, for as long as the rollout lasts.
+func TestWaitingNodesLookAgainSpreadOverHalfTheRecheck(t *testing.T) {
+	m := &manager{o: &Options{SlotRecheck: 2 * time.Minute}}
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		d := m.recheckAfter()
+		if d < 2*time.Minute || d >= 3*time.Minute {
+			t.Fatalf("recheck after %s, want from 2 to 3 minutes", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 10 {
+		t.Fatalf("%d distinct recheck delays in 50 looks: the waiting nodes would look again together", len(seen))
+	}
 }

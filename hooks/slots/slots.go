@@ -80,13 +80,19 @@ type Pool struct {
 type Claim struct {
 	// Taken: the node holds a slot (it may have held it already: a restarted manager takes its own slot back).
 	Taken bool
-	// Holders are the pool's holders when the pool was full, sorted (Taken false).
+	// Holders are the pool's holders when the pool was full, sorted (Taken false); when Lost, as last read.
 	Holders []string
+	// Lost: a slot was free, and another node's write landed between this one's read and its write (Taken false).
+	// The node waits on the slots Lease as a node of a full pool does, and goes for a slot the Lease shows free
+	// (TakeSeen), rather than reading and racing again at once: at a rollout's start every node of the pool goes
+	// for the first slots together, and each loser racing again read and wrote once more for every slot taken.
+	Lost bool
 }
 
 // Take gives node one of the pool's slots if one is free. A full pool's holders are first checked on their nodes
-// (Out) and those no longer out dropped. now stamps the claim. An unreadable holders annotation is an error that
-// names the Lease: nothing is taken.
+// (Out) and those no longer out dropped. A race for a free slot lost to another node's write takes nothing
+// (Claim.Lost); a node's own slot, stamped again, is read and written again until it lands. now stamps the claim.
+// An unreadable holders annotation is an error that names the Lease: nothing is taken.
 func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, error) {
 	if p.Max < 1 {
 		return Claim{}, fmt.Errorf("pool %s: maxUnavailable %d: want at least 1 node", p.Name, p.Max)
@@ -107,7 +113,8 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 			}
 			_, err := leases.Create(ctx, lease, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(coordinationv1.Resource("leases"), lease.Name, err) // another took the first slot: read again
+				claim.Lost = true // another node created it, taking the first slot
+				return nil
 			}
 			claim.Taken = err == nil
 			return err
@@ -133,11 +140,16 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 			claim.Holders = slices.Sorted(maps.Keys(holders))
 			return nil
 		}
+		claim.Holders = slices.Sorted(maps.Keys(holders))
 		holders[node] = stamp(now)
 		if err := write(lease, holders); err != nil {
 			return err
 		}
 		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{}) // carries the read's resourceVersion
+		if apierrors.IsConflict(err) {
+			claim.Lost = true
+			return nil
+		}
 		claim.Taken = err == nil
 		return err
 	})
@@ -145,6 +157,35 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 		return Claim{}, fmt.Errorf("pool %s: take a slot for node %s (lease %s/%s): %w", p.Name, node, p.Namespace, Name(p.Name), err)
 	}
 	return claim, nil
+}
+
+// TakeSeen is Take on the slots Lease as a watch showed it (seen), without reading it again: each waiting node
+// that saw a slot freed goes for it with one write carrying the seen resourceVersion. A conflict (the Lease changed
+// since: most often another waiter took the slot first) takes nothing and is no error; the watch shows the change
+// next. Read afresh, every loser of each freed slot would read the Lease again only to find the pool full. A seen
+// Lease with every slot held takes nothing either: Take drops the holders no longer out. Any other error is
+// returned as is, and the claim may have landed: Take, reading afresh, finds it.
+func (p Pool) TakeSeen(ctx context.Context, seen *coordinationv1.Lease, node string, now time.Time) (bool, error) {
+	holders, err := Holders(seen)
+	if err != nil {
+		return false, err
+	}
+	if _, own := holders[node]; !own && len(holders) >= p.Max {
+		return false, nil
+	}
+	lease := seen.DeepCopy()
+	holders[node] = stamp(now)
+	if err := write(lease, holders); err != nil {
+		return false, err
+	}
+	_, err = p.Client.CoordinationV1().Leases(p.Namespace).Update(ctx, lease, metav1.UpdateOptions{})
+	switch {
+	case apierrors.IsConflict(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("pool %s: take a slot for node %s (lease %s/%s): %w", p.Name, node, p.Namespace, lease.Name, err)
+	}
+	return true, nil
 }
 
 // Give gives node's slot back (nothing when it holds none, or the pool has no slots Lease).

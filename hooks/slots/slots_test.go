@@ -118,8 +118,8 @@ func TestTakeUpToMaxThenHoldUntilAGiveBack(t *testing.T) {
 	}
 }
 
-// Two managers race for the last slot: the one whose write lands second sees a conflict, reads again, finds the
-// pool full and is held. Never both.
+// Two managers race for the last slot: the one whose write lands second sees a conflict, takes nothing and says it
+// lost (its manager then waits on the slots Lease), without reading and writing again. Never both.
 func TestRaceForTheLastSlotHasOneWinner(t *testing.T) {
 	c := newClient(node("a", nodestate.CordonRequired, false), node("d", nodestate.UpgradeRequired, false))
 	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
@@ -147,15 +147,20 @@ func TestRaceForTheLastSlotHasOneWinner(t *testing.T) {
 		}
 		return false, nil, nil
 	})
+	c.ClearActions()
 	got := take(t, p, "c")
-	if !raced || got.Taken || strings.Join(got.Holders, ",") != "a,d" {
-		for _, a := range c.Actions() {
-			t.Logf("%s %s", a.GetVerb(), a.GetResource().Resource)
-		}
-		t.Fatalf("c: %+v (raced %v), want held by a and d; holders %v", got, raced, holders(t, c, "a100"))
+	if !raced || got.Taken || !got.Lost {
+		t.Fatalf("c: %+v (raced %v), want lost; holders %v", got, raced, holders(t, c, "a100"))
 	}
-	if h := holders(t, c, "a100"); len(h) != 2 {
-		t.Fatalf("holders %v: more than maxUnavailable", h)
+	var verbs []string
+	for _, a := range c.Actions() {
+		verbs = append(verbs, a.GetVerb())
+	}
+	if strings.Join(verbs, ",") != "get,update" {
+		t.Errorf("requests %v: a lost race read or wrote again", verbs)
+	}
+	if h := holders(t, c, "a100"); len(h) != 2 || h["a"] == "" || h["d"] == "" {
+		t.Fatalf("holders %v, want a and d: more than maxUnavailable, or the winner's claim undone", h)
 	}
 }
 
@@ -219,7 +224,7 @@ func TestHolderTakingItsTurnRenewsItsClaim(t *testing.T) {
 }
 
 // Two managers create the pool's Lease at once: the second's create fails with AlreadyExists, and it reads the
-// first's and finds the one slot taken.
+// first's: it lost the race for the first slot and takes nothing.
 func TestRaceToCreateTheLease(t *testing.T) {
 	c := newClient(node("other", nodestate.CordonRequired, false))
 	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 1}
@@ -238,8 +243,11 @@ func TestRaceToCreateTheLease(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	if got := take(t, p, "a"); got.Taken || strings.Join(got.Holders, ",") != "other" {
-		t.Fatalf("a: %+v, want held by the node that created the Lease first", got)
+	if got := take(t, p, "a"); got.Taken || !got.Lost {
+		t.Fatalf("a: %+v, want lost to the node that created the Lease first", got)
+	}
+	if h := holders(t, c, "a100"); len(h) != 1 || h["other"] == "" {
+		t.Fatalf("holders %v, want the creator alone", h)
 	}
 }
 
@@ -370,5 +378,66 @@ func TestGiveEverywhereFreesTheNodesSlotsInEveryPool(t *testing.T) {
 	}
 	if given, err := GiveEverywhere(context.Background(), c, namespace, "a"); err != nil || len(given) > 0 {
 		t.Errorf("giving back slots not held: %v %v", given, err)
+	}
+}
+
+// seenLease is the pool's slots Lease as a waiting node's watch shows it now.
+func seenLease(t *testing.T, c *fake.Clientset, pool string) *coordinationv1.Lease {
+	t.Helper()
+	l, err := c.CoordinationV1().Leases(namespace).Get(context.Background(), Name(pool), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Waiting nodes go for a slot freed on the Lease their watch shows: the first write takes it; a waiter whose watch
+// showed the same version loses with no error and no read, and leaves the Lease as the winner wrote it; a seen
+// Lease with every slot held writes nothing.
+func TestTakeSeenOneWriteEachTheFirstWins(t *testing.T) {
+	c := newClient()
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	take(t, p, "a")
+	seen := seenLease(t, c, "a100") // both waiters' watches show one slot free
+	c.ClearActions()
+	if taken, err := p.TakeSeen(context.Background(), seen, "w1", now); err != nil || !taken {
+		t.Fatalf("first waiter: taken %v, %v", taken, err)
+	}
+	if taken, err := p.TakeSeen(context.Background(), seen, "w2", now); err != nil || taken {
+		t.Fatalf("second waiter on the same version: taken %v, %v; want lost, no error", taken, err)
+	}
+	var verbs []string
+	for _, a := range c.Actions() {
+		verbs = append(verbs, a.GetVerb())
+	}
+	if strings.Join(verbs, ",") != "update,update" {
+		t.Errorf("requests %v, want one update per waiter and no read", verbs)
+	}
+	if h := holders(t, c, "a100"); len(h) != 2 || h["w1"] == "" || h["w2"] != "" {
+		t.Fatalf("holders %v, want a and w1", h)
+	}
+	c.ClearActions()
+	if taken, err := p.TakeSeen(context.Background(), seenLease(t, c, "a100"), "w2", now); err != nil || taken {
+		t.Fatalf("a full pool: taken %v, %v", taken, err)
+	}
+	for _, a := range c.Actions() {
+		if a.GetVerb() != "get" { // seenLease's own read
+			t.Errorf("a full seen Lease wrote: %s", a.GetVerb())
+		}
+	}
+}
+
+// A write that fails otherwise (the API server restarting) is an error, not a lost race: the caller's fresh Take
+// reads the Lease and finds whether the claim landed.
+func TestTakeSeenReturnsOtherErrors(t *testing.T) {
+	c := newClient()
+	p := Pool{Client: c, Namespace: namespace, Name: "a100", Max: 2}
+	take(t, p, "a")
+	seen := seenLease(t, c, "a100")
+	c.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("etcdserver: request timed out")
+	})
+	if taken, err := p.TakeSeen(context.Background(), seen, "w", now); err == nil || taken || !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("taken %v, %v; want the 503", taken, err)
 	}
 }
