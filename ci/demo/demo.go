@@ -77,6 +77,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	// helm's hook logs and `kubectl logs` of a hook pod read what the stand-in ran, as on a real cluster
+	c.ServeContainerLogs(stand.ContainerLog)
 	hosts, err := newHosts()
 	if err != nil {
 		return err

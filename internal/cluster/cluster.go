@@ -72,7 +72,14 @@ type Cluster struct {
 	log   io.Writer
 	// restarted are kube-apiserver and etcd as Restart started them again (envtest's own have exited).
 	restarted []*exec.Cmd
+	// nodes is the simulated nodes' kubelet endpoint, for pod logs (ServeContainerLogs).
+	nodes *nodeEndpoint
 }
+
+// ServeContainerLogs has the simulated nodes serve pod logs from logs (the kubelet stand-in's runs): `kubectl logs`
+// and helm's hook logs read them through the API server. Until it is called every log is a 404 that says none is
+// kept.
+func (c *Cluster) ServeContainerLogs(logs ContainerLogs) { c.nodes.serve(logs) }
 
 // TolerateLateHeartbeats are the controller-manager flags of a cluster whose nodes kwok simulates while the
 // tests play the kubelet for some pods: kwok renews every node's lease from one process that shares the machine's
@@ -185,6 +192,10 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.Stop()
 		return nil, err
 	}
+	if c.nodes, err = startNodeEndpoint(); err != nil {
+		c.Stop()
+		return nil, err
+	}
 	kwokHome := filepath.Join(dir, "kwok-home")
 	if err := os.MkdirAll(kwokHome, 0o700); err != nil {
 		c.Stop()
@@ -210,6 +221,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			"--kubeconfig=" + c.Kubeconfig, "--config=" + stages, "--manage-all-nodes=false",
 			"--manage-nodes-with-annotation-selector=" + SimulatedNodeAnnotation + "=fake",
 			fmt.Sprintf("--node-lease-duration-seconds=%d", nodeLeaseSeconds(opts.ControllerManagerArgs)), "--cidr=10.0.0.1/16", "--node-ip=127.0.0.1", "--server-address=127.0.0.1:0",
+			fmt.Sprintf("--node-port=%d", c.nodes.port), // the port each simulated node's status names for its kubelet
 		}, []string{"HOME=" + kwokHome}},
 	}
 	for _, ch := range children {
@@ -338,6 +350,9 @@ var live struct {
 // than once.
 func (c *Cluster) Stop() {
 	c.once.Do(func() {
+		if c.nodes != nil {
+			c.nodes.stop()
+		}
 		for _, p := range c.procs {
 			_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
 		}

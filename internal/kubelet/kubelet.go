@@ -54,10 +54,12 @@ func Terminates() []string { return []string{DriverComponent} }
 // Run records one hook pod's run.
 type Run struct {
 	Pod, Component, Node string
-	Args                 []string
-	ExitCode             int
-	Output               string
-	Started, Ended       time.Time
+	// Container is the container the run played, when it played one of the pod's own (a hook pod's).
+	Container      string
+	Args           []string
+	ExitCode       int
+	Output         string
+	Started, Ended time.Time
 }
 
 // Kubelet is the stand-in. Create it with Start.
@@ -337,6 +339,20 @@ func (k *Kubelet) Runs() []Run {
 	return append([]Run(nil), k.runs...)
 }
 
+// ContainerLog is the output of the latest run of pod's container here, once it ended (cluster.ContainerLogs): the
+// log `kubectl logs` and helm's hook logs read through the simulated node. The stand-in runs pods of one namespace
+// per cluster (the release's), so a pod is known by its name.
+func (k *Kubelet) ContainerLog(_, pod, container string) (string, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i := len(k.runs) - 1; i >= 0; i-- {
+		if r := k.runs[i]; r.Pod == pod && r.Container == container {
+			return r.Output, true
+		}
+	}
+	return "", false
+}
+
 // LastRun returns the newest run of component (a hook component, DriverManagerRun or UncordonRun) that started
 // at or after since.
 func (k *Kubelet) LastRun(component string, since time.Time) (Run, bool) {
@@ -437,7 +453,7 @@ func (k *Kubelet) runHook(ctx context.Context, pod *corev1.Pod) {
 	if len(args) > 0 && strings.HasSuffix(args[0], "kube-gpu-stack") {
 		args = args[1:]
 	}
-	run := Run{Pod: pod.Name, Component: pod.Labels[ComponentLabel], Node: pod.Spec.NodeName, Args: args, Started: time.Now()}
+	run := Run{Pod: pod.Name, Component: pod.Labels[ComponentLabel], Node: pod.Spec.NodeName, Container: c.Name, Args: args, Started: time.Now()}
 	k.mu.Lock()
 	k.inFlight[run.Component]++
 	k.mu.Unlock()

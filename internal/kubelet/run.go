@@ -85,6 +85,7 @@ func standIn(ctx context.Context, c *cluster.Cluster, nodes []*corev1.Node) (*Ku
 	if err != nil {
 		return nil, fmt.Errorf("kubelet stand-in: %w", err)
 	}
+	c.ServeContainerLogs(stand.ContainerLog)
 	addCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := c.AddNodes(addCtx, nodes...); err != nil {

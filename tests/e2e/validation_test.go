@@ -52,6 +52,17 @@ func (e *env) gatePassedAndReported(t *testing.T, start time.Time) {
 		t.Fatalf("gate exit %d, output:\n%s", run.ExitCode, run.Output)
 	}
 	t.Logf("gate output:\n%s", run.Output)
+	// the hook pod's log, as helm and kubectl read it: through the API server from the simulated node
+	logs := e.kube.Client.CoreV1().Pods(e.target().Namespace).GetLogs(run.Pod, &corev1.PodLogOptions{Container: run.Container})
+	if got, err := logs.DoRaw(t.Context()); err != nil || string(got) != run.Output {
+		t.Errorf("the gate pod's log through the API server: %v\n%s\nwant the run's output", err, got)
+	}
+	tail := int64(1)
+	lines := strings.Split(strings.TrimSuffix(run.Output, "\n"), "\n")
+	last := e.kube.Client.CoreV1().Pods(e.target().Namespace).GetLogs(run.Pod, &corev1.PodLogOptions{Container: run.Container, TailLines: &tail})
+	if got, err := last.DoRaw(t.Context()); err != nil || strings.TrimSuffix(string(got), "\n") != lines[len(lines)-1] {
+		t.Errorf("the gate pod's last log line: %v %q, want %q", err, got, lines[len(lines)-1])
+	}
 	state, text := e.reportState(t)
 	if state != "passed" || !strings.Contains(text, "operator-validator") {
 		t.Errorf("report ConfigMap state %q:\n%s", state, text)
