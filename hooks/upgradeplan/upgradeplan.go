@@ -916,7 +916,9 @@ func (p *Plan) Write(out io.Writer) {
 		fmt.Fprintf(out, "pool %s canary: %s; changes alone and must validate before any other node of the pool starts\n", pool, strings.Join(names, ", "))
 	}
 	for _, pool := range slices.Sorted(maps.Keys(p.Marks)) {
-		if k := p.Marks[pool].MaxFailures; k > 0 {
+		// a pool none of whose nodes changes has no threshold to hold at: the line would read as its state
+		planned := slices.ContainsFunc(p.Nodes, func(np NodePlan) bool { return np.Pool == pool })
+		if k := p.Marks[pool].MaxFailures; k > 0 && planned {
 			fmt.Fprintf(out, "pool %s holds after %d failed node(s): no other node of it starts until `kube-gpu-stack upgrade retry NODE`\n", pool, k)
 		}
 	}

@@ -75,6 +75,15 @@ func TestFirstInstallHasNothingToDo(t *testing.T) {
 	}
 }
 
+// An upgrade that changes no node's driver (a chart-only bump) prints nothing to do, and no pool's failure threshold:
+// with no node of the pool changing, "pool P holds after 1 failed node(s)" read as the pool's state.
+func TestUnchangedDriverPrintsNoThreshold(t *testing.T) {
+	plan, out, err, _ := run(t, pool("new", intstr.FromInt32(1)), readyNode("a", nil), readyNode("b", nil), driverPod("a", "new"), driverPod("b", "new"))
+	if err != nil || len(plan.Nodes) != 0 || !strings.Contains(out, "nothing to do") || strings.Contains(out, "holds after") {
+		t.Fatalf("err %v, nodes %v, out %q", err, plan.Nodes, out)
+	}
+}
+
 // A malformed maxUnavailable fails the plan naming the key, changing nothing; it is never read as 1.
 func TestMalformedMaxUnavailableIsAnError(t *testing.T) {
 	for _, v := range []intstr.IntOrString{intstr.FromString("abc"), intstr.FromString("150%"), intstr.FromInt32(-1)} {
