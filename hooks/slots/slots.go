@@ -80,7 +80,7 @@ type Pool struct {
 type Claim struct {
 	// Taken: the node holds a slot (it may have held it already: a restarted manager takes its own slot back).
 	Taken bool
-	// Holders are the pool's holders when the pool was full, sorted (Taken false); when Lost, as last read.
+	// Holders are the pool's holders when the pool was full, sorted (Taken false).
 	Holders []string
 	// Lost: a slot was free, and another node's write landed between this one's read and its write (Taken false).
 	// The node waits on the slots Lease as a node of a full pool does, and goes for a slot the Lease shows free
@@ -140,7 +140,6 @@ func (p Pool) Take(ctx context.Context, node string, now time.Time) (Claim, erro
 			claim.Holders = slices.Sorted(maps.Keys(holders))
 			return nil
 		}
-		claim.Holders = slices.Sorted(maps.Keys(holders))
 		holders[node] = stamp(now)
 		if err := write(lease, holders); err != nil {
 			return err

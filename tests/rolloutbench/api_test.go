@@ -28,9 +28,9 @@ type apiReq struct {
 }
 
 // client is a clientset whose requests c counts, under user agent agent. It has a connection of its own (a Dial of
-// its own keeps client-go from sharing a cached transport), as each driver pod's containers have in a cluster: one
-// connection for every node's watches would reach the API server's limit of concurrent HTTP/2 streams on a
-// connection, past which requests wait for a free stream, a delay no cluster has.
+// its own keeps client-go from sharing a cached transport), as each driver pod's containers have in a cluster and
+// the stand-in's own clients have (apiFor): one client for every node would put all their watches and requests on
+// connections a cluster never shares.
 func (c *apiCounter) client(cfg *rest.Config, agent string) (kubernetes.Interface, error) {
 	cfg = withAgent(cfg, agent)
 	cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
