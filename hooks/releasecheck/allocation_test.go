@@ -2,7 +2,9 @@ package releasecheck
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
 )
 
 const poolLabel = "nvidia.com/driver.pool"
@@ -264,4 +268,48 @@ func mustCreate(t *testing.T, create func() error) {
 	if err := create(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRunEvaluatesABurstOfChangesOncePerInterval: the node changes of a rollout's batch arrive many a second; Run
+// takes them in one evaluation per EvaluateEvery instead of walking every node and pod again for each, and still
+// sees the change it waits for.
+func TestRunEvaluatesABurstOfChangesOncePerInterval(t *testing.T) {
+	var evaluations atomic.Int32
+	evaluate = func(release, namespace string, pools []driverpools.Pool, s Snapshot) (*Report, error) {
+		evaluations.Add(1)
+		return Evaluate(release, namespace, pools, s)
+	}
+	t.Cleanup(func() { evaluate = Evaluate })
+	s := newAllocationSet(false)
+	snap := s.snapshot(slice("dra-gpu", "gpu.nvidia.com", "dra", 4))
+	client := seededClient(t, snap)
+	ctx := t.Context()
+	const changes = 200
+	go func() {
+		// a burst of node writes, as a batch's cordons, state labels and taints are, then the slice the run waits for
+		for i := range changes {
+			node, err := client.CoreV1().Nodes().Get(ctx, "bare", metav1.GetOptions{})
+			if err != nil {
+				return
+			}
+			node.Annotations = map[string]string{"burst": fmt.Sprint(i)}
+			if _, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		_, _ = client.ResourceV1().ResourceSlices().Create(ctx, slice("bare-gpu", "gpu.nvidia.com", "bare", 4), metav1.CreateOptions{})
+	}()
+	var out strings.Builder
+	r, err := Run(ctx, Options{Client: client, Namespace: "ns", Release: "gpu", Timeout: 20 * time.Second, ResourceSlices: true, EvaluateEvery: 300 * time.Millisecond}, &out)
+	if err != nil || !r.Passed() {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	// the burst lasts at least 200 ms (a millisecond's pause per write; longer on a loaded machine): one evaluation
+	// per 300 ms, the first and the one that passes; on each change it would be one per write taken in
+	n := evaluations.Load()
+	if n > changes/10 {
+		t.Errorf("%d evaluations for %d changes: not paced", n, changes)
+	}
+	t.Logf("%d evaluations for %d node changes and the slice", n, changes)
 }
