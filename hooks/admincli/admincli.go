@@ -16,6 +16,9 @@ import (
 func NewCommand(out io.Writer) *cobra.Command {
 	root, scope := stackcli.NewRoot(out)
 	root.Short = "Install, plan, migrate and follow the kube-gpu-stack chart: its image, air-gapped bundles, and the release's hooks"
+	if status, _, err := root.Find([]string{"status"}); err == nil && status != root {
+		withFleetView(status, scope, out)
+	}
 	for _, c := range []*cobra.Command{planCommand(scope, out), migrateCommand(scope, out), imageCommand(out), airgapCommand(out)} {
 		c.GroupID = stackcli.AdminGroup
 		root.AddCommand(c)

@@ -44,6 +44,9 @@ type Options struct {
 	// EvaluateEvery is the shortest time between two evaluations while changes keep coming (DefaultEvaluateEvery
 	// when zero).
 	EvaluateEvery time.Duration
+	// Seen, when set, is given each snapshot Run evaluates, from its caches (objects slimmed: see slim), so that a
+	// caller reads what else it needs of the same nodes and pods without listing them again.
+	Seen func(Snapshot)
 }
 
 // DefaultEvaluateEvery paces Run's evaluations. Each one walks every node against every DaemonSet and its pods, and
@@ -168,6 +171,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 			if s.ResourceSlices, err = slicesLister(); err != nil {
 				return nil, err
 			}
+		}
+		if o.Seen != nil {
+			o.Seen(s)
 		}
 		r, err := evaluate(o.Release, o.Namespace, o.Pools, s)
 		if r != nil {

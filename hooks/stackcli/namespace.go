@@ -93,3 +93,24 @@ func findRelease(ctx context.Context, client kubernetes.Interface, namespace, fr
 	return fmt.Errorf("%s in namespace %q (%s): no DaemonSet there carries %s (releases there: %s); name the release's namespace with -n and its name with --release",
 		what, namespace, from, sel, there)
 }
+
+// ForContext is the scope with the kubeconfig context name instead of the one the flags select: one cluster of a
+// view of several (status --context a --context b). It keeps the flags that are the user's (the kubeconfig file, -n,
+// --release, impersonation, the request timeout); those that name one cluster's server or credentials (--server,
+// --token, --certificate-authority, --cluster, --user, ...) are left to each context.
+func (s Scope) ForContext(name string) Scope {
+	f := genericclioptions.NewConfigFlags(true)
+	f.Context = &name
+	f.CacheDir, f.KubeConfig, f.Namespace, f.Timeout, f.DisableCompression = s.Flags.CacheDir, s.Flags.KubeConfig, s.Flags.Namespace, s.Flags.Timeout, s.Flags.DisableCompression
+	f.Impersonate, f.ImpersonateUID, f.ImpersonateGroup, f.ImpersonateUserExtra = s.Flags.Impersonate, s.Flags.ImpersonateUID, s.Flags.ImpersonateGroup, s.Flags.ImpersonateUserExtra
+	return Scope{Flags: f, Release: s.Release, Now: s.Now}
+}
+
+// Contexts are the kubeconfig's context names, sorted.
+func (s Scope) Contexts() ([]string, error) {
+	raw, err := s.Flags.ToRawKubeConfigLoader().RawConfig()
+	if err != nil {
+		return nil, err
+	}
+	return slices.Sorted(maps.Keys(raw.Contexts)), nil
+}

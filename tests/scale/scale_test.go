@@ -122,6 +122,14 @@ func (e *env) measure(ctx context.Context, b *testing.B) {
 	b.Logf("upgrade status: %s, %.0f MiB, %d lines", st.Wall().Round(time.Millisecond), st.MiB(), strings.Count(st.Output, "\n"))
 	b.ReportMetric(float64(st.Wall().Milliseconds()), "ms-upgrade-status")
 	b.ReportMetric(st.MiB(), "MiB-upgrade-status")
+	// the fleet view of this one cluster (its kubeconfig's one context): what each cluster of a view of several costs
+	fv := run(ctx, nil, admin, append([]string{"status", "-o", "json"}, flags...)...)
+	if fv.Err != nil {
+		b.Fatalf("status -o json (the fleet view): %v\n%s", fv.Err, tail(fv.Output, 3000))
+	}
+	b.Logf("fleet view of one cluster: %s, %.0f MiB", fv.Wall().Round(time.Millisecond), fv.MiB())
+	b.ReportMetric(float64(fv.Wall().Milliseconds()), "ms-fleet-view")
+	b.ReportMetric(fv.MiB(), "MiB-fleet-view")
 	planArgs := append([]string{"plan", "--chart", chartrender.ChartDir()}, flags...)
 	for _, f := range profileFiles() {
 		planArgs = append(planArgs, "-f", f)
