@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok) from the
 # pinned ci/tools module into a version-keyed cache folder outside the clone, and prints that folder. A folder
-# that is already complete is reused, so only the first run on a machine pays the build (~3 GB of memory; about 7
-# minutes on an idle 2-core machine, 26 on a loaded one), and prints its progress meanwhile.
+# that is already complete is reused, so only the first run on a machine pays the build (~3 GB of memory; the time
+# is the estimate printed below), and prints its progress meanwhile.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/progress.sh"

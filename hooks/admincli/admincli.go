@@ -5,7 +5,9 @@
 package admincli
 
 import (
+	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -23,5 +25,27 @@ func NewCommand(out io.Writer) *cobra.Command {
 		c.GroupID = stackcli.AdminGroup
 		root.AddCommand(c)
 	}
+	hideHooks(root)
 	return root
+}
+
+// hideHooks keeps the commands the chart's Jobs and pods run off the admin's first screen of --help (they stay
+// runnable, and the in-cluster binary lists them): `kube-gpu-stack hooks` lists them instead.
+func hideHooks(root *cobra.Command) {
+	var lines []string
+	for _, c := range root.Commands() {
+		if c.GroupID == stackcli.HookGroup {
+			c.Hidden = true
+			lines = append(lines, fmt.Sprintf("  %-20s %s", c.Name(), c.Short))
+		}
+	}
+	list := "The chart's Jobs and pods run these; an admin rarely does (each has --help):\n\n" + strings.Join(lines, "\n")
+	root.AddCommand(&cobra.Command{
+		Use:     "hooks",
+		Short:   "List the commands the chart's hooks and pods run",
+		Long:    list,
+		Args:    cobra.NoArgs,
+		GroupID: stackcli.HookGroup,
+		Run:     func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), list) },
+	})
 }
