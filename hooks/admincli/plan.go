@@ -15,7 +15,8 @@ func planCommand(scope stackcli.Scope, out io.Writer) *cobra.Command {
 		Use:   "plan [-f values.yaml] [--set k=v] [--nodes FILE [--pods FILE]]",
 		Short: "Print, per node, what the chart with these values will run there and what a driver change would evict (read-only)",
 		Long: "Renders the chart with the values you would install or upgrade to and evaluates every node of the cluster, or\n" +
-			"of --nodes FILE: its role and driver pool, the operands that will run, the driver DaemonSet and whether the\n" +
+			"of --nodes FILE: its role (ROLE CHANGE where the release's operands there serve another role), its driver\n" +
+			"pool, the operands that will run, the driver DaemonSet and whether the\n" +
 			"driver changes (its running driver pod's config digest against the rendered one), whether its GPU allocation\n" +
 			"switches, the GPU pods that change evicts and the PodDisruptionBudgets that hold them; then the GPU nodes no\n" +
 			"pool or OS tag covers. The CHANGE column gives the driver versions first (a downgrade called out), then the\n" +

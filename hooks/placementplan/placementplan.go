@@ -176,6 +176,9 @@ type Node struct {
 	// default role, not its label.
 	Role        string `json:"role,omitempty"`
 	RoleDefault bool   `json:"roleDefault,omitempty"`
+	// FromRole is the role the node serves now, by the release's operands running there, when it is not Role: the
+	// role changes (nvidia.com/gpu.workload.config was relabelled), and the node's operands are replaced.
+	FromRole string `json:"fromRole,omitempty"`
 	// Pool is the driver pool selecting the node (several joined with "+", an error the gate reports).
 	Pool     string   `json:"pool,omitempty"`
 	Operands []string `json:"operands"`
@@ -216,9 +219,15 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 	}
 	driverPods := map[string]*corev1.Pod{} // node -> its driver pod of this release
 	podsOn := map[string][]*corev1.Pod{}   // node -> its running pods
+	servedRole := map[string]string{}      // node -> the role its release operands serve now
 	for _, p := range c.Pods {
 		if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
+		}
+		if p.Namespace == namespace && p.Labels["app.kubernetes.io/instance"] == release {
+			if role := roleOperands[p.Labels["app.kubernetes.io/component"]]; role != "" {
+				servedRole[p.Spec.NodeName] = role
+			}
 		}
 		if p.Namespace == namespace && p.Labels["app.kubernetes.io/instance"] == release && p.Labels["app.kubernetes.io/component"] == "driver" {
 			driverPods[p.Spec.NodeName] = p
@@ -242,6 +251,9 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		}
 		if row.GPU {
 			row.Role, row.RoleDefault = r.role(n)
+			if now := servedRole[n.Name]; now != "" && now != row.Role {
+				row.FromRole = now
+			}
 		}
 		var pool *driverpools.Pool
 		if row.GPU && len(r.Pools) > 0 {
@@ -302,6 +314,14 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		}
 	}
 	return plan, nil
+}
+
+// roleOperands are the operands (component labels) that run on one role's nodes alone: a node running one of the
+// release's serves that role now.
+var roleOperands = map[string]string{
+	"container-toolkit": "container", "operator-validator": "container",
+	"vfio-manager": "vm-passthrough",
+	"vgpu-manager": "vm-vgpu", "vgpu-device-manager": "vm-vgpu",
 }
 
 // role is the node's role as the chart's node affinity reads it: its nvidia.com/gpu.workload.config when sandbox
@@ -375,6 +395,9 @@ func (p *Plan) WriteTable(out io.Writer) {
 		role := n.Role
 		if n.RoleDefault {
 			role += " (default)"
+		}
+		if n.FromRole != "" {
+			role = n.FromRole + "->" + role + " ROLE CHANGE"
 		}
 		change := n.DriverChange
 		if change == DriverChange || change == DriverRemove || change == DriverSkip {

@@ -414,3 +414,48 @@ func TestPlanFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanShowsARoleChange: a node relabelled from vm-passthrough to container still runs the release's VFIO
+// manager; the plan says its role changes (its operands are replaced), and a node that keeps its role says nothing.
+func TestPlanShowsARoleChange(t *testing.T) {
+	r := renderProfile(t, "mixed")
+	var nodes []*corev1.Node
+	for _, n := range nodefixtures.Demo() {
+		nodes = append(nodes, n.Object())
+	}
+	byName := map[string]*corev1.Node{}
+	for _, n := range nodes {
+		byName[n.Name] = n
+	}
+	byName["vm-passthrough"].Labels["nvidia.com/gpu.workload.config"] = "container"
+	running := func(node, component string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: component + "-" + node, Namespace: "gpu-operator",
+			Labels: map[string]string{"app.kubernetes.io/instance": "gpu", "app.kubernetes.io/component": component}},
+			Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	}
+	c := &Cluster{Nodes: nodes, PodsKnown: true, GPU: gpupods.NewOffline(nil), Pods: []*corev1.Pod{
+		running("vm-passthrough", "vfio-manager"), running("gpu-ubuntu2204", "container-toolkit"), running("vm-vgpu", "vgpu-manager"),
+		// another release's VFIO manager says nothing of this one's roles
+		{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "gpu-operator", Labels: map[string]string{"app.kubernetes.io/instance": "other", "app.kubernetes.io/component": "vfio-manager"}},
+			Spec: corev1.PodSpec{NodeName: "gpu-rhel9"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+	}}
+	p, err := Evaluate(context.Background(), r, c, "gpu", "gpu-operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := map[string]string{}
+	for _, n := range p.Nodes {
+		from[n.Name] = n.FromRole + "->" + n.Role
+	}
+	want := map[string]string{"vm-passthrough": "vm-passthrough->container", "gpu-ubuntu2204": "->container", "vm-vgpu": "->vm-vgpu", "gpu-rhel9": "->container"}
+	for node, w := range want {
+		if from[node] != w {
+			t.Errorf("node %s: role %q, want %q", node, from[node], w)
+		}
+	}
+	var out bytes.Buffer
+	p.WriteTable(&out)
+	if !strings.Contains(out.String(), "vm-passthrough->container ROLE CHANGE") || strings.Count(out.String(), "ROLE CHANGE") != 1 {
+		t.Errorf("the table names one role change:\n%s", out.String())
+	}
+}
