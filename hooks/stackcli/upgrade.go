@@ -61,7 +61,8 @@ func upgradeCommand(flags *genericclioptions.ConfigFlags, release *string, out i
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Print each GPU node's driver upgrade state, driver, since when and why",
-		Long: "Prints each GPU node's driver upgrade state, driver, since when and why, for the release's driver pods (of\n" +
+		Long: "Prints each GPU node's driver upgrade state, driver (FROM -> TO while its DaemonSet installs another, DOWNGRADE\n" +
+			"where it is older), since when and why, for the release's driver pods (of\n" +
 			"every release in the namespace without --release). It fails when the namespace holds no such release.\n" + NamespaceHelp,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			client, ns, from, err := adminClients(flags)

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,6 +94,10 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		return fmt.Errorf("list nodes: %w", err)
 	}
 	slices.SortFunc(nodes.Items, func(a, b corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	installs, err := driverTemplates(ctx, client, namespace, release)
+	if err != nil {
+		return err
+	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tSTATE\tDRIVER\tSINCE\tREASON")
 	for _, n := range nodes.Items {
@@ -110,6 +115,15 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		driver := "-"
 		if pod != nil && len(pod.Spec.Containers) > 0 {
 			driver = DriverVersion(pod.Spec)
+			// the driver its DaemonSet installs now, when another: the version first, a downgrade called out
+			if owner := metav1.GetControllerOf(pod); owner != nil && pod.DeletionTimestamp == nil {
+				if to := installs[owner.Name]; to != "" && to != driver {
+					driver += " -> " + to
+					if Downgrade(DriverVersion(pod.Spec), to) {
+						driver += " DOWNGRADE"
+					}
+				}
+			}
 			switch {
 			case pod.DeletionTimestamp != nil: // its gate empties the node before the driver container's stop
 				driver += " (pod stopping: the node is emptied first)"
@@ -139,6 +153,26 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", n.Name, state, driver, since, reason)
 	}
 	return w.Flush()
+}
+
+// driverTemplates maps each of the release's driver (and vGPU manager) DaemonSets to the driver its template
+// installs.
+func driverTemplates(ctx context.Context, client kubernetes.Interface, namespace, release string) (map[string]string, error) {
+	sel := "app.kubernetes.io/component in (" + KindDriver + "," + KindVGPUManager + ")"
+	if release != "" {
+		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
+	}
+	dss, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSetList, error) {
+		return client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list driver DaemonSets: %w", err)
+	}
+	out := map[string]string{}
+	for _, ds := range dss.Items {
+		out[ds.Name] = DriverVersion(ds.Spec.Template.Spec)
+	}
+	return out, nil
 }
 
 func podReady(p *corev1.Pod) bool {
