@@ -151,7 +151,17 @@ func TestRollingDriverUpgrade(t *testing.T) {
 		if g := driverGeneration(t); g != gen {
 			t.Errorf("a refused upgrade changed the driver DaemonSet: generation %d -> %d", gen, g)
 		}
-		// stock helm says only BackoffLimitExceeded: the reason is on the hook's Job, and in `status`
+		// stock helm >= 3.22 prints the failed hook's log after BackoffLimitExceeded (helm.sh/hook-output-log-policy):
+		// the hook pod's log, read through the API server as helm reads it, names the refusal
+		hookPods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + stackcli.PreUpgradeJob})
+		if err != nil || len(hookPods.Items) == 0 {
+			t.Fatalf("the pre-upgrade hook's pods: %v (%d)", err, len(hookPods.Items))
+		}
+		logged, err := client.CoreV1().Pods(namespace).GetLogs(hookPods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil || !strings.Contains(string(logged), "PodDisruptionBudget train-"+pdbNode) {
+			t.Errorf("the pre-upgrade hook's log as helm reads it (%v) does not name the blocking PDB:\n%s", err, logged)
+		}
+		// older helm says only BackoffLimitExceeded: the reason is on the hook's Job, and in `status`
 		ev, err := refusal.Last(ctx, client, namespace, stackcli.PreUpgradeJob)
 		if err != nil || ev == nil || !strings.Contains(ev.Message, "PodDisruptionBudget train-"+pdbNode) {
 			t.Errorf("the refusal recorded on Job %s: %v, %v; want an Event naming the PDB", stackcli.PreUpgradeJob, ev, err)
