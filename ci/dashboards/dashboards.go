@@ -49,6 +49,19 @@ func DCGMMetrics() []string {
 	return m
 }
 
+// The chart's recording rules the panels read (monitoring.prometheusRule, group kube-gpu-stack.gpu-usage): GPUs
+// held by pods, and those idle, per namespace and workload, and GPU-hours of each hour. tests/monitoring checks that
+// the rendered rules record them.
+const (
+	gpusAllocated = "namespace_workload:kube_gpu_stack_gpus_allocated:count"
+	gpusIdle      = "namespace_workload:kube_gpu_stack_gpus_idle:count"
+	gpuHours      = "namespace_workload:kube_gpu_stack_gpu_hours:1h"
+	idleGPUHours  = "namespace_workload:kube_gpu_stack_idle_gpu_hours:1h"
+)
+
+// RecordedSeries are the recorded series the dashboards use.
+func RecordedSeries() []string { return []string{gpusAllocated, gpusIdle, gpuHours, idleGPUHours} }
+
 // The stack's own metrics (the node status exporter's).
 const (
 	validationReady   = validation.MetricValidationReady

@@ -71,6 +71,25 @@ func fleetOverview() *dashboard.DashboardBuilder {
 			WithTransformation(organize([]string{"Time"}, map[string]string{"Hostname": "Node", "gpu": "GPU",
 				"Value #A": "Remap pending", "Value #B": "Remap failed"})))
 
+	// the recorded series have no node: these panels show the whole fleet whatever $node says
+	d = d.WithRow(dashboard.NewRowBuilder("GPU allocation and waste").Id(i.id())).
+		WithPanel(series(&i, "GPUs held by pods, by namespace", "GPUs the DCGM exporter maps to a pod (held through the "+
+			"device plugin), per namespace, for the whole fleet.", "none", 12, 8,
+			query("A", fmt.Sprintf("sum by (namespace) (%s)", gpusAllocated), "{{namespace}}")).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)).Min(0)).
+		WithPanel(series(&i, "Held GPUs idle, by namespace", "GPUs held by a pod whose utilisation is below "+
+			"monitoring.prometheusRule.idleGPU.utilizationBelow: no other workload can use them (GPUAllocatedIdle fires "+
+			"after idleGPU.for).", "none", 12, 8,
+			query("A", fmt.Sprintf("sum by (namespace) (%s)", gpusIdle), "{{namespace}}")).
+			Stacking(common.NewStackingConfigBuilder().Mode(common.StackingModeNormal)).Min(0)).
+		WithPanel(grid(&i, "GPU-hours by workload", "GPU-hours each workload held over the dashboard's time range, and "+
+			"how many of them idle (from the hourly recorded GPU-hours).", 24, 8,
+			tableQuery("A", fmt.Sprintf("sum by (namespace, workload) (sum_over_time(%s[$__range:1h]))", gpuHours)),
+			tableQuery("B", fmt.Sprintf("sum by (namespace, workload) (sum_over_time(%s[$__range:1h]))", idleGPUHours))).
+			WithTransformation(dashboard.DataTransformerConfig{Id: "merge", Options: map[string]any{}}).
+			WithTransformation(organize([]string{"Time"}, map[string]string{"namespace": "Namespace", "workload": "Workload",
+				"Value #A": "GPU-hours", "Value #B": "Idle GPU-hours"})))
+
 	d = d.WithRow(dashboard.NewRowBuilder("Driver and validation").Id(i.id())).
 		WithPanel(series(&i, "Nodes per driver upgrade state", "How many nodes are in each state of "+
 			"nvidia.com/gpu-driver-upgrade-state: a rollout moves nodes from upgrade-required to upgrade-done.", "none", 12, 8,

@@ -136,7 +136,11 @@ func (r rendered) alerts(t *testing.T) []alert {
 	}
 	var out []alert
 	for _, g := range spec.Groups {
-		out = append(out, g.Rules...)
+		for _, a := range g.Rules {
+			if a.Alert != "" { // not a recording rule
+				out = append(out, a)
+			}
+		}
 	}
 	return out
 }
@@ -517,5 +521,26 @@ func TestPromQLCheckReadsDashboards(t *testing.T) {
 	}
 	if out, err := run(t, dir, bin, "-metrics", "metrics.txt", "-dashboard", "bad.json"); err == nil || !strings.Contains(out, `panel 7 "nested"`) {
 		t.Errorf("promcheck passed a dashboard panel on an unknown metric (err %v):\n%s", err, out)
+	}
+}
+
+// TestGPUUsageRulesFollowHonorLabels: scraped with honorLabels the DCGM exporter's namespace and pod labels keep
+// their names, without it Prometheus renames them exported_*: the usage rules and GPUAllocatedIdle read the ones the
+// ServiceMonitor leaves (the unit tests run the default, exported_*).
+func TestGPUUsageRulesFollowHonorLabels(t *testing.T) {
+	for honor, want := range map[string]string{"true": `DCGM_FI_DEV_GPU_UTIL{pod!=""}`, "false": `DCGM_FI_DEV_GPU_UTIL{exported_pod!=""}`} {
+		r := render(t, []string{profile}, "dcgmExporter.serviceMonitor.honorLabels="+honor)
+		b, err := yaml.Marshal(r.rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range r.alerts(t) {
+			if a.Alert == "GPUAllocatedIdle" && !strings.Contains(a.Expr, want) {
+				t.Errorf("honorLabels=%s: GPUAllocatedIdle %q, want it to select %s", honor, a.Expr, want)
+			}
+		}
+		if got := strings.Count(string(b), want); got < 3 {
+			t.Errorf("honorLabels=%s: %d rules select %s, want the alert and both counts", honor, got, want)
+		}
 	}
 }

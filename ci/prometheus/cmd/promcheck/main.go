@@ -1,6 +1,6 @@
 // Command promcheck checks the PromQL the chart ships: every expression in a Prometheus rules file and in the panel
 // targets of Grafana dashboard JSON files must parse, and every metric it selects must be one the exporters emit
-// (a list of names, one a line). It exits 1 naming each problem, so a rule on a metric no exporter serves fails CI
+// (a list of names, one a line) or a recording rule of the rules files records. It exits 1 naming each problem, so a rule on a metric no exporter serves fails CI
 // instead of staying silent in production.
 //
 //	promcheck -metrics known.txt [-rules rules.yaml]... [-dashboard d.json]...
@@ -125,6 +125,14 @@ func (c *checker) rules(path string) error {
 	}
 	if groups == nil {
 		return nil
+	}
+	// a recording rule's series is one Prometheus emits: other rules and the dashboards may select it
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				c.known[r.Record] = true
+			}
+		}
 	}
 	for _, g := range groups.Groups {
 		for _, r := range g.Rules {
