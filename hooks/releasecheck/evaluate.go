@@ -498,6 +498,9 @@ func withUpgradeState(c Cell, node *corev1.Node, adminPaced bool, rolling string
 		return Cell{Rolling, rolling}
 	}
 	reason := fmt.Sprintf("driver change not over: node is %s", state)
+	if why := node.Annotations[nodestate.UpgradeReasonAnnotation]; why != "" {
+		reason += ": " + why // what it waits for (the canary, a slot) or does, as its driver manager says
+	}
 	if c.Reason != "" {
 		reason += " (" + c.Reason + ")"
 	}

@@ -146,6 +146,12 @@ func TestEvaluate(t *testing.T) {
 				t.Errorf("table lacks %q:\n%s", want, table)
 			}
 		}
+		// a node held for a slot says so: the driver manager's reason, as upgrade status shows it
+		marked.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "waiting for a slot of pool default: 1 of its nodes, its maxUnavailable, are out of service"}
+		r, _ = Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{marked, inFlight}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
+		if want := "a driver waiting: driver change not over: node is upgrade-required: waiting for a slot of pool default"; !strings.Contains(r.Table(), want) {
+			t.Errorf("table lacks %q:\n%s", want, r.Table())
+		}
 		done := gpuNode("a", map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeDone)})
 		r, _ = Evaluate("gpu", "ns", pools, Snapshot{Nodes: []*corev1.Node{done, b}, DaemonSets: all, Pods: readyEverywhere, Revisions: revs})
 		if !r.Passed() {
