@@ -70,3 +70,34 @@ func wantLine(t *testing.T, path string) string {
 	}
 	return want
 }
+
+// TestTypoUnderEveryDisabledOperandFails: for every operand subchart of the chart (each dependency with an enabled
+// condition), a misspelt key under it fails the render naming the key, with the operand switched off as with it on
+// (Helm checks a disabled subchart's own schema not at all; the umbrella's schema holds every operand's).
+func TestTypoUnderEveryDisabledOperandFails(t *testing.T) {
+	t.Parallel()
+	chrt, err := chartrender.Load(chartrender.ChartDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	operands := 0
+	for _, dep := range chrt.Metadata.Dependencies {
+		key := dep.Alias
+		if key == "" {
+			key = dep.Name
+		}
+		if dep.Condition != key+".enabled" {
+			continue // the library chart: no switch, no values of its own
+		}
+		operands++
+		for _, enabled := range []string{"false", "true"} {
+			_, err := renderErr(t, newestKube, nil, key+".enabled="+enabled, key+".imagee.tag=x")
+			if err == nil || !strings.Contains(err.Error(), "imagee") {
+				t.Errorf("%s.imagee.tag=x with %s.enabled=%s: %v; want the render refused naming imagee", key, key, enabled, err)
+			}
+		}
+	}
+	if operands < 15 {
+		t.Fatalf("%d operand subcharts found; the chart's dependencies were not read", operands)
+	}
+}
