@@ -675,21 +675,20 @@ func (r *recording) slotHandoffs() []time.Duration {
 	return pairInOrder(slices.Collect(maps.Values(r.gaveSlot)), slices.Collect(maps.Values(r.tookSlot)))
 }
 
-// pairInOrder pairs, in time order, the k-th free with the (m+k)-th take, m being the takes before the first free
-// (the first batch), and returns how long each take came after its free.
+// pairInOrder pairs each take, in time order, with the oldest free before it not yet paired, and returns how long
+// each paired take came after its free. A take with no such free used a slot no node had given back: the first
+// batch's, or those a pool widens to once its canary validated (its slots go from the canary's one to
+// maxUnavailable at once), which hand nothing on.
 func pairInOrder(frees, takes []time.Time) []time.Duration {
 	slices.SortFunc(frees, func(a, b time.Time) int { return a.Compare(b) })
 	slices.SortFunc(takes, func(a, b time.Time) int { return a.Compare(b) })
-	if len(frees) == 0 {
-		return nil
-	}
-	m := 0
-	for m < len(takes) && takes[m].Before(frees[0]) {
-		m++
-	}
 	var out []time.Duration
-	for k := 0; m+k < len(takes) && k < len(frees); k++ {
-		out = append(out, takes[m+k].Sub(frees[k]))
+	next := 0 // the oldest free not yet paired
+	for _, take := range takes {
+		if next < len(frees) && !frees[next].After(take) {
+			out = append(out, take.Sub(frees[next]))
+			next++
+		}
 	}
 	return out
 }
