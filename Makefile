@@ -29,7 +29,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 ## parallel, which cost tests/e2e a tenth of its CPU (386 and 380 s with two, 345 and 348 s with one)
 ## The real-node tier (tests/node) runs last, on its own: beside the control-plane suites, on two busy cores, the
 ## upstream toolkit installer's restart of the node's containerd was lost twice in two runs (the installer logged
-## its SIGHUP sent, and containerd kept running without the nvidia runtime), while the tier passed alone each time;
+## its SIGHUP sent, and containerd kept running without the nvidia runtime), while alone it passed every time;
 ## see docs/development.md, Real-node tier.
 TEST_PACKAGES ?= 4
 BUILD_FLAGS = -trimpath
