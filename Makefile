@@ -27,21 +27,13 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 ## one thread of Go code at a time (GOMAXPROCS=1 unless set): the run keeps some thirty Go processes on two cores,
 ## and with a thread per core each one's idle scheduler spins looking for work and its collector marks in
 ## parallel, which cost tests/e2e a tenth of its CPU (386 and 380 s with two, 345 and 348 s with one)
-## The real-node tier (tests/node) runs last, on its own: beside the control-plane suites, on two busy cores, the
-## upstream toolkit installer's restart of the node's containerd was lost twice in two runs (the installer logged
-## its SIGHUP sent, and containerd kept running without the nvidia runtime), while alone it passed every time;
-## see docs/development.md, Real-node tier.
 TEST_PACKAGES ?= 4
 BUILD_FLAGS = -trimpath
 SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/rollout ./tests/soak ./tests/gitops ./tests/takeover ./hooks/drivermanager \
-	./tests/dra ./tests/drainbench
-NODE_PACKAGE = github.com/kube-gpu-stack/kube-gpu-stack/tests/node
-TEST_ENV = GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} GOMAXPROCS=$${GOMAXPROCS:-1}
-TEST_FLAGS = $(BUILD_FLAGS) -vet=off -ldflags='-s -w -linkmode=internal' -timeout 30m
+	./tests/dra ./tests/node ./tests/drainbench
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \
-		$(TEST_ENV) $(GO) test $(TEST_FLAGS) -p $(TEST_PACKAGES) $(SLOW_PACKAGES) $$($(GO) list $(BUILD_FLAGS) ./... | grep -v -x -F $(NODE_PACKAGE)) && \
-		$(TEST_ENV) $(GO) test $(TEST_FLAGS) $(NODE_PACKAGE)
+		GOGC=400 GODEBUG=memprofilerate=0$${GODEBUG:+,$$GODEBUG} GOMAXPROCS=$${GOMAXPROCS:-1} $(GO) test $(BUILD_FLAGS) -p $(TEST_PACKAGES) -vet=off -ldflags='-s -w -linkmode=internal' -timeout 30m $(SLOW_PACKAGES) ./...
 
 ## bench-rollout: the rollout overhead benchmark (tests/rolloutbench): a driver change across 200 simulated GPU nodes
 ## of one pool, maxUnavailable 20, each install taking 30 s, without and with a canary; about 25 minutes on 2 cores.

