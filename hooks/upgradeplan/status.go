@@ -28,13 +28,19 @@ func driverPods(ctx context.Context, client kubernetes.Interface, namespace, rel
 	return live, err
 }
 
-// driverPodsByNode is driverPods, and the pods being deleted on nodes without a live one (a driver pod whose gate
-// empties its node before its driver stops).
-func driverPodsByNode(ctx context.Context, client kubernetes.Interface, namespace, release string) (live, stopping map[string]*corev1.Pod, err error) {
+// driverSelector selects the driver and vGPU manager objects (pods, DaemonSets) of release, of every release when "".
+func driverSelector(release string) string {
 	sel := "app.kubernetes.io/component in (" + KindDriver + "," + KindVGPUManager + ")"
 	if release != "" {
 		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
 	}
+	return sel
+}
+
+// driverPodsByNode is driverPods, and the pods being deleted on nodes without a live one (a driver pod whose gate
+// empties its node before its driver stops).
+func driverPodsByNode(ctx context.Context, client kubernetes.Interface, namespace, release string) (live, stopping map[string]*corev1.Pod, err error) {
+	sel := driverSelector(release)
 	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
 		return client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	})
@@ -158,10 +164,7 @@ func WriteStatus(ctx context.Context, client kubernetes.Interface, namespace, re
 // driverTemplates maps each of the release's driver (and vGPU manager) DaemonSets to the driver its template
 // installs.
 func driverTemplates(ctx context.Context, client kubernetes.Interface, namespace, release string) (map[string]string, error) {
-	sel := "app.kubernetes.io/component in (" + KindDriver + "," + KindVGPUManager + ")"
-	if release != "" {
-		sel += "," + labels.Set{"app.kubernetes.io/instance": release}.String()
-	}
+	sel := driverSelector(release)
 	dss, err := apiretry.Value(ctx, func(ctx context.Context) (*appsv1.DaemonSetList, error) {
 		return client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	})
