@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -272,11 +273,48 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	// The loop is the process group Stop kills; the pause stands for systemd's RestartSec. containerd dies with the
 	// loop (setpriv's parent-death signal), as the loop dies with the test binary: a killed run leaves no containerd.
 	loop := `while :; do setpriv --pdeathsig KILL "$0" --config "$1"; echo "containerd exited ($?), starting it again" >&2; sleep 1; done`
+	defaultSIGHUP()
 	if err := n.spawnEnv(noRegistry, "/bin/sh", "-c", loop, Packages["containerd"], n.ContainerdConfig()); err != nil {
 		return err
 	}
 	n.containerdLoop = n.procs[len(n.procs)-1]
-	return n.waitContainerd(ctx)
+	if err := n.waitContainerd(ctx); err != nil {
+		return err
+	}
+	// the toolkit's restart of containerd is a SIGHUP: a containerd that ignores it would never load the runtime
+	if ignored, err := ignoresSIGHUP(n.ContainerdPID()); err != nil || ignored {
+		return fmt.Errorf("containerd must die on SIGHUP as under systemd (ignored: %v, %v)", ignored, err)
+	}
+	return nil
+}
+
+// defaultSIGHUP makes the processes this binary starts from now on die on SIGHUP, as containerd does under systemd.
+// A test binary started under nohup (or by anything else that ignores SIGHUP) passes the ignored SIGHUP down through
+// every exec, so containerd would shrug off the toolkit's SIGHUP and never load the nvidia runtime. Go resets in a
+// child each signal it handles itself, so handling SIGHUP here (and dropping it: an ignored SIGHUP stays ignored for
+// this binary) gives the children the default action back.
+func defaultSIGHUP() {
+	if signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
+}
+
+// ignoresSIGHUP says whether the process pid ignores SIGHUP (bit 0 of SigIgn in its status).
+func ignoresSIGHUP(pid int) (bool, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if mask, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			bits, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+			if err != nil {
+				return false, fmt.Errorf("/proc/%d/status: SigIgn %q: %w", pid, mask, err)
+			}
+			return bits&(1<<(uint(syscall.SIGHUP)-1)) != 0, nil
+		}
+	}
+	return false, fmt.Errorf("/proc/%d/status has no SigIgn", pid)
 }
 
 // ContainerdConfig is containerd's main config file.
