@@ -112,8 +112,11 @@ func (o *Options) Validate() error {
 // Run reports the GPUs' health on the Node until ctx ends. When it cannot watch (no NVML library, a static build,
 // NVML failing) it sets the condition Unknown and returns the error, so the pod restarts and probes afresh.
 func (o *Options) Run(ctx context.Context, out io.Writer) error {
-	rep := Reporter{Client: o.Client, NodeName: o.NodeName, Policy: o.Policy}
 	logf := func(format string, args ...any) { fmt.Fprintf(out, "health: "+format+"\n", args...) }
+	rep := &maintenanceGate{rep: Reporter{Client: o.Client, NodeName: o.NodeName, Policy: o.Policy}, logf: logf}
+	if err := rep.watchNode(ctx, o); err != nil {
+		return err
+	}
 	fail := func(reason string, err error) error {
 		v := Unknown(reason, err)
 		logf("node %s: %s", o.NodeName, v)

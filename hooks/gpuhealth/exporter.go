@@ -183,7 +183,7 @@ func readLatch(c *corev1.NodeCondition, boot string) []Fault {
 // exporterWatch is the agent over the DCGM exporter of its node.
 type exporterWatch struct {
 	o    *Options
-	rep  Reporter
+	rep  reporter
 	logf func(string, ...any)
 	http *http.Client
 

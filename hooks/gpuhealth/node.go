@@ -2,7 +2,6 @@ package gpuhealth
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodecondition"
 )
 
 // Reporter writes verdicts on one Node: the condition through the status subresource, the taint through the Node.
@@ -34,33 +34,9 @@ func (r Reporter) Report(ctx context.Context, v Verdict) error {
 	return nil
 }
 
-// condition patches the one condition (strategic merge on type), so the kubelet's own conditions are never
-// rewritten; lastTransitionTime moves only when the status does.
+// condition writes the one condition (nodecondition.Set): the kubelet's own are never rewritten.
 func (r Reporter) condition(ctx context.Context, v Verdict) error {
-	node, err := r.Client.CoreV1().Nodes().Get(ctx, r.NodeName, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	c := corev1.NodeCondition{Type: r.Policy.ConditionType, Status: v.Status, Reason: v.Reason, Message: v.Message,
-		LastHeartbeatTime: now, LastTransitionTime: now}
-	for _, cur := range node.Status.Conditions {
-		if cur.Type != c.Type {
-			continue
-		}
-		if cur.Status == c.Status && cur.Reason == c.Reason && cur.Message == c.Message {
-			return nil
-		}
-		if cur.Status == c.Status {
-			c.LastTransitionTime = cur.LastTransitionTime
-		}
-	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}})
-	if err != nil {
-		return err
-	}
-	_, err = r.Client.CoreV1().Nodes().PatchStatus(ctx, r.NodeName, patch)
-	return err
+	return nodecondition.Set(ctx, r.Client, r.NodeName, corev1.NodeCondition{Type: r.Policy.ConditionType, Status: v.Status, Reason: v.Reason, Message: v.Message})
 }
 
 // taint puts the policy's taint on the node while the verdict is False and takes it off when it is True, by an

@@ -185,7 +185,7 @@ func healthCommand(out io.Writer) *cobra.Command {
 			"and exits non-zero.\n\n" + healthEnvHelp,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o, err := healthFromEnv()
+			o, err := HealthOptionsFromEnv(os.Getenv)
 			if err != nil {
 				return err
 			}
@@ -203,29 +203,30 @@ func healthCommand(out io.Writer) *cobra.Command {
 	}
 }
 
-// healthFromEnv reads the agent's Options from the environment, naming the variable that cannot be parsed.
-func healthFromEnv() (gpuhealth.Options, error) {
+// HealthOptionsFromEnv reads the GPU health agent's Options from an environment (os.Getenv; a harness that runs
+// the agent in-process passes its pod's), naming the variable that cannot be parsed.
+func HealthOptionsFromEnv(getenv func(string) string) (gpuhealth.Options, error) {
 	o := gpuhealth.Options{
-		NodeName:         os.Getenv("NODE_NAME"),
-		HostRoot:         os.Getenv("HOST_ROOT"),
-		DriverInstallDir: os.Getenv("DRIVER_INSTALL_DIR"),
-		Source:           os.Getenv("HEALTH_SOURCE"),
-		ExporterURL:      os.Getenv("HEALTH_DCGM_EXPORTER_URL"),
+		NodeName:         getenv("NODE_NAME"),
+		HostRoot:         getenv("HOST_ROOT"),
+		DriverInstallDir: getenv("DRIVER_INSTALL_DIR"),
+		Source:           getenv("HEALTH_SOURCE"),
+		ExporterURL:      getenv("HEALTH_DCGM_EXPORTER_URL"),
 	}
-	o.Policy.ConditionType = corev1.NodeConditionType(os.Getenv("HEALTH_CONDITION_TYPE"))
+	o.Policy.ConditionType = corev1.NodeConditionType(getenv("HEALTH_CONDITION_TYPE"))
 	var err error
-	if o.Policy.Fatal, err = gpuhealth.ParseXids(os.Getenv("HEALTH_FATAL_XIDS")); err != nil {
+	if o.Policy.Fatal, err = gpuhealth.ParseXids(getenv("HEALTH_FATAL_XIDS")); err != nil {
 		return o, fmt.Errorf("HEALTH_FATAL_XIDS: %w", err)
 	}
-	if o.Policy.Application, err = gpuhealth.ParseXids(os.Getenv("HEALTH_APPLICATION_XIDS")); err != nil {
+	if o.Policy.Application, err = gpuhealth.ParseXids(getenv("HEALTH_APPLICATION_XIDS")); err != nil {
 		return o, fmt.Errorf("HEALTH_APPLICATION_XIDS: %w", err)
 	}
-	for w := range strings.SplitSeq(os.Getenv("HEALTH_WATCHES"), ",") {
+	for w := range strings.SplitSeq(getenv("HEALTH_WATCHES"), ",") {
 		if w = strings.TrimSpace(w); w != "" {
 			o.Policy.Watches = append(o.Policy.Watches, w)
 		}
 	}
-	if o.Policy.Taint, err = gpuhealth.ParseTaint(os.Getenv("HEALTH_TAINT")); err != nil {
+	if o.Policy.Taint, err = gpuhealth.ParseTaint(getenv("HEALTH_TAINT")); err != nil {
 		return o, fmt.Errorf("HEALTH_TAINT: %w", err)
 	}
 	return o, nil

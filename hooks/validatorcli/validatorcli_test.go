@@ -140,7 +140,7 @@ func TestHealthReadsThePolicyFromTheEnvironment(t *testing.T) {
 	t.Setenv("HEALTH_TAINT", "nvidia.com/gpu-unhealthy:NoExecute")
 	t.Setenv("HEALTH_SOURCE", "dcgm-exporter")
 	t.Setenv("HEALTH_DCGM_EXPORTER_URL", "http://nvidia-dcgm-exporter-node.gpu-operator.svc:9400/metrics")
-	o, err := healthFromEnv()
+	o, err := HealthOptionsFromEnv(os.Getenv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,12 +151,12 @@ func TestHealthReadsThePolicyFromTheEnvironment(t *testing.T) {
 		t.Fatalf("options %+v, policy %+v", o, p)
 	}
 	t.Setenv("HEALTH_FATAL_XIDS", "48,seventy-nine")
-	if _, err := healthFromEnv(); err == nil || !strings.Contains(err.Error(), "HEALTH_FATAL_XIDS") {
+	if _, err := HealthOptionsFromEnv(os.Getenv); err == nil || !strings.Contains(err.Error(), "HEALTH_FATAL_XIDS") {
 		t.Fatalf("err %v", err)
 	}
 	t.Setenv("HEALTH_FATAL_XIDS", "48")
 	t.Setenv("HEALTH_TAINT", "no-effect")
-	if _, err := healthFromEnv(); err == nil || !strings.Contains(err.Error(), "HEALTH_TAINT") {
+	if _, err := HealthOptionsFromEnv(os.Getenv); err == nil || !strings.Contains(err.Error(), "HEALTH_TAINT") {
 		t.Fatalf("err %v", err)
 	}
 }
