@@ -188,6 +188,8 @@ type Options struct {
 	// APITimeout bounds the retries of one node read or write while the API server fails with errors that may
 	// pass (default apiretry.DefaultTimeout); then the step fails with the server's last error.
 	APITimeout time.Duration
+	// Maintenance marks the node while its driver changes, for remediation controllers (maintenance.go).
+	Maintenance Maintenance
 }
 
 // More defaults.
@@ -787,7 +789,11 @@ func (m *manager) upgrade(ctx context.Context) (string, error) {
 // says whether the whole node was drained.
 func (m *manager) emptyNode(ctx context.Context) (drained bool, err error) {
 	moveOff := m.o.Eviction.Enabled || m.o.Drain.Enabled
-	if err := m.apply(ctx, m.emptyingState(nodestate.CordonRequired)); err != nil {
+	// the node says it is under maintenance before anything on it stops
+	if err := m.o.Maintenance.begin(ctx, m.o.Client, m.o.NodeName, m.o.APITimeout); err != nil {
+		return false, err
+	}
+	if err := m.apply(ctx, m.emptyingState(nodestate.CordonRequired), m.o.Maintenance.label()); err != nil {
 		return false, err
 	}
 	// The operands pause with the cordon and leave while the GPU pods are evicted, as the reference driver manager
@@ -1116,8 +1122,11 @@ func (m *manager) failed(ctx context.Context, cause error) error {
 			reason = oneLine(cause.Error() + "; node kept cordoned: " + missing)
 		}
 	}
-	if err := m.apply(ctx, nodestate.Resume, cordon, m.state(nodestate.UpgradeFailed, reason)); err != nil {
+	if err := m.apply(ctx, nodestate.Resume, cordon, m.state(nodestate.UpgradeFailed, reason), pure(nodestate.EndMaintenanceLabel)); err != nil {
 		return fmt.Errorf("%w (and restoring node %s failed: %v)", cause, m.o.NodeName, err)
+	}
+	if err := m.o.Maintenance.failed(ctx, m.o.Client, m.o.NodeName, m.o.APITimeout, reason); err != nil {
+		return fmt.Errorf("%w (and %v)", cause, err)
 	}
 	return fmt.Errorf("node %s: %w; operands resumed, %s, node labelled %s=%s; fix the cause above, then restart this driver pod",
 		m.o.NodeName, cause, done, nodestate.UpgradeStateLabel, nodestate.UpgradeFailed)

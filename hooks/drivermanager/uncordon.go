@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/apiretry"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
@@ -66,6 +67,8 @@ type UncordonOptions struct {
 	OnRequest bool
 	// PodName is the gate's own pod (POD_NAME), which Replace compares with its DaemonSet.
 	PodName string
+	// Maintenance is the driver manager's (Options.Maintenance): a node failed here ends its Maintenance condition.
+	Maintenance Maintenance
 	// ManagerOptions reads the driver manager's settings from an environment (the CLI's OptionsFromEnv): Replace
 	// empties the node under the new template's settings.
 	ManagerOptions func(getenv func(string) string) (Options, error)
@@ -219,8 +222,15 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 			if notReverted != "" {
 				reason += " (not reverted: " + notReverted + ")"
 			}
-			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, setState(nodestate.UpgradeFailed, reason)); perr != nil {
+			failed := func(n *corev1.Node) (nodestate.Patch, error) {
+				p, err := setState(nodestate.UpgradeFailed, reason)(n)
+				return nodestate.Merge(p, nodestate.EndMaintenanceLabel(n)), err
+			}
+			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, failed); perr != nil {
 				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
+			}
+			if perr := o.Maintenance.failed(context.WithoutCancel(ctx), o.Client, o.NodeName, apiretry.DefaultTimeout, reason); perr != nil {
+				return "", fmt.Errorf("%s (and %v)", reason, perr)
 			}
 			return "", errors.New(reason)
 		}
@@ -239,7 +249,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 	node, err = o.advance(ctx, nodestate.UncordonRequired, func(n *corev1.Node) (nodestate.Patch, error) {
 		ours = nodestate.CordonedByUs(n)
 		return nodestate.Merge(nodestate.Uncordon(n), nodestate.SetUpgradeState(n, nodestate.UpgradeDone, "", now()),
-			nodestate.SetValidated(n, n.Annotations[nodestate.DriverDigestAnnotation])), nil
+			nodestate.SetValidated(n, n.Annotations[nodestate.DriverDigestAnnotation]), nodestate.EndMaintenanceLabel(n)), nil
 	})
 	if err != nil {
 		return "", err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
 // NewCommand returns the driver-manager root command writing its logs and summary lines to out.
@@ -165,7 +167,9 @@ func UncordonOptionsFromArgs(args []string, getenv func(string) string) (driverm
 	err := uncordonFlags(&o).Parse(args)
 	o.NodeName, o.Namespace, o.PodName = getenv("NODE_NAME"), getenv("OPERATOR_NAMESPACE"), getenv("POD_NAME")
 	o.ManagerOptions = OptionsFromEnv
-	return o, err
+	e := env{get: getenv}
+	o.Maintenance = e.maintenance()
+	return o, errors.Join(append([]error{err}, e.errs...)...)
 }
 
 // OptionsFromEnv reads the driver manager's environment (the names the GPU Operator's driver manager uses).
@@ -199,6 +203,7 @@ func OptionsFromEnv(getenv func(string) string) (drivermanager.Options, error) {
 			Timeout:            e.duration("DRAIN_TIMEOUT_SECONDS"),
 		},
 	}
+	o.Maintenance = e.maintenance()
 	if err := SelectKernel(&o.Host, getenv(KernelEnv)); err != nil {
 		e.errs = append(e.errs, err)
 	}
@@ -240,6 +245,17 @@ func SelectKernel(h *kmod.Host, kernel string) error {
 		return nil
 	}
 	return fmt.Errorf("%s=%q: want %s (the default) or %s (tests only)", KernelEnv, kernel, KernelSystem, KernelFixture)
+}
+
+// maintenance reads how a driver change marks its node for remediation controllers: the GPU health agent's
+// condition (HEALTH_CONDITION_TYPE) and an opt-out label (MAINTENANCE_LABEL, key=value).
+func (e *env) maintenance() drivermanager.Maintenance {
+	mt := drivermanager.Maintenance{Condition: corev1.NodeConditionType(strings.TrimSpace(e.get("HEALTH_CONDITION_TYPE")))}
+	var err error
+	if mt.LabelKey, mt.LabelValue, err = nodestate.ParseMaintenanceLabel(strings.TrimSpace(e.get("MAINTENANCE_LABEL"))); err != nil {
+		e.errs = append(e.errs, fmt.Errorf("MAINTENANCE_LABEL: %w", err))
+	}
+	return mt
 }
 
 type env struct {

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
 )
@@ -93,6 +94,7 @@ type Kubelet struct {
 	faults        map[string]string                // driver image tag prefix -> why its validation fails
 	nodeFaults    map[string]string                // "<node>/<driver image tag>" -> why its validation fails there
 	stops         map[types.UID]context.CancelFunc // a handled pod's containers, stopped when it is deleted
+	monitors      map[string]gpuhealth.Monitor     // node -> the GPU health agent's NVML (SetGPUMonitor)
 	// driverDone: closed when a driver pod's containers all returned; terminating: driver pods being stopped
 	driverDone  map[types.UID]chan struct{}
 	terminating map[types.UID]bool
@@ -110,7 +112,7 @@ type Kubelet struct {
 func Start(ctx context.Context, client kubernetes.Interface, kubeconfig string) (*Kubelet, error) {
 	k := &Kubelet{client: client, kubeconfig: kubeconfig, api: client, apiKubeconfig: kubeconfig, readies: map[string][]time.Time{}, outcomes: map[string]map[string]nodestate.Validation{},
 		handled: map[types.UID]bool{}, readyAt: map[string]time.Time{}, inFlight: map[string]int{}, pokes: make(chan string, 64),
-		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, loaded: map[string]string{}, faults: map[string]string{}, nodeFaults: map[string]string{},
+		hosts: map[string]*DriverHost{}, stops: map[types.UID]context.CancelFunc{}, monitors: map[string]gpuhealth.Monitor{}, loaded: map[string]string{}, faults: map[string]string{}, nodeFaults: map[string]string{},
 		validating: map[types.UID]*sync.Mutex{}, statuses: map[types.UID]uint64{}, driverRunning: map[types.UID]bool{}, apiChanged: make(chan struct{}),
 		driverDone: map[types.UID]chan struct{}{}, terminating: map[types.UID]bool{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
@@ -408,6 +410,13 @@ func (k *Kubelet) consider(ctx context.Context, pod *corev1.Pod) {
 		return
 	}
 	if isValidator(pod) {
+		if c, m := k.healthAgent(pod); c != nil {
+			podCtx, cancel := context.WithCancel(ctx)
+			k.mu.Lock()
+			k.stops[pod.UID] = cancel
+			k.mu.Unlock()
+			go k.runHealth(podCtx, pod, c, m)
+		}
 		go k.validate(ctx, pod)
 		return
 	}

@@ -9,6 +9,7 @@ package admission
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -52,6 +53,8 @@ const (
 	healthSA      = "nvidia-gpu-health"
 	nodeA, nodeB  = "gpu-a", "gpu-b"
 	nodeNameClaim = "authentication.kubernetes.io/node-name"
+	// maintenanceLabel is the release's opt-out label for remediation controllers (global.health.maintenance.label)
+	maintenanceLabel = "remediation.example.com/skip"
 )
 
 // installed: the rendered chart's objects this package checks, applied once: the node-local accounts and their
@@ -64,10 +67,12 @@ func install(t *testing.T) {
 		return
 	}
 	ctx := t.Context()
-	// the GPU health agent and its taint on, so its account is rendered and held to its node too; the DRA driver on,
+	// the GPU health agent and its taint on, so its account is rendered and held to its node too, and with it the
+	// driver's maintenance mark (condition and an opt-out label of another namespace); the DRA driver on,
 	// so the policy holds its ComputeDomain controller
 	// and kata sandboxes on, so it holds the kata plugin's GFD pods
-	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true", "draDriver.enabled=true",
+	stream, err := chartrender.RenderRepo(ctx, nil, []string{"global.health.nodeCondition.enabled=true", "global.health.taint.enabled=true",
+		"global.health.maintenance.label=" + maintenanceLabel + "=true", "draDriver.enabled=true",
 		"global.sandboxWorkloads.enabled=true", "global.sandboxWorkloads.mode=kata"})
 	if err != nil {
 		t.Fatal(err)
@@ -736,6 +741,58 @@ func TestDriverAccountHasOnlyWhatItCalls(t *testing.T) {
 	}
 	if _, err := c.CoordinationV1().Leases("kube-system").Create(ctx, lease, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("lease create in kube-system: %v, want Forbidden", err)
+	}
+}
+
+// TestDriverAccountMarksOnlyMaintenance: the driver's account, with a token bound to a pod on node A, sends the
+// driver manager's maintenance marks (drivermanager.Maintenance: the GPU health condition Unknown through
+// nodes/status, the release's opt-out label): allowed on A; refused on B, and refused any other verdict of the
+// condition (False, True), any other condition, and a label of another namespace than the opt-out label's key.
+func TestDriverAccountMarksOnlyMaintenance(t *testing.T) {
+	install(t)
+	ctx := t.Context()
+	c := clientAs(t, driverSA, podOn(t, driverSA, nodeA))
+	condition := func(node, typ, status, reason string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			patch := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":%q,"reason":%q,"message":"m"}]}}`, typ, status, reason)
+			_, err := c.CoreV1().Nodes().PatchStatus(ctx, node, []byte(patch))
+			return err
+		}
+	}
+	label := func(key string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"true"}}}`, key)
+			_, err := c.CoreV1().Nodes().Patch(ctx, nodeA, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			return err
+		}
+	}
+	for _, refused := range []struct {
+		try  func(context.Context) error
+		says string
+	}{
+		{condition(nodeA, "nvidia.com/GPUHealthy", "False", "FatalXid"), "may only set the condition nvidia.com/GPUHealthy Unknown"},
+		{condition(nodeA, "nvidia.com/GPUHealthy", "True", "GPUsHealthy"), "may only set the condition nvidia.com/GPUHealthy Unknown"},
+		{condition(nodeA, "nvidia.com/GPUHealthy", "Unknown", "NVMLFailed"), "may only set the condition nvidia.com/GPUHealthy Unknown"},
+		{condition(nodeA, "Ready", "Unknown", "Maintenance"), "may change no node status"},
+		{condition(nodeB, "nvidia.com/GPUHealthy", "Unknown", "Maintenance"), "may change only the node its pod runs on (" + nodeA + "), not node " + nodeB},
+		{label("remediation.example.com/other"), "may change only the nvidia.com/"},
+	} {
+		if err := refusedByPolicy(t, refused.try); !strings.Contains(err.Error(), refused.says) {
+			t.Errorf("refusal does not say %q: %v", refused.says, err)
+		}
+	}
+	for _, reason := range []string{"Maintenance", "DriverUpgradeFailed"} {
+		if err := condition(nodeA, "nvidia.com/GPUHealthy", "Unknown", reason)(ctx); err != nil {
+			t.Errorf("its own node's condition Unknown %s: %v", reason, err)
+		}
+	}
+	if err := label(maintenanceLabel)(ctx); err != nil {
+		t.Errorf("its own node's opt-out label: %v", err)
+	}
+	// leave node A as the other tests expect it
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, maintenanceLabel)
+	if _, err := kube.Client.CoreV1().Nodes().Patch(ctx, nodeA, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -163,7 +163,8 @@ func TestHealthAgentRendersThePolicy(t *testing.T) {
 		t.Errorf("service account %q", ds.Spec.Template.Spec.ServiceAccountName)
 	}
 	want := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
+		// its own Node watched (field selector on its name) for planned changes
+		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes/status"}, Verbs: []string{"patch"}},
 	}
 	if got := gpuHealthRules(t, on); !slices.EqualFunc(got, want, rulesEqual) {
@@ -186,7 +187,7 @@ func TestHealthAgentRendersThePolicy(t *testing.T) {
 	}) {
 		t.Errorf("the agent does not tolerate its own taint: %+v", ds.Spec.Template.Spec.Tolerations)
 	}
-	want[0].Verbs = []string{"get", "update"}
+	want[0].Verbs = []string{"get", "list", "watch", "update"}
 	if got := gpuHealthRules(t, tainted); !slices.EqualFunc(got, want, rulesEqual) {
 		t.Errorf("rules with the taint %+v, want %+v", got, want)
 	}
@@ -204,4 +205,58 @@ func TestHealthXidTiersOverlapFailsFromSet(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Xid 13 is in both the fatal and the application tier") {
 		t.Fatalf("render: %v", err)
 	}
+}
+
+// TestDriverMarksMaintenanceForTheHealthCondition: with the GPU health agent on, the driver manager (its init
+// container, and the upgrade gate, which fails a node whose validation times out) gets the condition to mark, and
+// the driver's account may patch nodes/status; with global.health.maintenance.condition off, or no agent, neither.
+// The opt-out label reaches the manager when set.
+func TestDriverMarksMaintenanceForTheHealthCondition(t *testing.T) {
+	const ds = "nvidia-driver-daemonset-ubuntu2204"
+	statusRule := func(stream string) bool {
+		return slices.ContainsFunc(decodeNamed[rbacv1.ClusterRole](t, stream, "ClusterRole", driverClusterRole(t, stream)).Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Contains(r.Resources, "nodes/status") && slices.Contains(r.Verbs, "patch")
+		})
+	}
+	for _, c := range []struct {
+		name      string
+		set       []string
+		condition string
+		label     string
+	}{
+		{"agent on", []string{"global.health.nodeCondition.enabled=true"}, "nvidia.com/GPUHealthy", ""},
+		{"agent on, opt-out label", []string{"global.health.nodeCondition.enabled=true", "global.health.maintenance.label=remediation.example.com/skip=true"},
+			"nvidia.com/GPUHealthy", "remediation.example.com/skip=true"},
+		{"condition mark off", []string{"global.health.nodeCondition.enabled=true", "global.health.maintenance.condition=false"}, "", ""},
+		{"no agent", nil, "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stream := render(t, newestKube, []string{profileFile("container-only")}, c.set...)
+			d := daemonSet(t, stream, ds)
+			for _, name := range []string{"driver-manager", "driver-upgrade-gate"} {
+				e, _ := envVar(containerNamed(t, d, name), "HEALTH_CONDITION_TYPE")
+				if e.Value != c.condition {
+					t.Errorf("%s: HEALTH_CONDITION_TYPE=%q, want %q", name, e.Value, c.condition)
+				}
+			}
+			if e, _ := envVar(containerNamed(t, d, "driver-manager"), "MAINTENANCE_LABEL"); e.Value != c.label {
+				t.Errorf("MAINTENANCE_LABEL=%q, want %q", e.Value, c.label)
+			}
+			if got := statusRule(stream); got != (c.condition != "") {
+				t.Errorf("the driver's account may patch nodes/status: %v, want %v", got, c.condition != "")
+			}
+		})
+	}
+}
+
+// driverClusterRole is the name of the driver's ClusterRole in stream.
+func driverClusterRole(t *testing.T, stream string) string {
+	t.Helper()
+	for _, o := range objects(t, stream) {
+		if o.kind() == "ClusterRole" && strings.HasPrefix(o.name(), "nvidia-driver-") {
+			return o.name()
+		}
+	}
+	t.Fatal("no nvidia-driver ClusterRole rendered")
+	return ""
 }

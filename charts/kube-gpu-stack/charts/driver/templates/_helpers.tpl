@@ -162,6 +162,21 @@ GPU_ALLOCATION: {{ .Values.gpuAllocation | default "device-plugin" }}
 {{- /* where the DRA kubelet plugin runs (a DRA node, or one leaving DRA), the manager pauses it last, once no pod
 holds a claim: on every pool, so a pool moving off DRA still pauses it */}}
 DRA_PLUGIN_OPERAND: dra-driver
+{{- /* a driver change marks its node for remediation controllers (global.health.maintenance) */}}
+{{- $h := .Values.global.health | default dict -}}
+{{- $mt := $h.maintenance | default dict -}}
+{{- if include "driver.maintenanceCondition" . }}
+HEALTH_CONDITION_TYPE: {{ $h.nodeCondition.type | quote }}
+{{- end }}
+{{- with $mt.label }}
+MAINTENANCE_LABEL: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* driver.maintenanceCondition: non-empty when the driver manager writes the GPU health condition's Maintenance */}}
+{{- define "driver.maintenanceCondition" -}}
+{{- $h := .Values.global.health | default dict -}}
+{{- if and ($h.nodeCondition | default dict).enabled ($h.maintenance | default dict).condition }}true{{ end -}}
 {{- end }}
 
 {{/*

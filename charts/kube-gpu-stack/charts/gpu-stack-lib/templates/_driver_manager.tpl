@@ -97,6 +97,8 @@ API token itself (gpu-stack-lib.apiAccessMount). dict:
                       nvidia.com/gpu-driver-upgrade-requested=true annotation
   driverStartupSeconds optional, with replace: the driver container's startup budget (its startup probe). The
                       validation timeout then counts from the driver container's start, within that budget
+  env                 optional: more environment, NAME: value (the driver's maintenance mark, which a node failed
+                      by the gate's timeout ends)
 With replace the result also has "stopFile" and "stopMount": when the pod is deleted outside the agent's own
 replacement (`kubectl delete pod`, a node moved to another pool, a pool renamed), the gate empties the node for the
 DaemonSet's next pod and then writes stopFile; the driver container mounts stopMount and its preStop waits for
@@ -118,6 +120,7 @@ writes it at once.
 {{- $env := dict "NODE_NAME" (dict "fieldRef" (dict "fieldPath" "spec.nodeName")) "OPERATOR_NAMESPACE" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")) -}}
 {{- /* the agent compares its own pod with its DaemonSet */ -}}
 {{- if .replace }}{{ $_ := set $env "POD_NAME" (dict "fieldRef" (dict "fieldPath" "metadata.name")) }}{{ end -}}
+{{- range $k, $val := .env | default dict }}{{ $_ := set $env $k $val }}{{ end -}}
 {{- $container := include "gpu-stack-lib.container" (dict
   "ctx" .ctx
   "name" "driver-upgrade-gate"
@@ -152,12 +155,18 @@ watched on the node; with `evict` (gpudrain: GPU pod eviction or auto-drain on):
 PodDisruptionBudgets watched and DaemonSets read (kubectl's drain checks a DaemonSet pod's owner); with `claims`
 DRA claims listed (gpupods: the GPU pods an eviction moves, and the claim holders that keep the DRA kubelet plugin
 from being paused). No pods delete: gpudrain deletes only where the API server has no Eviction API, which every
-supported Kubernetes serves. dict "evict" BOOL "claims" BOOL; renders a YAML list.
+supported Kubernetes serves; with `nodeStatus` its node's GPU health condition written (Maintenance, held to that by the
+admission policy). dict "evict" BOOL "claims" BOOL "nodeStatus" BOOL; renders a YAML list.
 */}}
 {{- define "gpu-stack-lib.driverManagerRules" -}}
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get, list, watch, patch]
+{{- if .nodeStatus }}
+- apiGroups: [""]
+  resources: [nodes/status]
+  verbs: [patch]
+{{- end }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
@@ -208,10 +217,10 @@ gpu-stack-lib.driverManagerRbac: the ServiceAccount of a pod running the driver 
 manager), its ClusterRole (gpu-stack-lib.driverManagerRules) and its Role for the node Lease
 (gpu-stack-lib.driverManagerLeaseRules, with "replace" its own DaemonSet read and its ControllerRevisions watched too); its pods run privileged with
 host access (the privileged SCC on OpenShift). dict "ctx" . "name" SERVICE_ACCOUNT "evict" BOOL "claims" BOOL
-"replace" BOOL
+"replace" BOOL "nodeStatus" BOOL
 */}}
 {{- define "gpu-stack-lib.driverManagerRbac" -}}
 {{- include "gpu-stack-lib.rbac" (dict "ctx" .ctx "name" .name "scc" "privileged"
-  "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict "claims" .claims) | fromYamlArray)
+  "clusterRules" (include "gpu-stack-lib.driverManagerRules" (dict "evict" .evict "claims" .claims "nodeStatus" .nodeStatus) | fromYamlArray)
   "rules" (include "gpu-stack-lib.driverManagerLeaseRules" (dict "replace" .replace) | fromYamlArray)) -}}
 {{- end }}
