@@ -387,7 +387,8 @@ func seededRecord(node *corev1.Node) (map[string]string, error) {
 }
 
 // Cleanup returns the patch that removes everything the stack put on node: paused switches restored, the
-// stack's cordon lifted, a pre-installed mark it made undone, defaults it seeded and nobody changed removed, the upgrade state label dropped, and every
+// stack's cordon lifted, a pre-installed mark it made undone, defaults it seeded and nobody changed removed, the upgrade state label dropped, the
+// opt-out label of a driver change it put on removed, and every
 // annotation under AnnotationPrefix removed. Labels and annotations it never wrote are not touched.
 func Cleanup(node *corev1.Node) (Patch, error) {
 	p, err := Resume(node)
@@ -420,6 +421,10 @@ func Cleanup(node *corev1.Node) (Patch, error) {
 		if node.Labels[key] == v {
 			p.label(key, nil)
 		}
+	}
+	// an opt-out label a driver change put on and an uninstall interrupted
+	for k, v := range EndMaintenanceLabel(node).Labels {
+		p.label(k, v)
 	}
 	u := Uncordon(node)
 	p.Unschedulable = u.Unschedulable

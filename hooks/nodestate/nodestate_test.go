@@ -121,6 +121,7 @@ func TestCleanupUndoesEverythingTheStackWrote(t *testing.T) {
 	n = apply(n, MarkPreInstalled(n))
 	n = apply(n, SetUpgradeState(n, UpgradeFailed, "PDB blocks eviction", "2026-01-01T00:00:00Z"))
 	n = apply(n, SetValidation("driver", Validation{CheckFailed, "nvidia-smi failed"}))
+	n = apply(n, BeginMaintenanceLabel(n, "remediation.example.com/skip", "true"))
 	seed, err := Seed(n, "nvidia.com/mig.config", "all-disabled")
 	if err != nil {
 		t.Fatal(err)
