@@ -30,6 +30,9 @@ type Cluster struct {
 	PDBs      []policyv1.PodDisruptionBudget
 	// GPU decides which pods use GPUs (gpupods), reading claims from the cluster or the ones given.
 	GPU *gpupods.Checker
+	// TemplateChanged says which of the release's DaemonSets and Deployments replace their pods (TemplateChanges);
+	// nil when not known (files), and then only the driver's and the placements' restarts are predicted.
+	TemplateChanged map[string]bool
 }
 
 // Read lists the cluster's nodes, pods and PodDisruptionBudgets; resource claims are listed only for namespaces

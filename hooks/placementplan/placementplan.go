@@ -101,6 +101,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Client != nil {
+		if c.TemplateChanged, err = TemplateChanges(ctx, o.Client, o.Namespace, r.Manifests); err != nil {
+			return nil, err
+		}
+	}
 	p, err := Evaluate(ctx, r, c, o.Release, o.Namespace)
 	if err != nil {
 		return nil, err
@@ -166,6 +171,16 @@ type Plan struct {
 	// Verdict is whether the pre-upgrade hook lets the upgrade go ahead, and Refusals why not (live cluster only).
 	Verdict  string   `json:"verdict,omitempty"`
 	Refusals []string `json:"refusals,omitempty"`
+	// Totals add up the nodes' rows.
+	Totals Totals `json:"totals"`
+}
+
+// Totals are what the whole change does: nodes the driver managers cordon, GPU pods they evict, and the release's
+// pods deleted and started again (or replaced).
+type Totals struct {
+	Cordons   int `json:"cordons"`
+	Evictions int `json:"evictions"`
+	Restarts  int `json:"restarts"`
 }
 
 // Node is one node's row.
@@ -196,6 +211,10 @@ type Node struct {
 	Allocation string `json:"allocationSwitch,omitempty"`
 	// Evicts are the GPU pods the driver change or switch evicts first.
 	Evicts []Eviction `json:"evicts,omitempty"`
+	// Cordon is CordonYes when the driver manager cordons the node, CordonKept when it is cordoned already.
+	Cordon string `json:"cordon,omitempty"`
+	// Restarts are the release's pods on the node that the change deletes (namespace/name): see restarts.
+	Restarts []string `json:"restarts,omitempty"`
 }
 
 // Eviction is one GPU pod to evict and the budgets that cover it.
@@ -214,11 +233,14 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		return nil, err
 	}
 	byName := map[string]placement.DaemonSet{}
+	operandDS := map[string]bool{}
 	for _, ds := range r.DaemonSets {
 		byName[ds.Name] = ds
+		operandDS[ds.Name] = true
 	}
 	driverPods := map[string]*corev1.Pod{} // node -> its driver pod of this release
 	podsOn := map[string][]*corev1.Pod{}   // node -> its running pods
+	ours := map[string][]*corev1.Pod{}     // node -> the release's pods but the driver's
 	servedRole := map[string]string{}      // node -> the role its release operands serve now
 	for _, p := range c.Pods {
 		if p.Spec.NodeName == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
@@ -232,6 +254,9 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		if p.Namespace == namespace && p.Labels["app.kubernetes.io/instance"] == release && p.Labels["app.kubernetes.io/component"] == "driver" {
 			driverPods[p.Spec.NodeName] = p
 			continue
+		}
+		if p.Namespace == namespace && p.Labels["app.kubernetes.io/instance"] == release {
+			ours[p.Spec.NodeName] = append(ours[p.Spec.NodeName], p)
 		}
 		podsOn[p.Spec.NodeName] = append(podsOn[p.Spec.NodeName], p)
 	}
@@ -306,6 +331,15 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 				return nil, err
 			}
 		}
+		if c.PodsKnown {
+			row.Cordon = cordon(row, n)
+			row.Restarts = restarts(row, ours[n.Name], pod, placed[n.Name], operandDS, c.TemplateChanged)
+		}
+		if row.Cordon == CordonYes {
+			plan.Totals.Cordons++
+		}
+		plan.Totals.Evictions += len(row.Evicts)
+		plan.Totals.Restarts += len(row.Restarts)
 		plan.Nodes = append(plan.Nodes, row)
 	}
 	if r.Pools != nil {
@@ -384,7 +418,7 @@ func versionChange(n Node) string {
 // WriteTable prints one row per node, then the uncovered nodes.
 func (p *Plan) WriteTable(out io.Writer) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tROLE\tPOOL\tDRIVER\tCHANGE\tALLOCATION\tOPERANDS\tEVICTS")
+	fmt.Fprintln(w, "NODE\tROLE\tPOOL\tDRIVER\tCHANGE\tALLOCATION\tOPERANDS\tCORDON\tRESTARTS\tEVICTS")
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -415,10 +449,12 @@ func (p *Plan) WriteTable(out io.Writer) {
 			}
 			evicts = append(evicts, s)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, dash(role), dash(n.Pool), dash(n.Driver), change,
-			dash(n.Allocation), dash(strings.Join(n.Operands, ",")), dash(strings.Join(evicts, " ")))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", n.Name, dash(role), dash(n.Pool), dash(n.Driver), change,
+			dash(n.Allocation), dash(strings.Join(n.Operands, ",")), dash(n.Cordon), len(n.Restarts), dash(strings.Join(evicts, " ")))
 	}
 	w.Flush()
+	fmt.Fprintf(out, "totals: %d node(s) cordoned, %d GPU pod(s) evicted, %d pod(s) of the release restarted\n",
+		p.Totals.Cordons, p.Totals.Evictions, p.Totals.Restarts)
 	if !p.Evict && slices.ContainsFunc(p.Nodes, func(n Node) bool { return len(n.Evicts) > 0 }) {
 		fmt.Fprintln(out, "driver.manager.gpuPodDeletion is off: a change waits for the GPU pods listed to go; no budget blocks it")
 	}

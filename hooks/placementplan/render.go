@@ -40,6 +40,8 @@ type Rendered struct {
 	Force bool
 	// VGPUPools are the vGPU manager pools as the pre-upgrade hook reads them (VGPU_MANAGER_POOLS).
 	VGPUPools []driverpools.Pool
+	// Manifests are the rendered DaemonSets' and Deployments' documents by "KIND/NAME", for TemplateChanges.
+	Manifests map[string][]byte
 }
 
 // RenderOptions say what to render: the chart, the values, and the release as Helm would install it.
@@ -48,6 +50,8 @@ type RenderOptions struct {
 	ValueFiles, Set    []string
 	Release, Namespace string
 	KubeVersion        string
+	// ChartVersion, when set, stamps the chart's version and appVersion, as a release of the chart bumps both.
+	ChartVersion string
 }
 
 // Render renders the chart once, as `helm install --dry-run` would (the schema checked), and reduces it.
@@ -55,6 +59,9 @@ func Render(ctx context.Context, o RenderOptions) (*Rendered, error) {
 	chrt, err := loader.Load(o.ChartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", o.ChartDir, err)
+	}
+	if o.ChartVersion != "" {
+		chrt.Metadata.Version, chrt.Metadata.AppVersion = o.ChartVersion, o.ChartVersion
 	}
 	vals, err := (&values.Options{ValueFiles: o.ValueFiles, Values: o.Set}).MergeValues(getter.Providers{})
 	if err != nil {
@@ -102,7 +109,7 @@ func Reduce(stream string) (*Rendered, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Rendered{DaemonSets: dss, Evict: true}
+	r := &Rendered{DaemonSets: dss, Evict: true, Manifests: renderedWorkloads(stream)}
 	for _, doc := range strings.Split(stream, "\n---\n") {
 		if !strings.Contains(doc, "DRIVER_POOLS") {
 			continue

@@ -18,8 +18,18 @@ import (
 // package's tests and stops everything, returning the exit code. Without control-plane binaries (and not under
 // CI=true) the package says it skipped.
 func RunPackage(m *testing.M, name string, nodes []*corev1.Node, use func(*cluster.Cluster, *Kubelet)) int {
+	return RunPackageWith(m, name, nodes, nil, use)
+}
+
+// RunPackageWith is RunPackage with the control plane's options changed by edit first (the API server's audit
+// flags, say); nil changes nothing.
+func RunPackageWith(m *testing.M, name string, nodes []*corev1.Node, edit func(*cluster.Options), use func(*cluster.Cluster, *Kubelet)) int {
 	start := time.Now()
-	c, skip, err := cluster.ForPackage(options())
+	opts := options()
+	if edit != nil {
+		edit(&opts)
+	}
+	c, skip, err := cluster.ForPackage(opts)
 	switch {
 	case skip:
 		fmt.Printf("SKIP %s: %v\n", name, err)

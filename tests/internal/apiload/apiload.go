@@ -30,7 +30,11 @@ rules:
 // request goes on (audit-log-mode blocking, its default; batching is the webhook's default, not the log's);
 // maxsize 0 never rotates (the default, 100 MB, would move events into backups Read does not open), and
 // truncation (which drops events' fields) stays off.
-func Args(dir string) (map[string][]string, error) {
+func Args(dir string) (map[string][]string, error) { return ArgsFor(dir, policy) }
+
+// ArgsFor is Args with another audit policy (audit.k8s.io/v1 Policy YAML): one that logs some resources at Request
+// level puts their request bodies in Request.Body.
+func ArgsFor(dir, policy string) (map[string][]string, error) {
 	p := filepath.Join(dir, "audit-policy.yaml")
 	if err := os.WriteFile(p, []byte(policy), 0o600); err != nil {
 		return nil, err
@@ -69,6 +73,8 @@ type Request struct {
 	Watch bool
 	// Code is the response's HTTP status (0 on a stage logged before the response, such as a watch's start).
 	Code int
+	// Body is the request's object (a patch, an update's object) where the policy logs at Request level.
+	Body json.RawMessage
 }
 
 // event is the part of audit.k8s.io/v1 Event that Read uses.
@@ -90,7 +96,8 @@ type event struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
-	RequestReceived time.Time `json:"requestReceivedTimestamp"`
+	RequestReceived time.Time       `json:"requestReceivedTimestamp"`
+	RequestObject   json.RawMessage `json:"requestObject"`
 }
 
 // Read parses an audit log written with Args's flags, one event a line.
@@ -112,7 +119,7 @@ func Read(path string) ([]Request, error) {
 			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
 		}
 		r := Request{AuditID: e.AuditID, User: e.User.Username, UserAgent: e.UserAgent, Verb: e.Verb,
-			Stage: e.Stage, At: e.RequestReceived, Watch: e.Verb == "watch"}
+			Stage: e.Stage, At: e.RequestReceived, Watch: e.Verb == "watch", Body: e.RequestObject}
 		if e.ResponseStatus != nil {
 			r.Code = e.ResponseStatus.Code
 		}
