@@ -24,6 +24,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/apiload"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -56,7 +57,7 @@ func (o outcome) String() string {
 // TestPlanPredictsWhatHappens: for each change in the matrix, the plan's prediction per node (cordon, GPU pods
 // evicted, the release's pods restarted) equals what the audit log shows the upgrade did. The matrix runs in order
 // on one release, each change keeping the ones before: a chart-only bump, another operand's image, a label on every
-// operand pod and a driver change of one pool.
+// operand pod, a driver change of one pool, and a switch of the other pool from the device plugin to DRA.
 func TestPlanPredictsWhatHappens(t *testing.T) {
 	ctx := t.Context()
 	for _, n := range gpuNodes() {
@@ -65,6 +66,9 @@ func TestPlanPredictsWhatHappens(t *testing.T) {
 	if err := workloads.Deploy(ctx, kube.Client, workloadNS, gpuNodes()); err != nil {
 		t.Fatal(err)
 	}
+	// the DRA kubelet plugin, once a pool switches to DRA: its slices, which the post-upgrade gate waits for
+	pluginErrs := make(chan error, 16)
+	go draplugin.Play(ctx, kube.Client, namespace, pluginErrs)
 	base := []string{"driver.upgradePolicy.maxUnavailable=100%", "driver.upgradePolicy.canary=0", "driver.upgradePolicy.maxFailures=0",
 		"driver.manager.gpuPodDeletion.timeoutSeconds=10", "hooks.preUpgrade.force=true"}
 	start := change{name: "install", files: []string{"pools.yaml"}, set: base, chartVersion: chartVersion}
@@ -86,6 +90,7 @@ func TestPlanPredictsWhatHappens(t *testing.T) {
 		{name: "another operand's image", files: []string{"pools.yaml"}, set: image, chartVersion: "1.0.1"},
 		{name: "a label change", files: []string{"pools.yaml"}, set: label, chartVersion: "1.0.1"},
 		{name: "driver change of one pool", files: []string{"pool-a-new-driver.yaml"}, set: label, chartVersion: "1.0.1"},
+		{name: "DRA switch of one pool", files: []string{"pool-b-dra.yaml"}, set: label, chartVersion: "1.0.1"},
 	}
 	var report []string
 	for _, c := range matrix {
