@@ -46,6 +46,10 @@ func TestMain(m *testing.M) {
 		if _, gpu := obj.Status.Capacity["nvidia.com/gpu"]; gpu {
 			obj.Labels[nodefixtures.DriverPoolLabel] = []string{"a", "a", "b", "b"}[i]
 		}
+		// gpu-04's role label, which takes effect once sandbox workloads are turned on (the matrix's role change)
+		if obj.Name == "gpu-04" {
+			obj.Labels["nvidia.com/gpu.workload.config"] = "vm-passthrough"
+		}
 		nodes = append(nodes, obj)
 	}
 	dir, err := os.MkdirTemp("", "planaudit-")

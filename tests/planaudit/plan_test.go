@@ -57,7 +57,8 @@ func (o outcome) String() string {
 // TestPlanPredictsWhatHappens: for each change in the matrix, the plan's prediction per node (cordon, GPU pods
 // evicted, the release's pods restarted) equals what the audit log shows the upgrade did. The matrix runs in order
 // on one release, each change keeping the ones before: a chart-only bump, another operand's image, a label on every
-// operand pod, a driver change of one pool, and a switch of the other pool from the device plugin to DRA.
+// operand pod, a driver change of one pool, a switch of the other pool from the device plugin to DRA, and a role change
+// (sandbox workloads turned on, gpu-04 labelled vm-passthrough since the start).
 func TestPlanPredictsWhatHappens(t *testing.T) {
 	ctx := t.Context()
 	for _, n := range gpuNodes() {
@@ -91,6 +92,7 @@ func TestPlanPredictsWhatHappens(t *testing.T) {
 		{name: "a label change", files: []string{"pools.yaml"}, set: label, chartVersion: "1.0.1"},
 		{name: "driver change of one pool", files: []string{"pool-a-new-driver.yaml"}, set: label, chartVersion: "1.0.1"},
 		{name: "DRA switch of one pool", files: []string{"pool-b-dra.yaml"}, set: label, chartVersion: "1.0.1"},
+		{name: "a role change", files: []string{"pool-b-dra.yaml"}, set: append(slices.Clone(label), "global.sandboxWorkloads.enabled=true"), chartVersion: "1.0.1"},
 	}
 	var report []string
 	for _, c := range matrix {
