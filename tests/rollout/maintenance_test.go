@@ -33,7 +33,9 @@ const optOutKey = "remediation.example.com/skip"
 func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 	const tag = "600.50.01"
 	ctx := t.Context()
-	freshNodes(t, time.Second)
+	// installs of 5 s: each node's driver is unloaded for that long, which the stub, looking every 50 ms, cannot miss
+	// on a loaded machine (with 1 s, a CI run saw nine of the ten)
+	freshNodes(t, 5*time.Second)
 	if err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(ctx, "train-"+pdbNode, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
@@ -168,7 +170,7 @@ type remediationStub struct {
 	quit context.CancelFunc
 }
 
-// watchRemediation starts the stub: every 50 ms it looks at each GPU node.
+// watchRemediation starts the stub: every 50 ms it looks at every GPU node.
 func watchRemediation(t *testing.T) *remediationStub {
 	ctx, cancel := context.WithCancel(t.Context())
 	s := &remediationStub{done: make(chan struct{}), quit: cancel, r: remediation{
@@ -177,13 +179,16 @@ func watchRemediation(t *testing.T) *remediationStub {
 	}}
 	go func() {
 		defer close(s.done)
+		gpu := gpuNodeNames()
 		for ctx.Err() == nil {
-			for _, n := range gpuNodeNames() {
-				node, err := kube.Client.CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
-				if err != nil {
-					continue
+			// one list a look, each node's driver read right after it
+			list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				for i := range list.Items {
+					if n := &list.Items[i]; slices.Contains(gpu, n.Name) {
+						s.look(n, !stand.DriverLoaded(n.Name))
+					}
 				}
-				s.look(node, !stand.DriverLoaded(n))
 			}
 			select {
 			case <-ctx.Done():
