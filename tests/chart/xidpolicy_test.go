@@ -1,6 +1,8 @@
 package chart
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
@@ -19,12 +22,38 @@ type xidConsumers struct {
 	agent           gpuhealth.Policy             // the GPU health agent's, from its env
 	alerts          map[string]func(string) bool // the Xid alerts' selectors on the xid label
 	severity        map[string]string
+	npd             []npdRule // the Node Problem Detector kernel-log monitor's rules
 }
 
-// TestEveryXidMeansTheSameEverywhere: one render's device plugin, GPU health agent (the node condition) and Xid
-// alerts read global.health.xids alike for every Xid from 1 to 160, for the default policy and a changed one: a
-// fatal Xid takes the GPU out of the device plugin, makes the condition False and pages (GPUXidFatal, critical); an
-// application Xid does none of that and only informs (GPUXidApplication); an Xid in neither tier warns (GPUXid),
+// npdRule is one rule of a Node Problem Detector log monitor.
+type npdRule struct {
+	Type      string `json:"type"`
+	Condition string `json:"condition"`
+	Reason    string `json:"reason"`
+	Pattern   string `json:"pattern"`
+}
+
+// npdReading is what the monitor makes of the kernel log line the driver writes for xid: the matching rule's
+// type and reason ("" when none matches). NPD matches a rule's pattern against the whole message.
+func (c xidConsumers) npdReading(t *testing.T, xid uint64) string {
+	line := fmt.Sprintf("NVRM: Xid (PCI:0000:3b:00): %d, pid=4242, name=python3, Ch 00000008", xid)
+	var got []string
+	for _, r := range c.npd {
+		if regexp.MustCompile("^(?:" + r.Pattern + ")$").MatchString(line) {
+			got = append(got, r.Type+" "+r.Reason)
+		}
+	}
+	if len(got) > 1 {
+		t.Errorf("Xid %d matches %d rules: %v", xid, len(got), got)
+	}
+	return strings.Join(got, ",")
+}
+
+// TestEveryXidMeansTheSameEverywhere: one render's device plugin, GPU health agent (the node condition), Xid
+// alerts and Node Problem Detector kernel-log monitor read global.health.xids alike for every Xid from 1 to 160, for the default policy and a changed one: a
+// fatal Xid takes the GPU out of the device plugin, makes the condition False, pages (GPUXidFatal, critical) and sets
+// NPD's condition; an application Xid does none of that, only informs (GPUXidApplication) and is an NPD event; an
+// Xid in neither tier warns (GPUXid), is nothing to NPD,
 // leaves the condition True, and the device plugin takes the GPU out unless it is one of the six the plugin always
 // ignores. The default policy's reading of every listed Xid, and of the unlisted ones the plugin ignores, is the
 // golden testdata/xid-policy.golden.
@@ -51,26 +80,28 @@ func TestEveryXidMeansTheSameEverywhere(t *testing.T) {
 				out := !devicePluginIgnores(c.disable, c.enable, xid)
 				builtIn := devicePluginIgnores("", "", xid)
 				var want []string
-				wantOut := false
+				wantOut, wantNPD := false, ""
 				switch class {
 				case gpuhealth.Fatal:
-					want, wantOut = []string{"GPUXidFatal"}, true
+					want, wantOut, wantNPD = []string{"GPUXidFatal"}, true, "permanent FatalXid"
 				case gpuhealth.Application:
-					want = []string{"GPUXidApplication"}
+					want, wantNPD = []string{"GPUXidApplication"}, "temporary ApplicationXid"
 				default:
 					want, wantOut = []string{"GPUXid"}, !builtIn
 				}
-				if strings.Join(matched, ",") != strings.Join(want, ",") || out != wantOut {
-					t.Errorf("Xid %d: the agent reads it %s, the alerts %v (want %v), the device plugin takes the GPU out: %v (want %v)",
-						xid, class, matched, want, out, wantOut)
+				npd := c.npdReading(t, xid)
+				if strings.Join(matched, ",") != strings.Join(want, ",") || out != wantOut || npd != wantNPD {
+					t.Errorf("Xid %d: the agent reads it %s, the alerts %v (want %v), the device plugin takes the GPU out: %v (want %v), the NPD monitor %q (want %q)",
+						xid, class, matched, want, out, wantOut, npd, wantNPD)
 				}
 				if class != gpuhealth.Unlisted || builtIn {
 					condition := "True"
 					if class == gpuhealth.Fatal {
 						condition = "False"
 					}
-					fmt.Fprintf(&golden, "Xid %3d  %-11s  condition %-5s  alert %s (%s)  device plugin: %s\n", xid, class, condition,
-						strings.Join(matched, ","), c.severity[strings.Join(matched, ",")], map[bool]string{true: "GPU out", false: "GPU kept"}[out])
+					fmt.Fprintf(&golden, "Xid %3d  %-11s  condition %-5s  alert %s (%s)  device plugin: %s  NPD: %s\n", xid, class, condition,
+						strings.Join(matched, ","), c.severity[strings.Join(matched, ",")], map[bool]string{true: "GPU out", false: "GPU kept"}[out],
+						cmp.Or(npd, "-"))
 				}
 			}
 			if tc.name == "default" {
@@ -96,7 +127,8 @@ func TestEveryXidMeansTheSameEverywhere(t *testing.T) {
 // renderXidConsumers renders the monitoring profile with the health agent on and reads each consumer's policy.
 func renderXidConsumers(t *testing.T, set ...string) xidConsumers {
 	t.Helper()
-	stream := render(t, newestKube, []string{profileFile("monitoring")}, append([]string{"global.health.nodeCondition.enabled=true"}, set...)...)
+	stream := render(t, newestKube, []string{profileFile("monitoring")},
+		append([]string{"global.health.nodeCondition.enabled=true", "global.health.nodeProblemDetector.enabled=true"}, set...)...)
 	var c xidConsumers
 	dp := containerNamed(t, daemonSet(t, stream, "nvidia-device-plugin-daemonset"), "nvidia-device-plugin")
 	d, _ := envVar(dp, "DP_DISABLE_HEALTHCHECKS")
@@ -140,6 +172,24 @@ func renderXidConsumers(t *testing.T, set ...string) xidConsumers {
 			}
 		}
 	}
+	cm := decodeNamed[corev1.ConfigMap](t, stream, "ConfigMap", "nvidia-xid-kernel-monitor")
+	var monitor struct {
+		Plugin     string    `json:"plugin"`
+		Conditions []npdRule `json:"conditions"`
+		Rules      []npdRule `json:"rules"`
+	}
+	if err := json.Unmarshal([]byte(cm.Data["kernel-monitor-nvidia-xid.json"]), &monitor); err != nil {
+		t.Fatalf("the NPD monitor: %v", err)
+	}
+	if monitor.Plugin != "kmsg" || len(monitor.Conditions) != 1 || monitor.Conditions[0].Type != "GPUXidFatal" {
+		t.Errorf("the NPD monitor reads %q with conditions %+v", monitor.Plugin, monitor.Conditions)
+	}
+	for _, r := range monitor.Rules {
+		if r.Type == "permanent" && r.Condition != monitor.Conditions[0].Type {
+			t.Errorf("rule %+v sets a condition the monitor does not declare", r)
+		}
+	}
+	c.npd = monitor.Rules
 	if c.alerts["GPUXid"] == nil {
 		t.Fatal("no GPUXid alert rendered")
 	}
