@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodecondition"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
 )
 
@@ -57,7 +58,9 @@ func (g *maintenanceGate) current() (Verdict, bool) {
 	return *g.verdict, true
 }
 
-// node takes the Node as the watch has it; a change into or out of maintenance is written at once.
+// node takes the Node as the watch has it and writes what it should say when its condition says otherwise: a change
+// into or out of maintenance at once, and a condition someone else left (a driver manager stopped between its
+// Maintenance mark and its cordon, a failed change's DriverUpgradeFailed) once the agent has a verdict of its own.
 func (g *maintenanceGate) node(ctx context.Context, n *corev1.Node) error {
 	why, _ := nodestate.UnderMaintenance(n)
 	g.mu.Lock()
@@ -65,13 +68,17 @@ func (g *maintenanceGate) node(ctx context.Context, n *corev1.Node) error {
 	g.why = why
 	now, ok := g.current()
 	g.mu.Unlock()
-	if !changed || !ok {
+	cur, _ := nodecondition.Find(n, g.rep.Policy.ConditionType)
+	if !ok || (cur.Status == now.Status && cur.Reason == now.Reason && cur.Message == now.Message) {
 		return nil
 	}
-	if why != "" {
+	switch {
+	case changed && why != "":
 		g.logf("node %s: %s: reporting %s until it is over", g.rep.NodeName, why, nodestate.MaintenanceReason)
-	} else {
+	case changed:
 		g.logf("node %s: planned change over: %s", g.rep.NodeName, now)
+	default:
+		g.logf("node %s: condition %s says %s %s, not %s: writing it again", g.rep.NodeName, g.rep.Policy.ConditionType, cur.Status, cur.Reason, now)
 	}
 	return g.rep.Report(ctx, now)
 }

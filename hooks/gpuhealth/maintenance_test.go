@@ -79,6 +79,14 @@ func TestMaintenanceHoldsVerdictsUntilTheChangeIsOver(t *testing.T) {
 			expect(t, client, &log, change.afterStatus, change.afterReason)
 		})
 	}
+	// a Maintenance mark left by a driver manager stopped before its cordon (the node never entered the change) is
+	// written over with the agent's verdict
+	if err := nodecondition.Set(t.Context(), client, "gpu-node", corev1.NodeCondition{Type: DefaultConditionType,
+		Status: corev1.ConditionUnknown, Reason: nodestate.MaintenanceReason, Message: nodestate.MaintenanceMessage(nodestate.DriverChange)}); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, client, &log, corev1.ConditionFalse, ReasonFatalXid)
+
 	// a driver change that failed is a fault to look at, not maintenance
 	gpus <- healthy
 	expect(t, client, &log, corev1.ConditionTrue, ReasonHealthy)
