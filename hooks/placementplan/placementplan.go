@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
@@ -101,8 +102,14 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	// which pod templates change: a user who may only read gets the plan without them, told so
+	templatesUnknown := ""
 	if o.Client != nil {
-		if c.TemplateChanged, err = TemplateChanges(ctx, o.Client, o.Namespace, r.Manifests); err != nil {
+		c.TemplateChanged, err = TemplateChanges(ctx, o.Client, o.Namespace, r.Manifests)
+		switch {
+		case apierrors.IsForbidden(err):
+			templatesUnknown = "restarts for changed pod templates not known: " + err.Error()
+		case err != nil:
 			return nil, err
 		}
 	}
@@ -110,6 +117,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.TemplatesUnknown = templatesUnknown
 	var hookPlan *upgradeplan.Plan
 	if o.Client != nil && r.Pools != nil {
 		// what the pre-upgrade hook will decide on this cluster, with these values (it only reads)
@@ -173,6 +181,9 @@ type Plan struct {
 	Refusals []string `json:"refusals,omitempty"`
 	// Totals add up the nodes' rows.
 	Totals Totals `json:"totals"`
+	// TemplatesUnknown says why the restarts leave out changed pod templates (the dry-run update was refused: a
+	// user who may only read); empty when they are in.
+	TemplatesUnknown string `json:"templatesUnknown,omitempty"`
 }
 
 // Totals are what the whole change does: nodes the driver managers cordon, GPU pods they evict, and the release's
@@ -455,6 +466,9 @@ func (p *Plan) WriteTable(out io.Writer) {
 	w.Flush()
 	fmt.Fprintf(out, "totals: %d node(s) cordoned, %d GPU pod(s) evicted, %d pod(s) of the release restarted\n",
 		p.Totals.Cordons, p.Totals.Evictions, p.Totals.Restarts)
+	if p.TemplatesUnknown != "" {
+		fmt.Fprintln(out, p.TemplatesUnknown)
+	}
 	if !p.Evict && slices.ContainsFunc(p.Nodes, func(n Node) bool { return len(n.Evicts) > 0 }) {
 		fmt.Fprintln(out, "driver.manager.gpuPodDeletion is off: a change waits for the GPU pods listed to go; no budget blocks it")
 	}

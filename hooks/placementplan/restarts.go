@@ -29,7 +29,7 @@ const (
 // replace a pod exactly when its template's hash changes, and a template compared before defaulting would differ in
 // every field the server fills in. OnDelete DaemonSets (the driver's) restart no pod on a template change: the
 // driver manager replaces a driver pod only for a driver change. Keys are "DaemonSet/NAME" and "Deployment/NAME".
-// It needs update on both (a dry run changes nothing).
+// It needs update on both (a dry run changes nothing); a refusal is returned as the API server's error.
 func TemplateChanges(ctx context.Context, client kubernetes.Interface, namespace string, rendered map[string][]byte) (map[string]bool, error) {
 	out := map[string]bool{}
 	for key, doc := range rendered {
@@ -38,9 +38,17 @@ func TemplateChanges(ctx context.Context, client kubernetes.Interface, namespace
 		var err error
 		switch kind {
 		case "DaemonSet":
-			changed, err = daemonSetChanges(ctx, client, namespace, name, doc)
+			dss := client.AppsV1().DaemonSets(namespace)
+			changed, err = templateChanges[appsv1.DaemonSet](ctx, dss.Get, dss.Update, kind, name, doc,
+				func(ds *appsv1.DaemonSet) *corev1.PodTemplateSpec { return &ds.Spec.Template },
+				func(ds *appsv1.DaemonSet) bool {
+					return ds.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType
+				})
 		case "Deployment":
-			changed, err = deploymentChanges(ctx, client, namespace, name, doc)
+			deps := client.AppsV1().Deployments(namespace)
+			changed, err = templateChanges[appsv1.Deployment](ctx, deps.Get, deps.Update, kind, name, doc,
+				func(d *appsv1.Deployment) *corev1.PodTemplateSpec { return &d.Spec.Template },
+				func(*appsv1.Deployment) bool { return false })
 		}
 		if err != nil {
 			return nil, err
@@ -50,49 +58,38 @@ func TemplateChanges(ctx context.Context, client kubernetes.Interface, namespace
 	return out, nil
 }
 
-func daemonSetChanges(ctx context.Context, client kubernetes.Interface, namespace, name string, doc []byte) (bool, error) {
-	live, err := client.AppsV1().DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+// templateChanges is TemplateChanges for one object of type T (kind, for messages): get and update are its typed
+// client's, template its pod template, and onDelete says that its pods are not replaced for a template change.
+func templateChanges[T any, PT interface {
+	*T
+	DeepCopy() *T
+}](ctx context.Context,
+	get func(context.Context, string, metav1.GetOptions) (*T, error),
+	update func(context.Context, *T, metav1.UpdateOptions) (*T, error),
+	kind, name string, doc []byte, template func(*T) *corev1.PodTemplateSpec, onDelete func(*T) bool,
+) (bool, error) {
+	live, err := get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return false, nil // a new DaemonSet: its pods start, none restarts
+		return false, nil // new: its pods start, none restarts
 	}
 	if err != nil {
-		return false, fmt.Errorf("get DaemonSet %s: %w", name, err)
+		return false, fmt.Errorf("get %s %s: %w", kind, name, err)
 	}
-	if live.Spec.UpdateStrategy.Type == appsv1.OnDeleteDaemonSetStrategyType {
+	if onDelete(live) {
 		return false, nil
 	}
-	var want appsv1.DaemonSet
-	if err := yaml.Unmarshal(doc, &want); err != nil {
-		return false, fmt.Errorf("rendered DaemonSet %s: %w", name, err)
+	want := new(T)
+	if err := yaml.Unmarshal(doc, want); err != nil {
+		return false, fmt.Errorf("rendered %s %s: %w", kind, name, err)
 	}
-	next := live.DeepCopy()
-	next.Spec.Template = want.Spec.Template
-	stored, err := client.AppsV1().DaemonSets(namespace).Update(ctx, next, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+	// the live object with the rendered template: what the upgrade writes there, as the server would store it
+	next := PT(live).DeepCopy()
+	*template(next) = *template(want)
+	stored, err := update(ctx, next, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 	if err != nil {
-		return false, fmt.Errorf("DaemonSet %s as the upgrade would write it (dry run): %w", name, err)
+		return false, fmt.Errorf("%s %s as the upgrade would write it (dry run): %w", kind, name, err)
 	}
-	return !apiequality.Semantic.DeepEqual(stored.Spec.Template, live.Spec.Template), nil
-}
-
-func deploymentChanges(ctx context.Context, client kubernetes.Interface, namespace, name string, doc []byte) (bool, error) {
-	live, err := client.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("get Deployment %s: %w", name, err)
-	}
-	var want appsv1.Deployment
-	if err := yaml.Unmarshal(doc, &want); err != nil {
-		return false, fmt.Errorf("rendered Deployment %s: %w", name, err)
-	}
-	next := live.DeepCopy()
-	next.Spec.Template = want.Spec.Template
-	stored, err := client.AppsV1().Deployments(namespace).Update(ctx, next, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
-	if err != nil {
-		return false, fmt.Errorf("Deployment %s as the upgrade would write it (dry run): %w", name, err)
-	}
-	return !apiequality.Semantic.DeepEqual(stored.Spec.Template, live.Spec.Template), nil
+	return !apiequality.Semantic.DeepEqual(*template(stored), *template(live)), nil
 }
 
 // restarts are the release's pods on a node that the change deletes: a pod of a GPU operand DaemonSet (operands)

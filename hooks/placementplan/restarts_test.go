@@ -1,12 +1,22 @@
 package placementplan
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 )
 
@@ -64,5 +74,27 @@ func TestRestartsAndCordon(t *testing.T) {
 	}
 	if got := cordon(Node{DriverChange: DriverSkip, Allocation: "device-plugin -> dra"}, node); got != "" {
 		t.Errorf("cordon of a skipped node: %q", got)
+	}
+}
+
+// A user who may only read still gets the plan: the dry-run update of a live DaemonSet is refused, and the plan says
+// its restarts leave changed pod templates out instead of failing.
+func TestPlanWithoutTemplatesForAReadOnlyUser(t *testing.T) {
+	r := renderProfile(t, "dra-mixed")
+	live := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "nvidia-device-plugin-daemonset", Namespace: "gpu-operator"}}
+	client := fake.NewClientset(append(changeCluster(t, r), live)...)
+	client.PrependReactor("update", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "daemonsets"}, live.Name, errors.New("read-only"))
+	})
+	o := Options{RenderOptions: RenderOptions{ChartDir: filepath.Join(repoRoot(), "charts", "kube-gpu-stack"),
+		ValueFiles: []string{filepath.Join(repoRoot(), "values", "dra-mixed.yaml")}, KubeVersion: "v1.37.0"}, Client: client}
+	o.Complete()
+	var out bytes.Buffer
+	p, err := Run(context.Background(), o, &out)
+	if err != nil {
+		t.Fatalf("plan failed for a read-only user: %v", err)
+	}
+	if !strings.Contains(p.TemplatesUnknown, "forbidden") || !strings.Contains(out.String(), "restarts for changed pod templates not known") {
+		t.Errorf("the plan does not say the templates are unknown: %q\n%s", p.TemplatesUnknown, out.String())
 	}
 }
