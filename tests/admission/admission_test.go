@@ -798,8 +798,8 @@ func TestDriverAccountMarksOnlyMaintenance(t *testing.T) {
 
 // TestHealthAgentWritesOnlyItsOwnNode: the GPU health agent's account, with a token bound to a pod on node A,
 // sends the agent's requests (gpuhealth.Reporter: a strategic merge patch of one condition through nodes/status,
-// an update of the Node for its taint): allowed on A, refused by the policy on B; it may not patch or delete a
-// Node.
+// an update of the Node for its taint; the list and watch of its Node): allowed on A, the writes refused by the
+// policy on B; it may not patch or delete a Node.
 func TestHealthAgentWritesOnlyItsOwnNode(t *testing.T) {
 	install(t)
 	c := clientAs(t, healthSA, podOn(t, healthSA, nodeA))
@@ -823,6 +823,16 @@ func TestHealthAgentWritesOnlyItsOwnNode(t *testing.T) {
 	refusedByPolicy(t, func(ctx context.Context) error { return taint(ctx, nodeB) })
 	if err := condition(t.Context(), nodeA); err != nil {
 		t.Fatalf("its own node's condition: %v", err)
+	}
+	// it follows its Node for planned changes (gpuhealth's node watch: a list, then a watch, on its name)
+	own := metav1.ListOptions{FieldSelector: "metadata.name=" + nodeA}
+	if _, err := c.CoreV1().Nodes().List(t.Context(), own); err != nil {
+		t.Errorf("listing its own node: %v", err)
+	}
+	if w, err := c.CoreV1().Nodes().Watch(t.Context(), own); err != nil {
+		t.Errorf("watching its own node: %v", err)
+	} else {
+		w.Stop()
 	}
 	if err := taint(t.Context(), nodeA); err != nil {
 		t.Fatalf("its own node's taint: %v", err)
