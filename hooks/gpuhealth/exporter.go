@@ -193,11 +193,20 @@ type exporterWatch struct {
 	gpus    int
 	lastOK  time.Time
 	last    *Verdict
+	// now is the clock the outage bound is read on (nil: time.Now)
+	now func() time.Time
+}
+
+func (w *exporterWatch) clock() time.Time {
+	if w.now != nil {
+		return w.now()
+	}
+	return time.Now()
 }
 
 // run scrapes every ScrapeInterval until ctx ends.
 func (w *exporterWatch) run(ctx context.Context) error {
-	w.lastOK = time.Now()
+	w.lastOK = w.clock()
 	if err := w.readNode(ctx); err != nil {
 		return err
 	}
@@ -254,7 +263,7 @@ func (w *exporterWatch) step(ctx context.Context) error {
 	var v Verdict
 	switch {
 	case err == nil:
-		w.lastOK, w.gpus = time.Now(), r.GPUs
+		w.lastOK, w.gpus = w.clock(), r.GPUs
 		for _, s := range r.Seen { // once while it stays in the window
 			if !slices.Contains(w.seen, s) {
 				w.logf("%s", s)
@@ -268,7 +277,7 @@ func (w *exporterWatch) step(ctx context.Context) error {
 	case len(w.latched) > 0: // the latched Xids are known without the exporter: stay False
 		w.logf("scrape: %v", err)
 		v = w.verdict(nil)
-	case time.Since(w.lastOK) < w.o.StaleAfter: // a short outage (an exporter restart) keeps the last verdict
+	case w.clock().Sub(w.lastOK) < w.o.StaleAfter: // a short outage (an exporter restart) keeps the last verdict
 		w.logf("scrape: %v", err)
 		return nil
 	default: // never a guess of healthy

@@ -92,11 +92,14 @@ type exporterAgent struct {
 	client kubernetes.Interface
 	w      *exporterWatch
 	log    strings.Builder
+	// clock is the watch's: a test moves it past the outage bound instead of sleeping, so a slow machine's pauses
+	// between steps never count as an outage
+	clock time.Time
 }
 
 func newExporterAgent(t *testing.T, client kubernetes.Interface, url string, staleAfter time.Duration) *exporterAgent {
 	t.Helper()
-	a := &exporterAgent{t: t, client: client}
+	a := &exporterAgent{t: t, client: client, clock: time.Now()}
 	o := &Options{NodeName: "gpu-node", Client: client, Policy: chartPolicy, Source: SourceDCGMExporter, ExporterURL: url, StaleAfter: staleAfter}
 	o.Complete()
 	if err := o.Validate(); err != nil {
@@ -106,7 +109,8 @@ func newExporterAgent(t *testing.T, client kubernetes.Interface, url string, sta
 		logf: func(f string, args ...any) {
 			fmt.Fprintf(&a.log, f+"\n", args...)
 		},
-		lastOK: time.Now()}
+		now: func() time.Time { return a.clock }}
+	a.w.lastOK = a.clock
 	if err := a.w.readNode(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +243,7 @@ func TestExporterUnreachable(t *testing.T) {
 		exp.Down(true)
 		c, tainted = a.step()
 		wantNode(t, c, tainted, corev1.ConditionTrue, ReasonHealthy, false) // within the bound
-		time.Sleep(stale + 20*time.Millisecond)
+		a.clock = a.clock.Add(stale + 20*time.Millisecond)                  // past the bound, on the watch's clock
 		c, tainted = a.step()
 		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
 		if !strings.Contains(c.Message, "503") {
@@ -257,7 +261,7 @@ func TestExporterUnreachable(t *testing.T) {
 		c, tainted := a.step()
 		wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
 		exp.Close()
-		time.Sleep(stale + 20*time.Millisecond)
+		a.clock = a.clock.Add(stale + 20*time.Millisecond) // past the bound, on the watch's clock
 		for range 2 {
 			c, tainted = a.step()
 			wantNode(t, c, tainted, corev1.ConditionFalse, ReasonFatalXid, true)
@@ -266,7 +270,7 @@ func TestExporterUnreachable(t *testing.T) {
 	t.Run("never reached", func(t *testing.T) {
 		client := fake.NewClientset(bootedNode("boot-1"))
 		a := newExporterAgent(t, client, "http://127.0.0.1:1/metrics", stale)
-		time.Sleep(stale + 20*time.Millisecond)
+		a.clock = a.clock.Add(stale + 20*time.Millisecond) // past the bound, on the watch's clock
 		c, tainted := a.step()
 		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterUnreachable, false)
 	})
@@ -278,7 +282,7 @@ func TestExporterUnreachable(t *testing.T) {
 		defer srv.Close()
 		client := fake.NewClientset(bootedNode("boot-1"))
 		a := newExporterAgent(t, client, srv.URL+"/metrics", stale)
-		time.Sleep(stale + 20*time.Millisecond)
+		a.clock = a.clock.Add(stale + 20*time.Millisecond) // past the bound, on the watch's clock
 		c, tainted := a.step()
 		wantNode(t, c, tainted, corev1.ConditionUnknown, ReasonExporterIncomplete, false)
 		if !strings.Contains(c.Message, "dcgmExporter.config.profile=health") {
