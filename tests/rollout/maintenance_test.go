@@ -49,7 +49,10 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 			stand.SetGPUMonitor(n, nil)
 		}
 	})
-	health := []string{"global.health.nodeCondition.enabled=true", "global.health.maintenance.label=" + optOutKey + "=true"}
+	// a minute for each GPU pod's eviction: a loaded machine ends pods slowly (a CI run failed a node whose workload
+	// was still terminating after the package's 6 s), and this test is about the quarantines, not the eviction bound
+	health := []string{"global.health.nodeCondition.enabled=true", "global.health.maintenance.label=" + optOutKey + "=true",
+		"driver.manager.gpuPodDeletion.timeoutSeconds=60"}
 	if _, err := target().Install(ctx, profile(), settings(health...)...); err != nil {
 		logRuns(t, time.Time{})
 		t.Fatal(err)
