@@ -27,6 +27,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -336,6 +337,37 @@ func (n *Node) ContainerdPID() int {
 		}
 	}
 	return 0
+}
+
+// ContainerdStarted is when the containerd now running started, and so read its config (zero when none runs). The
+// kernel keeps a process's start in clock ticks since boot (USER_HZ, 100 a second on every Linux ABI); the boot's
+// wall time comes from the boot clock, precise where /proc/stat's btime is whole seconds.
+func (n *Node) ContainerdStarted() (time.Time, error) {
+	pid := n.ContainerdPID()
+	if pid == 0 {
+		return time.Time{}, nil
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return time.Time{}, err
+	}
+	// the fields after the command's closing parenthesis start at the third (state); starttime is the 22nd
+	_, rest, _ := strings.Cut(string(raw), ") ")
+	fields := strings.Fields(rest)
+	if len(fields) < 20 {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(fields))
+	}
+	ticks, err := strconv.ParseInt(fields[19], 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	var sinceBoot unix.Timespec
+	now := time.Now()
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &sinceBoot); err != nil {
+		return time.Time{}, err
+	}
+	boot := now.Add(-time.Duration(sinceBoot.Nano()))
+	return boot.Add(time.Duration(ticks) * 10 * time.Millisecond), nil
 }
 
 // RestartContainerd writes containerd's config with these extra runtime handlers (handler -> binary runc is

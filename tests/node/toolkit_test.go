@@ -102,20 +102,27 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 		}
 	})
 
-	// the handler in the drop-in, and a new containerd that loaded it
+	// the handler in the drop-in, the import in the main config, and a containerd started after both were written:
+	// one that read them. A new pid alone is not that: an installer that exits early (see below) takes its drop-in
+	// out and restarts containerd, and the next one writes it again before its own restart.
 	handler := `[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]`
+	importLine := filepath.Dir(dropIn) + "/*.toml"
 	// The installer restarts containerd by SIGHUP, which containerd does not handle, so it exits and the harness (as
 	// systemd) starts it again. On 7 December every make test run that was started under nohup failed here: the
 	// ignored SIGHUP reached containerd through every exec (the harness now gives it back its default, and checks it).
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		raw, _ := os.ReadFile(dropIn)
-		now := testNode.ContainerdPID()
-		return strings.Contains(string(raw), handler) && now != 0 && now != pid, nil
+	// Upstream's early exits are retried by the kubelet with its back-off, hence the long wait.
+	var loaded string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		loaded = containerdLoaded(dropIn, handler, testNode.ContainerdConfig(), importLine)
+		return loaded == "", nil
 	})
 	if err != nil {
 		describePods(t, ctx)
 		installerLog(t, ctx)
-		t.Fatalf("the installer did not write the nvidia runtime into %s and restart containerd: %v", dropIn, err)
+		t.Fatalf("the installer did not write the nvidia runtime into %s and restart containerd: %v (%s)", dropIn, err, loaded)
+	}
+	if testNode.ContainerdPID() == pid {
+		t.Fatalf("containerd %d loaded the nvidia runtime without a restart", pid)
 	}
 	t.Logf("containerd restarted with the nvidia runtime in %s, %s after the install began",
 		dropIn, time.Since(start).Round(100*time.Millisecond))
@@ -128,7 +135,6 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 		t.Errorf("the drop-in's nvidia runtime does not run %s (the host path of the chart's toolkitInstallDir):\n%s", runtimeBin, drop)
 	}
 	mainAfter := readFile(t, testNode.ContainerdConfig())
-	importLine := filepath.Dir(dropIn) + "/*.toml"
 	if !strings.Contains(mainAfter, importLine) {
 		t.Errorf("containerd's main config does not import %s (RUNTIME_DROP_IN_CONFIG_HOST_PATH):\n%s", importLine, mainAfter)
 	}
@@ -417,6 +423,30 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(raw)
+}
+
+// containerdLoaded says what is missing before the containerd now running holds the handler ("" when nothing is):
+// the drop-in must hold it, the main config must import the drop-in's folder, and containerd must have started
+// (and so read both) after both were last written.
+func containerdLoaded(dropIn, handler, mainConfig, importLine string) string {
+	started, err := testNode.ContainerdStarted()
+	if err != nil || started.IsZero() {
+		return fmt.Sprintf("no containerd runs (%v)", err)
+	}
+	for _, f := range []struct{ path, holds string }{{dropIn, handler}, {mainConfig, importLine}} {
+		info, err := os.Stat(f.path)
+		if err != nil {
+			return err.Error()
+		}
+		if raw, err := os.ReadFile(f.path); err != nil || !strings.Contains(string(raw), f.holds) {
+			return fmt.Sprintf("%s does not hold %s", f.path, f.holds)
+		}
+		if !started.After(info.ModTime()) {
+			return fmt.Sprintf("containerd (started %s) has not read %s (written %s)",
+				started.Format(time.StampMilli), f.path, info.ModTime().Format(time.StampMilli))
+		}
+	}
+	return ""
 }
 
 // installerLog logs the toolkit container's output (its last run's where it restarted), all of it: what a failure
