@@ -406,7 +406,8 @@ func (n *Node) writeContainerdConfig(handlers map[string]string) error {
 		fmt.Fprintf(&runtimes, `
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%s]
           runtime_type = "io.containerd.runc.v2"
-          # the device plugin's CDI annotations reach the runtime, as nvidia-ctk configures its handlers
+          # the device plugin's CDI annotations reach the runtime, as the toolkit's installer configures its handlers
+          # given the chart's NVIDIA_CONTAINER_RUNTIME_MODES_CDI_ANNOTATION_PREFIXES
           container_annotations = ["cdi.k8s.io/*"]
           [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.%[1]s.options]
             BinaryName = %q

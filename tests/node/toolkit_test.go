@@ -134,6 +134,19 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 	if !strings.Contains(drop, fmt.Sprintf("BinaryName = %q", runtimeBin)) {
 		t.Errorf("the drop-in's nvidia runtime does not run %s (the host path of the chart's toolkitInstallDir):\n%s", runtimeBin, drop)
 	}
+	// containerd 1.6 has no CDI of its own (enable_cdi does nothing): the device plugin's CDI annotations reach the
+	// nvidia runtime only through the handler's container_annotations, and the runtime reads them only with the
+	// prefix in its config (the chart's NVIDIA_CONTAINER_RUNTIME_MODES_CDI_ANNOTATION_PREFIXES)
+	passes := `container_annotations = ["cdi.k8s.io/*"]`
+	if !strings.Contains(tomlTable(drop, handler), passes) {
+		t.Errorf("the drop-in's nvidia runtime does not pass the CDI annotations on (%s):\n%s", passes, drop)
+	}
+	runtimeConfig := readFile(t, filepath.Join(installDir, "toolkit", ".config", "nvidia-container-runtime", "config.toml"))
+	for _, want := range []string{`mode = "cdi"`, `annotation-prefixes = ["cdi.k8s.io/"]`, `default-kind = "management.nvidia.com/gpu"`} {
+		if !strings.Contains(runtimeConfig, want) {
+			t.Errorf("the installed runtime config lacks %s:\n%s", want, runtimeConfig)
+		}
+	}
 	mainAfter := readFile(t, testNode.ContainerdConfig())
 	if !strings.Contains(mainAfter, importLine) {
 		t.Errorf("containerd's main config does not import %s (RUNTIME_DROP_IN_CONFIG_HOST_PATH):\n%s", importLine, mainAfter)
@@ -423,6 +436,19 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(raw)
+}
+
+// tomlTable is the body of the table whose header line is header in a TOML file, up to the next header.
+func tomlTable(file, header string) string {
+	_, body, _ := strings.Cut(file, header+"\n")
+	var lines []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "[") {
+			break
+		}
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // containerdLoaded says what is missing before the containerd now running holds the handler ("" when nothing is):

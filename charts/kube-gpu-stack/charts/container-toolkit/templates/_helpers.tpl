@@ -78,6 +78,14 @@ TOOLKIT_PID_FILE: /run/nvidia/toolkit/toolkit.pid
 CDI_ENABLED: "true"
 NVIDIA_RUNTIME_SET_AS_DEFAULT: "false"
 NVIDIA_CONTAINER_RUNTIME_MODE: cdi
+{{- if not .Values.global.cdi.nriPluginEnabled }}
+{{- /* The runtime's CDI mode reads the devices the device plugin names in these annotations, and the installer lets
+containerd pass them to the nvidia handler (container_annotations): how a pod of runtime class nvidia gets its GPUs
+from a containerd without native CDI (before 1.7), where enable_cdi does nothing. A containerd with native CDI
+applies the same devices first; the runtime's second application replaces the same devices and mounts, and reruns
+hooks that are idempotent (the CDI library, nvidia-cdi-hook v1.20.0). */}}
+NVIDIA_CONTAINER_RUNTIME_MODES_CDI_ANNOTATION_PREFIXES: {{ include "gpu-stack-lib.cdiAnnotationPrefix" . }}
+{{- end }}
 {{- end }}
 {{- end }}
 

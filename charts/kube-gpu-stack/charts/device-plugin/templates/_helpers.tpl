@@ -24,7 +24,7 @@ NVIDIA_MIG_MONITOR_DEVICES: all
 MPS_ROOT: {{ .Values.mps.root }}
 NODE_NAME: {fieldRef: {fieldPath: spec.nodeName}}
 {{- if $cdi }}
-CDI_ANNOTATION_PREFIX: cdi.k8s.io/
+CDI_ANNOTATION_PREFIX: {{ include "gpu-stack-lib.cdiAnnotationPrefix" . }}
 NVIDIA_CDI_HOOK_PATH: {{ include "gpu-stack-lib.cdiHookPath" . }}
 {{- end }}
 {{- /* global.health: the plugin's Xid check is a deny list (internal/rm/health.go at v0.20.0): DISABLE adds to

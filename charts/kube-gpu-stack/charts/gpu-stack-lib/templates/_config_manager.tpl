@@ -44,3 +44,9 @@ signals the main process (SIGHUP) when the selection changes, so those pods set 
 {{- define "gpu-stack-lib.cdiHookPath" -}}
 {{- printf "%s/toolkit/nvidia-cdi-hook" (trimSuffix "/" .Values.global.hostPaths.toolkitInstallDir) -}}
 {{- end }}
+
+{{/* gpu-stack-lib.cdiAnnotationPrefix: the prefix of the container annotations that name CDI devices: the device plugin
+writes its allocations under it, and the toolkit lets the nvidia runtime read it (and containerd pass it on) */}}
+{{- define "gpu-stack-lib.cdiAnnotationPrefix" -}}
+cdi.k8s.io/
+{{- end }}
