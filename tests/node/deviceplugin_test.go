@@ -2,10 +2,10 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -50,16 +50,17 @@ var simulatedGPUs = config.Config{DriverVersion: "580.65.06", CUDAVersion: "13.0
 //     Node's allocatable shows nvidia.com/gpu: 2;
 //  3. GFD labels the Node with the GPUs' product, memory and count (through NFD's NodeFeature API);
 //  4. two pods asking for one GPU each run, and each container has exactly one /dev/nvidia<N>, a different one,
-//     injected from the plugin's CDI spec by the CDI device names of its allocation; a third stays Pending for want
-//     of a GPU.
+//     though their image asks for all GPUs (NVIDIA_VISIBLE_DEVICES=all, as CUDA images do): upstream's
+//     nvidia-container-runtime, in the CDI mode the chart's toolkit sets, injects the devices the plugin named in
+//     the pod's cdi.k8s.io/ annotations from the plugin's CDI spec (containerd 1.6 has no CDI of its own), and the
+//     plugin's and GFD's own containers get the driver's libraries from the management CDI spec; a third pod
+//     stays Pending for want of a GPU.
 //
 // Fixtures, where this node cannot have the real thing: the GPUs (the simulated NVML and the device nodes, which
 // nothing opens), the validator's driver-ready and toolkit-ready (the validator's own checks are proven by
-// TestChartOnNode; here the host driver's files are what it would name), the nvidia runtime's library injection
-// (the harness's runtime stand-in mounts the host driver's libnvidia-ml.so.1 into the plugin's and GFD's
-// containers, as nvidia-container-runtime does), the CDI injection (containerd 1.6 has none: the stand-in applies the
-// CDI devices of a container's annotations through the CDI project's library, as the real runtime's CDI mode does),
-// and NFD's sysfs (one NVIDIA PCI function).
+// TestChartOnNode; here the host driver's files are what it would name), the runtime's setup (upstream's nvidia-ctk
+// writes it, with the chart's keys, instead of the toolkit's installer, and the runtime runs without its wrapper's
+// check for a loaded nvidia module: see upstreamRuntime), and NFD's sysfs (one NVIDIA PCI function).
 func TestDevicePluginOnNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -121,7 +122,7 @@ func TestDevicePluginOnNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	seedValidations(t, root)
-	injectHostDriver(t, root)
+	runtimeLog := upstreamRuntime(t, ctx, toolkitDir, root, filepath.Join(toolkitInstall, "toolkit", "nvidia-cdi-hook"))
 	restore := unlabelNode(t, ctx)
 	t.Cleanup(restore)
 
@@ -214,6 +215,17 @@ func TestDevicePluginOnNode(t *testing.T) {
 		devices[dev[0]] = name
 	}
 	t.Logf("GPU devices the pods see: %v", devices)
+	// and it was upstream's runtime that put them there, from the plugin's CDI spec (the devices it injected are
+	// named in its log), as it gave the plugin its NVML from the management spec
+	log := readFile(t, runtimeLog)
+	for _, g := range simulatedGPUs.GPUs {
+		if !strings.Contains(log, "k8s.device-plugin.nvidia.com/gpu="+g.UUID) {
+			t.Errorf("nvidia-container-runtime's log does not name the CDI device of %s:\n%s", g.UUID, log)
+		}
+	}
+	if !strings.Contains(log, "management.nvidia.com/gpu=all") {
+		t.Errorf("nvidia-container-runtime's log does not name the management device the plugin's containers ask for:\n%s", log)
+	}
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		p, err := c.CoreV1().Pods(namespace).Get(ctx, "gpu-user-2", metav1.GetOptions{})
 		if err != nil {
@@ -243,10 +255,9 @@ func gpuUser(t *testing.T, ctx context.Context, name string) {
 			NodeSelector: map[string]string{"kubernetes.io/hostname": testNode.Name}, RestartPolicy: corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: &zero, RuntimeClassName: &class,
 			Containers: []corev1.Container{{Name: "cuda", Image: devicePluginImage, ImagePullPolicy: corev1.PullNever,
-				Command: []string{"sh", "-c", "echo devices: $(ls /dev | grep '^nvidia[0-9]'); sleep 600"},
-				// the image's NVIDIA_VISIBLE_DEVICES=all would have the runtime stand-in add the driver's own devices
-				// too: only the CDI devices the plugin allocated may reach the container
-				Env:       []corev1.EnvVar{{Name: "NVIDIA_VISIBLE_DEVICES", Value: "void"}},
+				// the image says NVIDIA_VISIBLE_DEVICES=all, as CUDA images do: the runtime must take the plugin's
+				// CDI annotations over it, or every pod would see every GPU
+				Command:   []string{"sh", "-c", "echo devices: $(ls /dev | grep '^nvidia[0-9]'); sleep 600"},
 				Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{gpuResource: resource.MustParse("1")}}}},
 		},
 	}
@@ -347,35 +358,61 @@ func seedValidations(t *testing.T, root string) {
 	}
 }
 
-// injectHostDriver points the harness's nvidia runtime stand-in at the fixture host's driver for the time of t:
-// it mounts the host driver's libnvidia-ml.so.1 (the simulated NVML) into every container of runtime class nvidia
-// that asks for GPUs, as nvidia-container-runtime mounts the driver's libraries; no device, since the plugin's
-// containers ask for all of them and need none.
-func injectHostDriver(t *testing.T, root string) {
-	path := runtimeBin + ".json"
-	saved, err := os.ReadFile(path)
-	if err != nil {
+// upstreamRuntime makes the node's nvidia runtime handler upstream's nvidia-container-runtime (built from source)
+// for the time of t, set up as the chart's toolkit sets it up, by upstream's own tools: nvidia-ctk writes the
+// runtime's config with the keys the chart's toolkit env sets (CDI mode, the management kind as the default, the
+// device plugin's annotation prefix; TestToolkitConfiguresContainerd checks that the installer writes these) and
+// generates the CDI spec for management containers from the fixture host's driver, as the installer does; the handler
+// passes cdi.k8s.io/ annotations on, as the installer's handler does with that prefix. The one difference from the
+// installed runtime: upstream's wrapper runs runc directly, untouched, unless an nvidia module is loaded
+// (/proc/modules), which no module on this machine can be; the handler here is that wrapper less the check.
+// It returns the runtime's log (debug level), where it names the CDI devices it injects.
+func upstreamRuntime(t *testing.T, ctx context.Context, toolkitDir, root, cdiHook string) string {
+	dir := filepath.Join(testNode.Dir, "nvidia-container-runtime")
+	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(saved, &cfg); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg["driverRoot"] = root
-	cfg["files"] = []string{"/" + driverLibDir + "/" + config.LibraryName}
-	cfg["devices"] = []string{}
-	raw, err := json.Marshal(cfg)
-	if err != nil {
+	ctk := filepath.Join(toolkitDir, "nvidia-ctk")
+	run := func(args ...string) {
+		if out, err := exec.CommandContext(ctx, ctk, args...).CombinedOutput(); err != nil {
+			t.Fatalf("nvidia-ctk %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	config := filepath.Join(dir, "config.toml")
+	run("config", "default", "--output", config)
+	run("config", "--config-file", config, "--in-place",
+		"--set", "nvidia-container-runtime.mode=cdi",
+		"--set", "nvidia-container-runtime.modes.cdi.default-kind=management.nvidia.com/gpu",
+		"--set", "nvidia-container-runtime.modes.cdi.annotation-prefixes=cdi.k8s.io/",
+		"--set", "nvidia-container-runtime.debug="+filepath.Join(dir, "runtime.log"),
+		"--set", "nvidia-container-runtime.log-level=debug",
+		"--set", "nvidia-ctk.path="+ctk)
+	t.Cleanup(func() { os.Remove(managementCDISpec) })
+	run("cdi", "generate", "--mode", "management", "--vendor", "management.nvidia.com", "--class", "gpu",
+		"--driver-root", root, "--dev-root", root, "--nvidia-cdi-hook-path", cdiHook, "--output", managementCDISpec)
+	wrapper := filepath.Join(dir, "nvidia-container-runtime")
+	script := fmt.Sprintf("#!/bin/sh\nPATH=%s:$PATH NVIDIA_CTK_CONFIG_FILE_PATH=%s exec %s \"$@\"\n",
+		toolkitDir, config, filepath.Join(toolkitDir, "nvidia-container-runtime"))
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
+	if err := testNode.RestartContainerd(ctx, map[string]string{"nvidia": wrapper}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := os.WriteFile(path, saved, 0o644); err != nil {
-			t.Error(err)
+		if err := testNode.RestartContainerd(context.Background(), testNode.Runtimes); err != nil {
+			t.Errorf("give containerd the harness's runtimes back: %v", err)
+		}
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(dir, "runtime.log")); err == nil {
+				t.Logf("nvidia-container-runtime's log:\n%s", log)
+			}
 		}
 	})
+	return filepath.Join(dir, "runtime.log")
 }
 
 // operandLogs logs the device plugin's and GFD's containers' output, for a failure.

@@ -1,12 +1,9 @@
-// Command nvidia-runtime plays nvidia-container-runtime for the test node's `nvidia` runtime handler: on `create`,
-// it edits the bundle's config.json as the real runtime does, then execs runc with the arguments it was given:
-//   - CDI devices named in the container's cdi.k8s.io/ annotations (the device plugin's cdi-annotations strategy)
-//     are injected from the CDI specs in /var/run/cdi and /etc/cdi, through the CDI project's own library, as the
-//     real runtime's CDI mode (and a containerd with CDI) does;
-//   - when the container's NVIDIA_VISIBLE_DEVICES is set and not void/none, the driver root's nvidia-smi and
-//     NVIDIA libraries are bind-mounted and the /dev/nvidia* devices added, as its legacy mode does. What it
-//     injects is listed in <this binary>.json: {"runc": "/usr/sbin/runc", "driverRoot": DIR, "files": [...],
-//     "devices": [...]}.
+// Command nvidia-runtime plays nvidia-container-runtime's legacy mode for the test node's `nvidia` runtime handler
+// (the real one needs libnvidia-container, which is not built here; the device plugin's test runs the real runtime
+// in CDI mode): on `create`, when the container's NVIDIA_VISIBLE_DEVICES is set and not void/none, it bind-mounts the
+// driver root's nvidia-smi and NVIDIA libraries into the bundle's config.json and adds the /dev/nvidia* devices,
+// then execs runc with the arguments it was given. What it injects is listed in <this binary>.json:
+// {"runc": "/usr/sbin/runc", "driverRoot": DIR, "files": [...], "devices": [...]}.
 package main
 
 import (
@@ -31,9 +28,6 @@ func main() {
 		fail(err)
 	}
 	if bundle := bundleArg(os.Args[1:]); bundle != "" && hasArg(os.Args[1:], "create") {
-		if err := injectCDI(filepath.Join(bundle, "config.json")); err != nil {
-			fail(err)
-		}
 		if err := inject(cfg, filepath.Join(bundle, "config.json")); err != nil {
 			fail(err)
 		}
