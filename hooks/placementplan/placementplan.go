@@ -128,6 +128,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Plan, error) {
 		}
 		p.Refusals = hookPlan.Refusals
 		p.Verdict = verdict(hookPlan)
+		if p.Totals.Unguarded > 0 && len(hookPlan.Refusals) == 0 {
+			p.Verdict += fmt.Sprintf("; warning: %d GPU pod(s) still run where a driver stops at once (above)", p.Totals.Unguarded)
+		}
 	}
 	if o.Output == "json" {
 		enc := json.NewEncoder(out)
@@ -192,6 +195,8 @@ type Totals struct {
 	Cordons   int `json:"cordons"`
 	Evictions int `json:"evictions"`
 	Restarts  int `json:"restarts"`
+	// Unguarded adds up the nodes' Unguarded GPU pods.
+	Unguarded int `json:"unguardedGPUPods"`
 }
 
 // Node is one node's row.
@@ -226,6 +231,10 @@ type Node struct {
 	Cordon string `json:"cordon,omitempty"`
 	// Restarts are the release's pods on the node that the change deletes (namespace/name): see restarts.
 	Restarts []string `json:"restarts,omitempty"`
+	// Unguarded are the GPU pods (namespace/name) still running when the node's driver stops: the node leaves every
+	// driver DaemonSet of the release (a role change, nvidia.com/gpu.deploy.driver=false), so no next driver pod
+	// takes it over and its driver stops at once, unemptied (docs/driver-upgrades.md): stop or move them first.
+	Unguarded []string `json:"unguardedGPUPods,omitempty"`
 }
 
 // Eviction is one GPU pod to evict and the budgets that cover it.
@@ -342,6 +351,15 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 				return nil, err
 			}
 		}
+		if row.DriverChange == DriverRemove {
+			running, err := evictions(ctx, c, podsOn[n.Name], false)
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range running {
+				row.Unguarded = append(row.Unguarded, e.Pod)
+			}
+		}
 		if c.PodsKnown {
 			row.Cordon = cordon(row, n)
 			row.Restarts = restarts(row, ours[n.Name], pod, placed[n.Name], operandDS, c.TemplateChanged)
@@ -351,6 +369,7 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		}
 		plan.Totals.Evictions += len(row.Evicts)
 		plan.Totals.Restarts += len(row.Restarts)
+		plan.Totals.Unguarded += len(row.Unguarded)
 		plan.Nodes = append(plan.Nodes, row)
 	}
 	if r.Pools != nil {
@@ -474,5 +493,11 @@ func (p *Plan) WriteTable(out io.Writer) {
 	}
 	for _, u := range p.Uncovered {
 		fmt.Fprintln(out, "uncovered:", u)
+	}
+	for _, n := range p.Nodes {
+		if len(n.Unguarded) > 0 {
+			fmt.Fprintf(out, "warning: node %s leaves every driver pool, so its driver stops at once, not emptied first, under %d running GPU pod(s): %s; stop or move them first\n",
+				n.Name, len(n.Unguarded), strings.Join(n.Unguarded, " "))
+		}
 	}
 }

@@ -460,6 +460,60 @@ func TestPlanShowsARoleChange(t *testing.T) {
 	}
 }
 
+// A node that leaves every driver pool (here: relabelled to vm-passthrough) has its driver stopped at once, not
+// emptied first: the plan names the GPU pods still running there, in its rows, totals, table and verdict, and says
+// nothing of a node whose driver stays or of a pod that uses no GPU.
+func TestPlanWarnsOfGPUPodsWhereADriverStopsAtOnce(t *testing.T) {
+	r := renderProfile(t, "mixed")
+	var nodes []*corev1.Node
+	for _, n := range nodefixtures.Demo() {
+		nodes = append(nodes, n.Object())
+	}
+	nodes[0].Labels["nvidia.com/gpu.workload.config"] = "vm-passthrough" // gpu-ubuntu2204, a container node now
+	pod := func(name, node, component string, gpus int64) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "jobs"},
+			Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if component != "" {
+			p.Namespace, p.Labels = "gpu-operator", map[string]string{"app.kubernetes.io/instance": "gpu", "app.kubernetes.io/component": component}
+		}
+		if gpus > 0 {
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)}
+		}
+		return p
+	}
+	c := &Cluster{Nodes: nodes, PodsKnown: true, GPU: gpupods.NewOffline(nil), Pods: []*corev1.Pod{
+		pod("driver-a", "gpu-ubuntu2204", "driver", 0), pod("toolkit-a", "gpu-ubuntu2204", "container-toolkit", 0),
+		pod("train", "gpu-ubuntu2204", "", 1), pod("web", "gpu-ubuntu2204", "", 0),
+		pod("driver-b", "gpu-rhel9", "driver", 0), pod("infer", "gpu-rhel9", "", 1),
+	}}
+	p, err := Evaluate(context.Background(), r, c, "gpu", "gpu-operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range p.Nodes {
+		var want []string
+		if n.Name == "gpu-ubuntu2204" {
+			want = []string{"jobs/train"}
+			if n.DriverChange != DriverRemove {
+				t.Errorf("node %s: driver change %q, want %q", n.Name, n.DriverChange, DriverRemove)
+			}
+		}
+		if !slices.Equal(n.Unguarded, want) {
+			t.Errorf("node %s: GPU pods under a driver that stops at once %v, want %v", n.Name, n.Unguarded, want)
+		}
+	}
+	if p.Totals.Unguarded != 1 {
+		t.Errorf("totals: %d unguarded GPU pods, want 1", p.Totals.Unguarded)
+	}
+	var out bytes.Buffer
+	p.WriteTable(&out)
+	if !strings.Contains(out.String(), "warning: node gpu-ubuntu2204 leaves every driver pool, so its driver stops at once, not emptied first, under 1 running GPU pod(s): jobs/train") ||
+		strings.Count(out.String(), "warning:") != 1 {
+		t.Errorf("the table warns once, of gpu-ubuntu2204's GPU pod:\n%s", out.String())
+	}
+}
+
 // dryRun says whether a is an update sent with dryRun=All.
 func dryRun(a k8stesting.Action) bool {
 	u, ok := a.(k8stesting.UpdateActionImpl)
