@@ -29,7 +29,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 ## parallel, which cost tests/e2e a tenth of its CPU (386 and 380 s with two, 345 and 348 s with one)
 TEST_PACKAGES ?= 4
 BUILD_FLAGS = -trimpath
-SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/rollout ./tests/soak ./tests/gitops ./tests/takeover ./hooks/drivermanager \
+SLOW_PACKAGES = ./tests/e2e ./tests/chart ./tests/faults ./tests/rollout ./tests/soak ./tests/gitops ./tests/takeover ./hooks/node/drivermanager \
 	./tests/dra ./tests/node ./tests/drainbench
 test: vet fmt-check prometheus
 	KUBEBUILDER_ASSETS=$$(./ci/build-controlplane.sh) && export KUBEBUILDER_ASSETS && \

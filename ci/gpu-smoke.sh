@@ -22,7 +22,7 @@ if ! command -v "${CC:-gcc}" >/dev/null; then
   echo "no C compiler (${CC:-gcc}): the validator needs cgo to link NVML" >&2
   exit 1
 fi
-# lazy binding: go-nvml leaves NVML's symbols to be resolved when first called (see hooks/incluster)
+# lazy binding: go-nvml leaves NVML's symbols to be resolved when first called (see hooks/cmd/incluster)
 CGO_ENABLED=1 go build -ldflags=-extldflags=-Wl,-z,lazy -o "$work/bin/kube-gpu-stack" ./hooks/cmd/in-cluster || exit 1
 ln -s kube-gpu-stack "$work/bin/validator" && ln -s kube-gpu-stack "$work/bin/driver-manager" || exit 1
 

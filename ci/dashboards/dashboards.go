@@ -17,7 +17,7 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/table"
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validation"
 )
 
 // The DCGM exporter's metrics the panels read: standard DCGM fields, and the exporter's own Xid counter (never

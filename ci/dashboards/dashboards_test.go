@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validation"
 )
 
 // chartDashboards is where the chart ships the generated dashboards.

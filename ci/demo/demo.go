@@ -26,9 +26,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/upgradeplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap"
 )
 
 // FileName is the image list's name inside the chart directory (it ships in the packaged chart).

@@ -6,7 +6,7 @@ import (
 
 	"helm.sh/helm/v3/pkg/chartutil"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/gpumigrate"
 )
 
 // File is one generated values.schema.json: where it belongs and what it must hold.

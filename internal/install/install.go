@@ -24,8 +24,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // Target is where releases go: a kubeconfig, a release name and its namespace.

@@ -10,8 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validatorcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validatorcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 

@@ -29,9 +29,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 )
 
 // ComponentLabel names a pod's operand or hook.

@@ -12,9 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/refusal"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/revertset"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/refusal"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/revertset"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 

@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validation"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 

@@ -17,8 +17,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
 )

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // TestCCManagerSeedsTheSwitchesItPauses: around a CC mode change k8s-cc-manager v0.4.3 pauses only the gpu.deploy.*

@@ -10,10 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // draRole is the container role on a node whose pool allocates GPUs through DRA: the DRA kubelet plugin instead of

@@ -17,11 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/driverpools"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/schedule"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // driver-pools: every GPU node is a container node; the host pool's nodes get everything but the driver.

@@ -12,12 +12,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/valuesschema"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/gpumigrate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 
 // migrateInputs is where the GPU Operator inputs of the migrate tests live (the operator's own defaults vendored).
-var migrateInputs = filepath.Join(chartrender.RepoRoot(), "hooks", "gpumigrate", "testdata")
+var migrateInputs = filepath.Join(chartrender.RepoRoot(), "hooks", "admin", "gpumigrate", "testdata")
 
 // migrated converts one GPU Operator input with `migrate`'s code path and renders the chart with the values file
 // it writes, as `helm install -f` would.

@@ -196,7 +196,7 @@ func TestOpenShiftSCCGrants(t *testing.T) {
 				t.Errorf("%s: ServiceAccount %s may use %v, its pods need %s only", p.name, sa, g, want)
 			}
 		}
-		// the validator's CUDA workload pod (hooks/validation/workload.go) is created at run time, privileged,
+		// the validator's CUDA workload pod (hooks/node/validation/workload.go) is created at run time, privileged,
 		// under the workload account: that account must use privileged where the CUDA check runs
 		if slices.ContainsFunc(objs, func(o object) bool { return o.kind() == "DaemonSet" && o.name() == "nvidia-operator-validator" }) {
 			if !slices.Contains(grants["nvidia-validator-workload"], "privileged") {

@@ -14,7 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/schedule"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/schedule"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 

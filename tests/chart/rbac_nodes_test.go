@@ -24,12 +24,12 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgradeplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/upgradeplan"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 

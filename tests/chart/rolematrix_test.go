@@ -8,8 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // The DESIGN.md role table: which operands each node role runs (columns are the nvidia.com/gpu.deploy.<operand>

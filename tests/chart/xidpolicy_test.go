@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
 )
 
 // xidConsumers are what one render makes of an Xid in each place that judges it.

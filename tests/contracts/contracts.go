@@ -103,7 +103,7 @@ var RuntimeEnv = map[string]string{
 }
 
 // DriverReadyEnv are the variables of /run/nvidia/validations/driver-ready, the file the validator writes and the
-// chart's wrappers source (`set -a; . driver-ready`) before exec'ing an operand (hooks/validation/driver.go).
+// chart's wrappers source (`set -a; . driver-ready`) before exec'ing an operand (hooks/node/validation/driver.go).
 var DriverReadyEnv = []string{"IS_HOST_DRIVER", "NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH", "NVIDIA_DEV_ROOT", "DEV_ROOT_CTR_PATH"}
 
 // TokenDir is where a pod's service-account token is mounted (client-go's in-cluster config reads it there).

@@ -362,7 +362,7 @@ var Table = []Contract{
 			{Container: "/var/lib/kubelet/pod-resources", When: "DCGM_EXPORTER_KUBERNETES", Why: "maps GPUs to pods through the kubelet's pod-resources API"},
 		},
 		Unverified: "tag 4.6.0-4.8.3 is absent from the mirror; facts from 4.5.3-4.8.2, the newest tag present",
-		// What the GPU health agent's dcgm-exporter source (hooks/gpuhealth/exporter.go) relies on, read at
+		// What the GPU health agent's dcgm-exporter source (hooks/node/gpuhealth/exporter.go) relies on, read at
 		// 4.5.3-4.8.2 and the mirror's head after it (d5e5f51):
 		// - internal/pkg/collector/xid_collector.go, expcollector.go: DCGM_EXP_XID_ERRORS_COUNT is exported only when
 		//   the collectors CSV lists it (the image's dcp-metrics-included.csv does not; the chart's health profile

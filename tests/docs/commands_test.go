@@ -17,10 +17,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/incluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validatorcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/admincli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/cmd/incluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validatorcli"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 )
 

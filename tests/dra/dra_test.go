@@ -20,14 +20,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"
 )
 

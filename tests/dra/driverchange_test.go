@@ -21,8 +21,8 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/draplugin"

@@ -18,10 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 )
 
 func gpuPods(prefix string, n int, labels map[string]string) []podSpec {

@@ -18,8 +18,8 @@ import (
 	kubectldrain "k8s.io/kubectl/pkg/cmd/drain"
 	cmdutil "k8s.io/kubectl/pkg/cmd/util"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpudrain"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpudrain"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 )
 
 // Client rate limits compared: kubectl's defaults (client-go's QPS 5 / burst 10), and one high enough that

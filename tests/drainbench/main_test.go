@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kwatch"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/kwatch"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )

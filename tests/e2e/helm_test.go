@@ -11,9 +11,9 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/placement"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/placement"
 )
 
 // releaseNamespace is where every test installs the release.

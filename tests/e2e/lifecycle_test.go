@@ -6,7 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
 )
 
 // TestMixedProfileLifecycle follows one install of the mixed profile through an admin's day, one step a subtest:

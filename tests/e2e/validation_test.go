@@ -11,9 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/releasecheck"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/releasecheck"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"

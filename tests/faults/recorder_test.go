@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 )
 
 // TestOutOfServiceCountsInRevisionOrder: the recorder's count of nodes out of service follows the API server's

@@ -24,9 +24,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/fleetview"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/admincli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/fleetview"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"

@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth/exportertest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth/exportertest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
 )
 

@@ -1,6 +1,6 @@
 // Package gpuhealthexporter runs the GPU health agent (`validator health`) in-process against a real local API
 // server with the DCGM exporter as its source, as the project's static image (CGO_ENABLED=0) runs it: an httptest
-// server plays the node's exporter (hooks/gpuhealth/exportertest), and the node condition and taint are read as the
+// server plays the node's exporter (hooks/node/gpuhealth/exportertest), and the node condition and taint are read as the
 // API server stores them. Unlike tests/gpuhealth (go-nvml's mock, cgo), it builds and runs with or without cgo:
 //
 //	CGO_ENABLED=0 go test ./tests/gpuhealthexporter/

@@ -5,7 +5,7 @@ package gpuhealthexporter
 import (
 	"testing"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
 )
 
 // TestStaticBuildAutoReadsTheExporter: the chart's default source, auto, in the project's static image reads the

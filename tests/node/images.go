@@ -21,7 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/imagebuild"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/contracts"
 )
 

@@ -14,9 +14,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodecondition"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/nodecondition"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 )
 
 // optOutKey is the opt-out label of the release in this test, outside the stack's own prefixes.

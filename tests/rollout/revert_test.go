@@ -10,8 +10,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/revertset"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/revertset"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 )
 

@@ -13,9 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
 )

@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/canary"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanager"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/slots"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanager"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/canary"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/slots"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/nodefixtures"
 )
 

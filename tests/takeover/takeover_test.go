@@ -26,10 +26,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpumigrate"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kmod/kmodtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/admincli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/gpumigrate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
@@ -111,7 +111,7 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 	t.Helper()
 	ctx := t.Context()
 	for _, f := range []string{"nvidia.com_clusterpolicies.yaml", "nvidia.com_nvidiadrivers.yaml"} {
-		raw, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "hooks", "gpumigrate", "testdata", "gpu-operator-"+gpumigrate.OperatorTag, f))
+		raw, err := os.ReadFile(filepath.Join(chartrender.RepoRoot(), "hooks", "admin", "gpumigrate", "testdata", "gpu-operator-"+gpumigrate.OperatorTag, f))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,6 @@
 // Command in-cluster is the one binary of the project's image, installed there as /usr/local/bin/kube-gpu-stack
-// with validator and driver-manager linked to it; the name it is started as picks the command (hooks/incluster).
-// A cgo build needs -ldflags=-extldflags=-Wl,-z,lazy (see hooks/incluster); the image's is static, without cgo.
+// with validator and driver-manager linked to it; the name it is started as picks the command (hooks/cmd/incluster).
+// A cgo build needs -ldflags=-extldflags=-Wl,-z,lazy (see hooks/cmd/incluster); the image's is static, without cgo.
 package main
 
 import (
@@ -12,10 +12,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/drivermanagercli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/incluster"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/stackcli"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validatorcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/cmd/incluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanagercli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validatorcli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/release/stackcli"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command kube-gpu-stack is the admin's CLI: the release's status and upgrade views, plan, migrate, the image build
-// and push, and the air-gapped bundle (hooks/admincli). The image the chart runs carries hooks/cmd/in-cluster
+// and push, and the air-gapped bundle (hooks/admin/admincli). The image the chart runs carries hooks/cmd/in-cluster
 // under this name instead, without the commands that need the helm SDK or a registry client.
 package main
 
@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admincli"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/admincli"
 )
 
 func main() {

@@ -24,7 +24,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap"
 )
 
 // Mirrored is a bundle built from upstream and mirrored into private.

@@ -6,7 +6,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validation"
 )
 
 func main() {

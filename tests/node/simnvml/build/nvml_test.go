@@ -11,8 +11,8 @@ import (
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/gpuhealth"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/validation"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/validation"
 )
 
 // cString reads a NUL-terminated fixed array of go-nvml's structs.

@@ -140,7 +140,7 @@ NRI only the NRI socket's directory.
 container-toolkit.configKeeper: the toolkit pod's native sidecar (an init container that runs for the pod's life).
 It starts before the toolkit and records the runtime's main config; it stops after the toolkit's own cleanup (a
 native sidecar stops after the pod's containers) and gives the config its bytes back when it differs only by the
-toolkit's import of its drop-in, and removes the toolkit's CDI spec for management containers (hooks/runtimeconfig).
+toolkit's import of its drop-in, and removes the toolkit's CDI spec for management containers (hooks/node/runtimeconfig).
 Upstream's installer, stopped, leaves both. Root for the root-owned config, with no capability and no token.
 */}}
 {{- define "container-toolkit.configKeeper" -}}
