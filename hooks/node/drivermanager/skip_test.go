@@ -96,3 +96,72 @@ func TestSkipLabelSetAfterTheOldDriverWentDoesNotStrandTheNode(t *testing.T) {
 		t.Error("the admin's label was removed")
 	}
 }
+
+// TestUpgradeFailedNodeIsRefusedUntilRetry: a restarted driver pod on a node whose driver change failed does not
+// try again on its own (cordoning and evicting every back-off period); it keeps the loaded driver and names the
+// way out.
+func TestUpgradeFailedNodeIsRefusedUntilRetry(t *testing.T) {
+	node := gpuNode(map[string]string{nodestate.UpgradeStateLabel: string(nodestate.UpgradeFailed)})
+	node.Annotations = map[string]string{nodestate.UpgradeReasonAnnotation: "evict GPU pods: PDB training-pdb"}
+	e := newEnv(t, node)
+	_, err := e.run(e.options(newDigest))
+	if err == nil || !strings.Contains(err.Error(), "upgrade retry "+nodeName) || !strings.Contains(err.Error(), "PDB training-pdb") {
+		t.Fatalf("err = %v, want a refusal naming the reason and `upgrade retry`", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("a refused run wrote to the API: %v", acts)
+	}
+	if calls := e.host.Kernel.CallList(); len(calls) != 0 {
+		t.Errorf("a refused run touched the kernel: %v", calls)
+	}
+	// once retried (state upgrade-required) the change goes ahead
+	n := e.node()
+	n.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeRequired)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := e.run(e.options(newDigest)); err != nil {
+		t.Fatalf("after retry: %v\n%s", err, out)
+	}
+	if got := e.node().Labels[nodestate.UpgradeStateLabel]; got != string(nodestate.ValidationRequired) {
+		t.Errorf("after retry: state %q, want validation-required", got)
+	}
+}
+
+// TestSkipLabelKeepsTheDriverUntilRemoved: on a node labelled to skip driver upgrades the manager changes
+// nothing and waits; removing the label lets the change go ahead in the same run.
+func TestSkipLabelKeepsTheDriverUntilRemoved(t *testing.T) {
+	e := newEnv(t, gpuNode(map[string]string{nodestate.UpgradeSkipLabel: "true"}))
+	o := e.options(newDigest)
+	o.SkipWait = 300 * time.Millisecond
+	if _, err := e.run(o); err == nil || !strings.Contains(err.Error(), nodestate.UpgradeSkipLabel+"=true") {
+		t.Fatalf("err = %v, want the skip label named", err)
+	}
+	if acts := e.mutatingActions(); len(acts) != 0 {
+		t.Errorf("a skipped node was written to: %v", acts)
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 4 {
+		t.Errorf("loaded modules %v, want the driver kept", mods)
+	}
+
+	o.SkipWait = 0
+	done := make(chan error, 1)
+	go func() { _, err := e.run(o); done <- err }()
+	time.Sleep(200 * time.Millisecond)
+	n := e.node()
+	delete(n.Labels, nodestate.UpgradeSkipLabel)
+	if _, err := e.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("after the label went: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager kept waiting after the skip label was removed")
+	}
+	if mods := e.host.LoadedModules(); len(mods) != 0 {
+		t.Errorf("loaded modules %v after the change, want none", mods)
+	}
+}

@@ -21,14 +21,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry"
-	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/gpupods"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/canary"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/driverpools"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
@@ -395,132 +393,6 @@ func Compute(ctx context.Context, o Options) (*Plan, error) {
 	return plan, nil
 }
 
-// planCanary picks each driver pool's canary and the mark its planned nodes get, with the pool's slots (poolMax),
-// and returns the canary nodes. A pool whose running plan (the newest mark on its nodes, marks) has this plan's
-// target keeps that plan: a re-sync that changes no driver neither names a new canary nor starts the wait over,
-// unless a canary it named has not started and can no longer be one. Otherwise the plan is new, named after its
-// time, ordered after every plan on the nodes (Mark.Seq), and its canary is the pool's first upgradePolicy.canary
-// planned nodes that can be one (unfit); a pool with none refuses. vGPU manager pools get neither: their
-// DaemonSets' updateStrategy alone paces them, and their driver manager may not evict.
-func planCanary(plan *Plan, pools map[string]driverpools.Pool, poolMax map[string]int, now time.Time, marks nodeMarks, unfit map[string]string) map[string]bool {
-	in := map[string]bool{}
-	id := now.UTC().Format(time.RFC3339Nano)
-	for _, name := range slices.Sorted(maps.Keys(pools)) {
-		pool := pools[name]
-		if pool.AutoUpgrade != nil && !*pool.AutoUpgrade {
-			continue
-		}
-		var planned []NodePlan
-		for _, np := range plan.Nodes {
-			if np.Pool == name && np.Kind == KindDriver {
-				planned = append(planned, np)
-			}
-		}
-		target := Target(pool)
-		if running := marks.running[name]; running != nil && running.Target == target && canariesStand(running, planned, unfit) {
-			mark := *running // its slots too: the nodes out hold them (a running plan from before Mark.Slots keeps the pool's name)
-			mark.MaxFailures, mark.MaxUnavailable = pool.FailureThreshold(), poolMax[name]
-			for _, np := range planned {
-				if mark.IsCanary(np.Node) {
-					plan.Canary[name] = append(plan.Canary[name], np)
-					in[np.Node] = true
-				}
-			}
-			plan.Marks[name], plan.Resumed[name] = mark, running.Plan
-			continue
-		}
-		mark := canary.Mark{Pool: name, Plan: id, Seq: marks.maxSeq + 1, Target: target, Canary: map[string]string{},
-			MaxFailures: pool.FailureThreshold(), MaxUnavailable: poolMax[name], Slots: pool.SlotsKey()}
-		var why []string
-		for _, np := range planned {
-			if len(plan.Canary[name]) >= pool.CanaryNodes() {
-				break
-			}
-			if reason := unfit[np.Node]; reason != "" {
-				why = append(why, np.Node+" ("+reason+")")
-				continue
-			}
-			plan.Canary[name] = append(plan.Canary[name], np)
-			mark.Canary[np.Node] = np.To
-			in[np.Node] = true
-		}
-		if pool.CanaryNodes() > 0 && len(planned) > 0 && len(mark.Canary) == 0 {
-			plan.Refusals = append(plan.Refusals, fmt.Sprintf("no node of pool %s can be its canary (a Ready, schedulable node "+
-				"whose current driver validated): %s; bring one back, or set its upgradePolicy.canary: 0 for this upgrade",
-				name, strings.Join(why, ", ")))
-		}
-		if len(mark.Canary) > 0 || mark.MaxFailures > 0 || mark.MaxUnavailable > 0 {
-			plan.Marks[name] = mark
-		}
-	}
-	return in
-}
-
-// canariesStand: every canary of the running plan that is still to change (planned and not started) can still be
-// one; a canary that went down before it started would hold its pool for good.
-func canariesStand(running *canary.Mark, planned []NodePlan, unfit map[string]string) bool {
-	for _, np := range planned {
-		if running.IsCanary(np.Node) && unfit[np.Node] != "" && unfit[np.Node] != inFlight {
-			return false
-		}
-	}
-	return true
-}
-
-// inFlight is canaryUnfit's reason for a node whose driver change has started.
-const inFlight = "its driver change is under way"
-
-// canaryUnfit says why a planned node cannot be its pool's canary, "" when it can: the canary must show the new
-// driver works, so it is a Ready, schedulable node whose current driver validated (driverPod Ready: the upgrade
-// gate's startup probe passes only once the driver validated) and no change is under way on it.
-func canaryUnfit(node *corev1.Node, driverPod *corev1.Pod) string {
-	switch state := nodestate.UpgradeState(node.Labels[nodestate.UpgradeStateLabel]); {
-	case state != "" && state != nodestate.UpgradeDone && state != nodestate.UpgradeRequired:
-		return inFlight
-	case nodestate.CordonedByUs(node):
-		return inFlight
-	case !nodeReady(node):
-		return "NotReady"
-	case node.Spec.Unschedulable:
-		return "cordoned"
-	case !podReady(driverPod):
-		return "driver pod not Ready: its driver has not validated"
-	}
-	return ""
-}
-
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// nodeMarks is what the plans before this one left on the nodes.
-type nodeMarks struct {
-	// maxSeq is the highest Mark.Seq on any node: this plan's is one more.
-	maxSeq int64
-	// running is each pool's newest readable mark (canary.NotBefore).
-	running map[string]*canary.Mark
-}
-
-func readMarks(nodes map[string]*corev1.Node) nodeMarks {
-	out := nodeMarks{running: map[string]*canary.Mark{}}
-	for _, name := range slices.Sorted(maps.Keys(nodes)) {
-		m, err := canary.Read(nodes[name])
-		if err != nil || m == nil {
-			continue // an unreadable mark is the driver manager's to refuse on its node
-		}
-		out.maxSeq = max(out.maxSeq, m.Seq)
-		if cur := out.running[m.Pool]; cur == nil || (canary.NotBefore(m, cur) && !canary.NotBefore(cur, m)) {
-			out.running[m.Pool] = m
-		}
-	}
-	return out
-}
-
 // Target names what a pool's plan moves its nodes to: its driver DaemonSets' config digests and its GPU allocation.
 func Target(pool driverpools.Pool) string {
 	h := sha256.New()
@@ -580,121 +452,6 @@ func unavailable(n *corev1.Node) bool {
 		}
 	}
 	return true
-}
-
-// blockingPDBs names each GPU pod (gpupods: device plugin resources or a gpu.nvidia.com claim, as the driver
-// manager's eviction counts them) on a node to upgrade that a PDB will never let go: the budget allows no
-// disruption even with every pod it covers healthy. A budget that is only exhausted for now (a pod restarting) is not
-// a refusal: the driver manager waits for it.
-func blockingPDBs(ctx context.Context, client kubernetes.Interface, plan []NodePlan) ([]string, error) {
-	onPlan := map[string]bool{}
-	for _, np := range plan {
-		onPlan[np.Node] = true
-	}
-	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
-		return client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	pdbs, err := apiretry.Value(ctx, func(ctx context.Context) (*policyv1.PodDisruptionBudgetList, error) {
-		return client.PolicyV1().PodDisruptionBudgets("").List(ctx, metav1.ListOptions{})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list PodDisruptionBudgets: %w", err)
-	}
-	var out []string
-	gpu := &gpupods.Checker{Client: client}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if !onPlan[pod.Spec.NodeName] || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		var blocking []*policyv1.PodDisruptionBudget
-		for _, pdb := range Holding(pdbs.Items, pod) {
-			if NeverAllows(pdb) {
-				blocking = append(blocking, pdb)
-			}
-		}
-		if len(blocking) == 0 {
-			continue
-		}
-		// asked only for pods a budget holds: the claims of a namespace are listed only when one might matter
-		uses, err := gpu.Uses(ctx, pod)
-		if err != nil {
-			return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		if !uses {
-			continue
-		}
-		for _, pdb := range blocking {
-			out = append(out, fmt.Sprintf("GPU pod %s/%s on node %s: PodDisruptionBudget %s never allows an eviction "+
-				"(%d healthy of %d, %d required): relax it, or set hooks.preUpgrade.force (that node then fails its upgrade alone)", pod.Namespace, pod.Name,
-				pod.Spec.NodeName, pdb.Name, pdb.Status.CurrentHealthy, pdb.Status.ExpectedPods, pdb.Status.DesiredHealthy))
-		}
-	}
-	return out, nil
-}
-
-// listMoves names the GPU pods (gpupods, the definition the driver manager's eviction uses) on each node that
-// switches its allocation mode: they must leave before the node hands its GPUs out the other way.
-func listMoves(ctx context.Context, client kubernetes.Interface, plan []NodePlan) error {
-	switching := map[string]*NodePlan{}
-	for i := range plan {
-		if plan[i].Allocation != "" {
-			switching[plan[i].Node] = &plan[i]
-		}
-	}
-	if len(switching) == 0 {
-		return nil
-	}
-	pods, err := apiretry.Value(ctx, func(ctx context.Context) (*corev1.PodList, error) {
-		return client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-	})
-	if err != nil {
-		return fmt.Errorf("list pods: %w", err)
-	}
-	gpu := &gpupods.Checker{Client: client}
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		np := switching[pod.Spec.NodeName]
-		if np == nil || pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		uses, err := gpu.Uses(ctx, pod)
-		if err != nil {
-			return fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		if uses {
-			np.Moves = append(np.Moves, pod.Namespace+"/"+pod.Name)
-		}
-	}
-	for _, np := range switching {
-		slices.Sort(np.Moves)
-	}
-	return nil
-}
-
-// Holding returns the PodDisruptionBudgets of pdbs that cover pod: an eviction of pod asks each of them.
-func Holding(pdbs []policyv1.PodDisruptionBudget, pod *corev1.Pod) []*policyv1.PodDisruptionBudget {
-	var out []*policyv1.PodDisruptionBudget
-	for i := range pdbs {
-		if pdb := &pdbs[i]; pdb.Namespace == pod.Namespace && selects(pdb, pod) {
-			out = append(out, pdb)
-		}
-	}
-	return out
-}
-
-func selects(pdb *policyv1.PodDisruptionBudget, pod *corev1.Pod) bool {
-	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
-	return err == nil && !sel.Empty() && sel.Matches(labels.Set(pod.Labels))
-}
-
-// NeverAllows reports whether the budget allows no eviction even with every pod it covers healthy (a budget only
-// exhausted for now, a pod restarting, lets the driver manager wait instead).
-func NeverAllows(pdb *policyv1.PodDisruptionBudget) bool {
-	return pdb.Status.DisruptionsAllowed == 0 && pdb.Status.ExpectedPods > 0 && pdb.Status.DesiredHealthy >= pdb.Status.ExpectedPods
 }
 
 // Run computes the plan, prints it, and — when nothing makes it unsafe — marks the planned nodes upgrade-required.
