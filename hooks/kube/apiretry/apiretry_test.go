@@ -5,39 +5,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry/apiretrytest"
 )
 
 var nodes = schema.GroupResource{Resource: "nodes"}
 
-// TransientErrors are the errors a client sees while the API server or etcd restarts, throttles or drops the
-// connection; other tests use them too.
+// transientErrors are apiretrytest's kinds and the others a client may see: a 504 of its own timeout, throttling, a
+// 502, a dropped stream, a network or client timeout.
 func transientErrors() map[string]error {
-	return map[string]error{
-		"etcd request timed out": apierrors.NewInternalError(errors.New("etcdserver: request timed out")),
-		"503":                    apierrors.NewServiceUnavailable("the server is shutting down"),
-		"504 server timeout":     apierrors.NewServerTimeout(nodes, "patch", 1),
-		"504 timeout":            apierrors.NewTimeoutError("request did not complete", 1),
-		"429":                    apierrors.NewTooManyRequests("slow down", 1),
-		"502 generic":            apierrors.NewGenericServerResponse(502, "patch", nodes, "gpu-1", "bad gateway", 0, true),
-		"connection refused": &url.Error{Op: "Patch", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "dial", Net: "tcp",
-			Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}},
-		"connection reset": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "read", Net: "tcp",
-			Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
+	errs := apiretrytest.Transient()
+	for name, err := range map[string]error{
+		"504 timeout": apierrors.NewTimeoutError("request did not complete", 1),
+		"429":         apierrors.NewTooManyRequests("slow down", 1),
+		"502 generic": apierrors.NewGenericServerResponse(502, "patch", nodes, "gpu-1", "bad gateway", 0, true),
 		"EOF":         &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: io.EOF},
 		"net timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: timeoutErr{}},
 		// net/http's own client timeout also matches context.DeadlineExceeded
 		"client timeout": &url.Error{Op: "Get", URL: "https://10.0.0.1/api", Err: fmt.Errorf("awaiting headers: %w", context.DeadlineExceeded)},
+	} {
+		errs[name] = err
 	}
+	return errs
 }
 
 type timeoutErr struct{}

@@ -3,11 +3,7 @@ package drivermanager
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry/apiretrytest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate/nodestatetest"
 )
@@ -73,17 +70,8 @@ func (e *env) failing(verb, resource, subresource string, n int, err error) *int
 
 var nodesGR = schema.GroupResource{Resource: "nodes"}
 
-// transientAPIErrors are what the manager sees while the API server or etcd restarts, throttles or drops
-// connections.
-var transientAPIErrors = map[string]error{
-	"etcd request timed out": apierrors.NewInternalError(errors.New("etcdserver: request timed out")),
-	"503":                    apierrors.NewServiceUnavailable("the server is shutting down"),
-	"504":                    apierrors.NewServerTimeout(nodesGR, "patch", 1),
-	"connection refused": &url.Error{Op: "Patch", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "dial", Net: "tcp",
-		Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}},
-	"connection reset": &url.Error{Op: "Post", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "read", Net: "tcp",
-		Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
-}
+// transientAPIErrors are what the manager sees while the API server or etcd restarts or drops connections.
+var transientAPIErrors = apiretrytest.Transient()
 
 // One failing request of the API server (an etcd timeout, a restart) is retried within the step, never a failed
 // node: node reads, node writes and the eviction each fail twice with every transient kind, and the run completes.

@@ -5,13 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +24,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry/apiretrytest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/gpupods"
 )
 
@@ -304,15 +301,7 @@ func TestDaemonSetPodsAreLeftAlone(t *testing.T) {
 	}
 }
 
-var transientErrors = map[string]error{
-	"etcd request timed out": apierrors.NewInternalError(errors.New("etcdserver: request timed out")),
-	"503":                    apierrors.NewServiceUnavailable("the server is shutting down"),
-	"504":                    apierrors.NewServerTimeout(schema.GroupResource{Resource: "pods"}, "create", 1),
-	"connection refused": &url.Error{Op: "Post", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "dial", Net: "tcp",
-		Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}},
-	"connection reset": &url.Error{Op: "Post", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "read", Net: "tcp",
-		Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
-}
+var transientErrors = apiretrytest.Transient()
 
 // An eviction, the pod list and the DaemonSet lookups that fail with an error that may pass are retried with
 // backoff, and the pass completes; before, any eviction error but 429 ended the drain.

@@ -3,11 +3,7 @@ package nodestate_test
 import (
 	"context"
 	"errors"
-	"net"
-	"net/url"
-	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/kube/apiretry/apiretrytest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate/nodestatetest"
 )
@@ -26,16 +23,11 @@ import (
 var nodesGR = schema.GroupResource{Resource: "nodes"}
 
 // transient are the errors a client sees while the API server or etcd restarts, throttles or drops connections.
-var transient = map[string]error{
-	"etcd request timed out": apierrors.NewInternalError(errors.New("etcdserver: request timed out")),
-	"503":                    apierrors.NewServiceUnavailable("the server is shutting down"),
-	"504":                    apierrors.NewServerTimeout(nodesGR, "patch", 1),
-	"429":                    apierrors.NewTooManyRequests("slow down", 1),
-	"connection refused": &url.Error{Op: "Patch", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "dial", Net: "tcp",
-		Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}},
-	"connection reset": &url.Error{Op: "Patch", URL: "https://10.0.0.1/api", Err: &net.OpError{Op: "read", Net: "tcp",
-		Err: os.NewSyscallError("read", syscall.ECONNRESET)}},
-}
+var transient = func() map[string]error {
+	errs := apiretrytest.Transient()
+	errs["429"] = apierrors.NewTooManyRequests("slow down", 1)
+	return errs
+}()
 
 func node(labels map[string]string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1", Labels: labels}}
