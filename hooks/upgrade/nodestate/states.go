@@ -9,23 +9,8 @@ import (
 )
 
 // UpgradeState is a value of UpgradeStateLabel. The names are the GPU Operator's; the driver manager and the
-// pre-upgrade hook use this subset, in this order:
-//
-//	(none) or upgrade-done --pre-upgrade hook: this node's driver will change--> upgrade-required
-//	upgrade-required     --driver manager starts, driver config differs-->      cordon-required
-//	cordon-required      --cordoned (or already cordoned by the admin)-->     pod-deletion-required
-//	pod-deletion-required --GPU pods evicted-->                                pod-restart-required
-//	pod-deletion-required --eviction blocked, full drain enabled-->            drain-required
-//	drain-required       --node drained-->                                     pod-restart-required
-//	pod-restart-required --operands paused and gone, modules unloaded-->       validation-required
-//	validation-required  --validator passed with the new driver-->              uncordon-required
-//	uncordon-required    --our cordon lifted, switches restored-->             upgrade-done
-//	any                  --a step failed (reason annotation says which)-->     upgrade-failed
-//	upgrade-failed       --`upgrade retry NODE`-->                              upgrade-required
-//	any but upgrade-done --the pod's driver is already loaded (fast path)-->    validation-required
-//	any                  --no driver loaded (fresh node, reboot)-->             validation-required
-//
-// A pod stopped (SIGTERM) moves nothing: the next driver pod resumes from the state it left.
+// pre-upgrade hook use a subset of them. The machine they make, in order, and which process writes each move, is in
+// the doc of hooks/upgrade.
 type UpgradeState string
 
 const (
