@@ -18,6 +18,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap/registrytest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/imagebuild"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/airgaptest"
@@ -125,7 +126,7 @@ func TestImagePushThenInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := imagebuild.DefaultRepository + ":0.1.0"
-	layoutDir := airgaptest.OwnImageLayout(t, idx, ref)
+	layoutDir := registrytest.OwnImageLayout(t, idx, ref)
 	want, err := idx.Digest()
 	if err != nil {
 		t.Fatal(err)

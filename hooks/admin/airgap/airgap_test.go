@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap/registrytest"
 )
 
 func TestMain(m *testing.M) {
@@ -329,7 +331,7 @@ func TestOwnImageComesFromTheLayout(t *testing.T) {
 		t.Fatal("fixture: upstream should not hold the own image")
 	}
 	other, _ := f.seeded[ownImage].(v1.ImageIndex)
-	f.ownLayout = writeOwnLayout(t, other, "ghcr.io/kube-gpu-stack/kube-gpu-stack:9.9.9")
+	f.ownLayout = registrytest.OwnImageLayout(t, other, "ghcr.io/kube-gpu-stack/kube-gpu-stack:9.9.9")
 	_, err := f.bundle(t, filepath.Join(t.TempDir(), "b.tar"))
 	if err == nil || !strings.Contains(err.Error(), "holds no image named "+ownImage+" (it holds: ghcr.io/kube-gpu-stack/kube-gpu-stack:9.9.9)") {
 		t.Errorf("want an error naming the own image and what the layout holds, got %v", err)

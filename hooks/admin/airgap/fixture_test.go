@@ -6,35 +6,26 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap/registrytest"
 )
 
 // startRegistry starts an in-process registry on 127.0.0.1 and returns its host:port.
 func startRegistry(t *testing.T, wrap ...func(http.Handler) http.Handler) string {
-	t.Helper()
-	var h http.Handler = registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-	for _, w := range wrap {
-		h = w(h)
-	}
-	s := httptest.NewServer(h)
-	t.Cleanup(s.Close)
-	return strings.TrimPrefix(s.URL, "http://")
+	return registrytest.Registry(t, wrap...)
 }
 
 // artifact is an image or an index, as the tests seed them.
@@ -96,7 +87,7 @@ func newFixture(t *testing.T, layerSize int64) *fixture {
 		t.Fatal(err)
 	}
 	f.seeded[ownImage] = own
-	f.ownLayout = writeOwnLayout(t, own, ownImage)
+	f.ownLayout = registrytest.OwnImageLayout(t, own, ownImage)
 
 	f.list = strings.Join([]string{"# images of the test chart", "", ownImage, driverRHEL, driverUbuntu, toolkit,
 		nfd + "@" + nfdDigest.String()}, "\n") + "\n"
@@ -129,29 +120,7 @@ func pushTo(t *testing.T, reg string, img Image, a artifact) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	switch a := a.(type) {
-	case v1.ImageIndex:
-		err = remote.WriteIndex(dst, a)
-	case v1.Image:
-		err = remote.Write(dst, a)
-	}
-	if err != nil {
-		t.Fatalf("seed %s: %v", dst, err)
-	}
-}
-
-// writeOwnLayout writes an OCI layout as the image build does: the multi-arch index named by ref.
-func writeOwnLayout(t *testing.T, idx v1.ImageIndex, ref string) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "own-image")
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{refNameAnnotation: ref})); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	registrytest.Push(t, dst, a)
 }
 
 // writeChart writes a chart named kube-gpu-stack whose operand subchart is a symlink into operands/, like the

@@ -6,25 +6,20 @@ package airgaptest
 
 import (
 	"bytes"
-	"io"
-	"log"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"helm.sh/helm/v3/pkg/chartutil"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/ci/imagelist"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap"
+	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/admin/airgap/registrytest"
 )
 
 // Mirrored is a bundle built from upstream and mirrored into private.
@@ -40,12 +35,7 @@ type Mirrored struct {
 }
 
 // Registry starts an in-process registry on 127.0.0.1 for the test and returns its host:port.
-func Registry(t testing.TB) string {
-	t.Helper()
-	s := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
-	t.Cleanup(s.Close)
-	return strings.TrimPrefix(s.URL, "http://")
-}
+func Registry(t testing.TB) string { return registrytest.Registry(t) }
 
 // unpinnedList writes the images by tag alone into a file for the bundle to read (BundleOptions.ImagesFile), and
 // returns its path; "" when none is pinned (the chart's own list does). The registry seeded here holds random
@@ -94,7 +84,7 @@ func BundleAndMirror(t testing.TB, chartDir string) *Mirrored {
 			t.Fatal(err)
 		}
 		if img.Repository() == airgap.OwnRepository {
-			ownLayout = OwnImageLayout(t, a.(v1.ImageIndex), img.Ref)
+			ownLayout = registrytest.OwnImageLayout(t, a.(v1.ImageIndex), img.Ref)
 		} else {
 			seed(t, m.Upstream, img, a)
 		}
@@ -185,27 +175,5 @@ func seed(t testing.TB, reg string, img airgap.Image, a any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	switch a := a.(type) {
-	case v1.ImageIndex:
-		err = remote.WriteIndex(dst, a)
-	case v1.Image:
-		err = remote.Write(dst, a)
-	}
-	if err != nil {
-		t.Fatalf("seed %s: %v", dst, err)
-	}
-}
-
-// OwnImageLayout writes an OCI layout the way the image build does: the multi-arch index named by ref.
-func OwnImageLayout(t testing.TB, idx v1.ImageIndex, ref string) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "own-image")
-	p, err := layout.Write(dir, empty.Index)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.AppendIndex(idx, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	registrytest.Push(t, dst, a)
 }
