@@ -17,27 +17,10 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth/gpuhealthtest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/agenttest"
 )
 
-// policy is the chart's default global.health with the taint on (tests/chart/gpuhealth_test.go checks the render).
-var policy = gpuhealth.Policy{
-	Fatal:         []uint64{48, 63, 64, 74, 79, 94, 95, 119, 120},
-	Application:   []uint64{13, 31, 43, 45, 68},
-	Watches:       gpuhealth.KnownWatches,
-	ConditionType: gpuhealth.DefaultConditionType,
-	Taint:         &corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Effect: corev1.TaintEffectNoSchedule},
-}
-
-// runningAgent is `validator health` run in-process as its pod runs it.
-type runningAgent struct {
-	cancel context.CancelFunc
-	done   chan error
-	// the agent's log
-	syncbuffer.Buffer
-}
-
-func startAgent(t *testing.T, node string, gpus *gpuhealthtest.GPUs) *runningAgent {
+func startAgent(t *testing.T, node string, gpus *gpuhealthtest.GPUs) *agenttest.Agent {
 	t.Helper()
 	host := t.TempDir()
 	lib := filepath.Join(host, "usr/lib/x86_64-linux-gnu", gpuhealth.NVMLLibrary)
@@ -47,72 +30,8 @@ func startAgent(t *testing.T, node string, gpus *gpuhealthtest.GPUs) *runningAge
 	if err := os.WriteFile(lib, []byte("elf"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	o := gpuhealth.Options{NodeName: node, Client: kube.Client, Policy: policy, HostRoot: host, DriverInstallDir: t.TempDir(),
-		Monitor: gpuhealth.NVMLMonitor{Open: gpus.Open, Poll: 20 * time.Millisecond}}
-	o.Complete()
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a := &runningAgent{cancel: cancel, done: make(chan error, 1)}
-	go func() { a.done <- o.Run(ctx, a) }()
-	return a
-}
-
-func (a *runningAgent) stop(t *testing.T) {
-	t.Helper()
-	a.cancel()
-	select {
-	case err := <-a.done:
-		if err != nil {
-			t.Fatalf("agent: %v\nlog:\n%s", err, a)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not stop")
-	}
-}
-
-// waitNode waits until ok holds for the node as the API server has it.
-func waitNode(t *testing.T, node, what string, ok func(*corev1.Node) bool) *corev1.Node {
-	t.Helper()
-	var last *corev1.Node
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := kube.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		last = n
-		return ok(n), nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: not %s within 30s: conditions %+v, taints %+v", node, what, last.Status.Conditions, last.Spec.Taints)
-	}
-	return last
-}
-
-func condition(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == policy.ConditionType {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-func tainted(n *corev1.Node, taint corev1.Taint) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Key == taint.Key && t.Effect == taint.Effect {
-			return true
-		}
-	}
-	return false
-}
-
-func status(s corev1.ConditionStatus, reason string) func(*corev1.Node) bool {
-	return func(n *corev1.Node) bool {
-		c := condition(n)
-		return c != nil && c.Status == s && c.Reason == reason
-	}
+	return agenttest.Start(t, gpuhealth.Options{NodeName: node, Client: kube.Client, Policy: agenttest.Policy, HostRoot: host,
+		DriverInstallDir: t.TempDir(), Monitor: gpuhealth.NVMLMonitor{Open: gpus.Open, Poll: 20 * time.Millisecond}})
 }
 
 // TestFatalXidSetsTheConditionAndARestartClearsIt: on start the agent sets the condition True; an application
@@ -127,23 +46,23 @@ func TestFatalXidSetsTheConditionAndARestartClearsIt(t *testing.T) {
 	}
 	gpus := gpuhealthtest.New(2)
 	a := startAgent(t, node, gpus)
-	if n := waitNode(t, node, "healthy", status(corev1.ConditionTrue, gpuhealth.ReasonHealthy)); tainted(n, *policy.Taint) {
+	if n := agenttest.WaitNode(t, kube.Client, node, "healthy", agenttest.Status(corev1.ConditionTrue, gpuhealth.ReasonHealthy)); agenttest.Tainted(n, *agenttest.Policy.Taint) {
 		t.Fatalf("a healthy node is tainted: %+v", n.Spec.Taints)
 	}
 	gpus.Xid(0, 13) // application tier
 	gpus.Xid(1, 79)
-	n := waitNode(t, node, "unhealthy and tainted", func(n *corev1.Node) bool {
-		return status(corev1.ConditionFalse, gpuhealth.ReasonFatalXid)(n) && tainted(n, *policy.Taint)
+	n := agenttest.WaitNode(t, kube.Client, node, "unhealthy and tainted", func(n *corev1.Node) bool {
+		return agenttest.Status(corev1.ConditionFalse, gpuhealth.ReasonFatalXid)(n) && agenttest.Tainted(n, *agenttest.Policy.Taint)
 	})
-	if msg := condition(n).Message; !strings.Contains(msg, "GPU 1 ("+gpus.UUIDs[1]+"): Xid 79") || strings.Contains(msg, "Xid 13") {
+	if msg := agenttest.Condition(n).Message; !strings.Contains(msg, "GPU 1 ("+gpus.UUIDs[1]+"): Xid 79") || strings.Contains(msg, "Xid 13") {
 		t.Fatalf("message %q", msg)
 	}
-	a.stop(t)
+	a.Stop(t)
 	if !strings.Contains(a.String(), "Xid 13 (application)") {
 		t.Fatalf("the application Xid was not read:\n%s", a)
 	}
 	// A stopped agent leaves its verdict: a pod stopping is no news about the GPU.
-	if n := waitNode(t, node, "still unhealthy", status(corev1.ConditionFalse, gpuhealth.ReasonFatalXid)); !tainted(n, *policy.Taint) {
+	if n := agenttest.WaitNode(t, kube.Client, node, "still unhealthy", agenttest.Status(corev1.ConditionFalse, gpuhealth.ReasonFatalXid)); !agenttest.Tainted(n, *agenttest.Policy.Taint) {
 		t.Fatalf("the taint went with the agent: %+v", n.Spec.Taints)
 	}
 
@@ -161,11 +80,11 @@ func TestFatalXidSetsTheConditionAndARestartClearsIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	a = startAgent(t, node, gpuhealthtest.New(2))
-	n = waitNode(t, node, "healthy and untainted", func(n *corev1.Node) bool {
-		return status(corev1.ConditionTrue, gpuhealth.ReasonHealthy)(n) && !tainted(n, *policy.Taint)
+	n = agenttest.WaitNode(t, kube.Client, node, "healthy and untainted", func(n *corev1.Node) bool {
+		return agenttest.Status(corev1.ConditionTrue, gpuhealth.ReasonHealthy)(n) && !agenttest.Tainted(n, *agenttest.Policy.Taint)
 	})
-	a.stop(t)
-	if !tainted(n, admin) {
+	a.Stop(t)
+	if !agenttest.Tainted(n, admin) {
 		t.Fatalf("the admin's taint went too: %+v", n.Spec.Taints)
 	}
 }

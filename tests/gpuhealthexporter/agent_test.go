@@ -12,17 +12,8 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth/exportertest"
-	"github.com/kube-gpu-stack/kube-gpu-stack/internal/syncbuffer"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/agenttest"
 )
-
-// policy is the chart's default global.health with the taint on.
-var policy = gpuhealth.Policy{
-	Fatal:         []uint64{48, 63, 64, 74, 79, 94, 95, 119, 120},
-	Application:   []uint64{13, 31, 43, 45, 68},
-	Watches:       gpuhealth.KnownWatches,
-	ConditionType: gpuhealth.DefaultConditionType,
-	Taint:         &corev1.Taint{Key: "nvidia.com/gpu-unhealthy", Effect: corev1.TaintEffectNoSchedule},
-}
 
 const (
 	uuid0 = "GPU-6b5c1f0e-8a1d-4c5e-9f39-0d2b6a1c7e10"
@@ -31,41 +22,11 @@ const (
 	staleAfter = 2 * time.Second
 )
 
-// runningAgent is `validator health` run in-process as its pod runs it.
-type runningAgent struct {
-	cancel context.CancelFunc
-	done   chan error
-	// the agent's log
-	syncbuffer.Buffer
-}
-
 // startAgent runs the agent with source (dcgm-exporter, or auto in a static build) on url, as the chart's env sets it.
-func startAgent(t *testing.T, node, source, url string) *runningAgent {
+func startAgent(t *testing.T, node, source, url string) *agenttest.Agent {
 	t.Helper()
-	o := gpuhealth.Options{NodeName: node, Client: kube.Client, Policy: policy, Source: source, ExporterURL: url,
-		ScrapeInterval: 100 * time.Millisecond, StaleAfter: staleAfter}
-	o.Complete()
-	if err := o.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	a := &runningAgent{cancel: cancel, done: make(chan error, 1)}
-	go func() { a.done <- o.Run(ctx, a) }()
-	t.Cleanup(func() { a.cancel() })
-	return a
-}
-
-func (a *runningAgent) stop(t *testing.T) {
-	t.Helper()
-	a.cancel()
-	select {
-	case err := <-a.done:
-		if err != nil {
-			t.Fatalf("agent: %v\nlog:\n%s", err, a)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not stop")
-	}
+	return agenttest.Start(t, gpuhealth.Options{NodeName: node, Client: kube.Client, Policy: agenttest.Policy, Source: source,
+		ExporterURL: url, ScrapeInterval: 100 * time.Millisecond, StaleAfter: staleAfter})
 }
 
 // addNode registers a plain Node booted as boot: the node lifecycle controller writes it too (Ready Unknown, its
@@ -104,24 +65,6 @@ func getNode(t *testing.T, name string) *corev1.Node {
 	return n
 }
 
-// waitNode waits until ok holds for the node as the API server has it.
-func waitNode(t *testing.T, node, what string, ok func(*corev1.Node) bool) *corev1.Node {
-	t.Helper()
-	var last *corev1.Node
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := kube.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		last = n
-		return ok(n), nil
-	})
-	if err != nil {
-		t.Fatalf("node %s: not %s within 30s: conditions %+v, taints %+v", node, what, last.Status.Conditions, last.Spec.Taints)
-	}
-	return last
-}
-
 // holds checks that ok keeps holding for d (several scrapes and, past staleAfter, the agent's bound).
 func holds(t *testing.T, node, what string, d time.Duration, ok func(*corev1.Node) bool) {
 	t.Helper()
@@ -132,27 +75,11 @@ func holds(t *testing.T, node, what string, d time.Duration, ok func(*corev1.Nod
 	}
 }
 
-func condition(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == policy.ConditionType {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-func tainted(n *corev1.Node) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Key == policy.Taint.Key && t.Effect == policy.Taint.Effect {
-			return true
-		}
-	}
-	return false
-}
+func tainted(n *corev1.Node) bool { return agenttest.Tainted(n, *agenttest.Policy.Taint) }
 
 func is(s corev1.ConditionStatus, reason string, taint bool) func(*corev1.Node) bool {
 	return func(n *corev1.Node) bool {
-		c := condition(n)
+		c := agenttest.Condition(n)
 		return c != nil && c.Status == s && c.Reason == reason && tainted(n) == taint
 	}
 }
@@ -167,11 +94,11 @@ func exercise(t *testing.T, node, source string) {
 	defer exp.Close()
 
 	a := startAgent(t, node, source, exp.URL())
-	waitNode(t, node, "healthy", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
+	agenttest.WaitNode(t, kube.Client, node, "healthy", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
 
 	exp.Set(exportertest.GPU{UUID: uuid0, Xids: map[uint64]int{13: 2}}, exportertest.GPU{UUID: uuid1, Xids: map[uint64]int{79: 1}})
-	n := waitNode(t, node, "unhealthy and tainted", is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
-	if msg := condition(n).Message; !strings.Contains(msg, "GPU 1 ("+uuid1+"): Xid 79") || strings.Contains(msg, "Xid 13") ||
+	n := agenttest.WaitNode(t, kube.Client, node, "unhealthy and tainted", is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
+	if msg := agenttest.Condition(n).Message; !strings.Contains(msg, "GPU 1 ("+uuid1+"): Xid 79") || strings.Contains(msg, "Xid 13") ||
 		!strings.Contains(msg, "boot-1") {
 		t.Fatalf("message %q", msg)
 	}
@@ -184,7 +111,7 @@ func exercise(t *testing.T, node, source string) {
 	exp.Down(false)
 
 	// a restarted agent (its pod rescheduled, the same boot) reads the latch back from the condition
-	a.stop(t)
+	a.Stop(t)
 	if strings.Count(a.String(), "Xid 13 (application)") != 1 {
 		t.Fatalf("the application Xid is not logged once:\n%s", a)
 	}
@@ -192,18 +119,18 @@ func exercise(t *testing.T, node, source string) {
 	holds(t, node, "latched after a restart", time.Second, is(corev1.ConditionFalse, gpuhealth.ReasonFatalXid, true))
 
 	setBoot(t, node, "boot-2")
-	waitNode(t, node, "healthy after the reboot", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
+	agenttest.WaitNode(t, kube.Client, node, "healthy after the reboot", is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
 	if !strings.Contains(a.String(), "booted again") {
 		t.Fatalf("log:\n%s", a)
 	}
 
 	exp.Down(true)
 	holds(t, node, "healthy within the bound", staleAfter/2, is(corev1.ConditionTrue, gpuhealth.ReasonHealthy, false))
-	n = waitNode(t, node, "Unknown", is(corev1.ConditionUnknown, gpuhealth.ReasonExporterUnreachable, false))
-	if msg := condition(n).Message; !strings.Contains(msg, exp.URL()) {
+	n = agenttest.WaitNode(t, kube.Client, node, "Unknown", is(corev1.ConditionUnknown, gpuhealth.ReasonExporterUnreachable, false))
+	if msg := agenttest.Condition(n).Message; !strings.Contains(msg, exp.URL()) {
 		t.Fatalf("message %q", msg)
 	}
-	a.stop(t)
+	a.Stop(t)
 }
 
 func TestExporterSourceOnTheAPIServer(t *testing.T) {
