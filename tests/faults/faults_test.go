@@ -19,6 +19,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/kmod/kmodtest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // scene is one scenario's share of the package's install: the nodes' fixture hosts and the driver tag its upgrade
@@ -39,7 +40,7 @@ type scene struct {
 // admin's labels kept, the new driver loaded on its fixture host, and its GPU workload back.
 func TestFaults(t *testing.T) {
 	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		hosts[n] = kmodtest.New(t)
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
 	}
@@ -81,7 +82,7 @@ func (sc *scene) clean(t *testing.T) {
 	for n, h := range sc.hosts {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: h})
 	}
-	waitFor(t, 2*time.Minute, "a clean pool before the scenario (after the previous one)", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, "a clean pool before the scenario (after the previous one)", func() (bool, string) {
 		for _, hook := range []string{"pre-upgrade", "validation-gate"} {
 			if n := stand.InFlight(hook); n > 0 {
 				return false, fmt.Sprintf("%d %s hooks of an earlier release still running", n, hook)
@@ -94,8 +95,8 @@ func (sc *scene) clean(t *testing.T) {
 			return false, why
 		}
 		running := runningGPU(t)
-		for _, n := range gpuNodeNames() {
-			if node := nodeOf(t, n); node.Spec.Unschedulable || !running[n] {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if node := rollouttest.Node(t, kube.Client, n); node.Spec.Unschedulable || !running[n] {
 				return false, fmt.Sprintf("node %s: unschedulable=%v, GPU workload running=%v", n, node.Spec.Unschedulable, running[n])
 			}
 		}
@@ -115,7 +116,7 @@ func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) 
 	t.Helper()
 	// until helm applies the new driver DaemonSet (after the pre-upgrade plan, which may crawl through API faults),
 	// every driver pod is of the current template and the pool looks settled: wait for the new template first
-	waitFor(t, 2*time.Minute, "the driver DaemonSet on tag "+sc.tag+", or the helm upgrade ended", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, "the driver DaemonSet on tag "+sc.tag+", or the helm upgrade ended", func() (bool, string) {
 		select {
 		case <-u.done:
 			return true, ""
@@ -138,9 +139,9 @@ func (sc *scene) finish(t *testing.T, rec *recorder, u *upgrade, want endState) 
 		t.Fatalf("the release failed before any node's driver changed: %v%s", helmErr, failedHooks(sc.started))
 	}
 	rec.assertInvariants(t)
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		if slices.Contains(rec.states(n), nodestate.UpgradeFailed) {
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			t.Errorf("node %s went through upgrade-failed (%v); now %s, reason %q", n, rec.states(n),
 				node.Labels[nodestate.UpgradeStateLabel], node.Annotations[nodestate.UpgradeReasonAnnotation])
 		}
@@ -218,7 +219,7 @@ func stopOnce(step string) func(string) bool {
 func sigtermEveryStep(t *testing.T, sc *scene) {
 	plan := map[string]string{}
 	for i, step := range drivermanager.Steps {
-		plan[gpuNodeNames()[i+1]] = step
+		plan[rollouttest.GPUNodeNames(nodes)[i+1]] = step
 	}
 	for n, step := range plan {
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: sc.hosts[n], Stop: stopOnce(step)})
@@ -237,8 +238,8 @@ func sigtermEveryStep(t *testing.T, sc *scene) {
 	rec := recordNodes(t)
 	start := time.Now()
 	u := sc.upgrade(t)
-	waitFor(t, 90*time.Second, "the upgrade gate on "+gated+" waiting for the validator", func() (bool, string) {
-		st := nodeOf(t, gated).Labels[nodestate.UpgradeStateLabel]
+	rollouttest.WaitFor(t, 90*time.Second, "the upgrade gate on "+gated+" waiting for the validator", func() (bool, string) {
+		st := rollouttest.Node(t, kube.Client, gated).Labels[nodestate.UpgradeStateLabel]
 		return hold.Load() && st == string(nodestate.ValidationRequired), st
 	})
 	time.Sleep(time.Second)
@@ -246,7 +247,7 @@ func sigtermEveryStep(t *testing.T, sc *scene) {
 	if err := kube.Client.CoreV1().Pods(namespace).Delete(t.Context(), gatedPod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the next driver pod's gate on "+gated, func() (bool, string) {
+	rollouttest.WaitFor(t, 30*time.Second, "the next driver pod's gate on "+gated, func() (bool, string) {
 		p := driverPodOn(t, gated)
 		return p != "" && p != gatedPod, p
 	})
@@ -294,7 +295,7 @@ func secondUpgrade(t *testing.T, sc *scene) {
 		t.Fatalf("first helm upgrade: %v", err)
 	}
 	mid := rec.firstIn(t, time.Minute, nodestate.PodRestartRequired, nodestate.ValidationRequired)
-	t.Logf("second helm upgrade while %s is %s", mid, nodeOf(t, mid).Labels[nodestate.UpgradeStateLabel])
+	t.Logf("second helm upgrade while %s is %s", mid, rollouttest.Node(t, kube.Client, mid).Labels[nodestate.UpgradeStateLabel])
 	u := sc.upgrade(t)
 	sc.finish(t, rec, u, endState{})
 }
@@ -346,7 +347,7 @@ func blockEviction(t *testing.T, node string) string {
 	t.Cleanup(func() {
 		_ = kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Delete(context.Background(), pdb.Name, metav1.DeleteOptions{})
 	})
-	waitFor(t, 30*time.Second, "the PDB observed", func() (bool, string) {
+	rollouttest.WaitFor(t, 30*time.Second, "the PDB observed", func() (bool, string) {
 		p, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Get(ctx, pdb.Name, metav1.GetOptions{})
 		if err != nil || p.Status.ExpectedPods != 1 || p.Status.CurrentHealthy != 1 {
 			return false, fmt.Sprintf("PDB status %+v", p.Status)
@@ -369,12 +370,12 @@ func relax(t *testing.T, pdb string) {
 func waitEvicting(t *testing.T, node string) {
 	t.Helper()
 	// the node's turn comes after the canary and the batches the DaemonSet picks before it
-	waitFor(t, 3*time.Minute, node+" evicting", func() (bool, string) {
-		st := nodeOf(t, node).Labels[nodestate.UpgradeStateLabel]
+	rollouttest.WaitFor(t, 3*time.Minute, node+" evicting", func() (bool, string) {
+		st := rollouttest.Node(t, kube.Client, node).Labels[nodestate.UpgradeStateLabel]
 		return st == string(nodestate.PodDeletionRequired), st
 	})
 	time.Sleep(2 * time.Second)
-	if st := nodeOf(t, node).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.PodDeletionRequired) {
+	if st := rollouttest.Node(t, kube.Client, node).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.PodDeletionRequired) {
 		t.Fatalf("%s left pod-deletion-required while its PDB allows nothing: %s", node, st)
 	}
 }
@@ -390,8 +391,8 @@ func pdbRelaxed(t *testing.T, sc *scene) {
 	waitEvicting(t, node)
 	relaxed := time.Now()
 	relax(t, pdb)
-	waitFor(t, time.Duration(evictionTimeout)*time.Second, node+" past the eviction", func() (bool, string) {
-		st := nodeOf(t, node).Labels[nodestate.UpgradeStateLabel]
+	rollouttest.WaitFor(t, time.Duration(evictionTimeout)*time.Second, node+" past the eviction", func() (bool, string) {
+		st := rollouttest.Node(t, kube.Client, node).Labels[nodestate.UpgradeStateLabel]
 		return st != string(nodestate.PodDeletionRequired), st
 	})
 	t.Logf("%s evicted %s after the PDB was relaxed", node, time.Since(relaxed).Round(10*time.Millisecond))
@@ -420,8 +421,8 @@ func adminMidEviction(t *testing.T, sc *scene) {
 	waitEvicting(t, node)
 	// a node whose upgrade has not started, else (the evicting node came last) one that finished
 	for _, want := range []nodestate.UpgradeState{nodestate.UpgradeRequired, nodestate.UpgradeDone} {
-		for _, n := range gpuNodeNames() {
-			if cordoned == "" && n != node && n != uncordoned && nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] == string(want) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if cordoned == "" && n != node && n != uncordoned && rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel] == string(want) {
 				cordoned = n
 			}
 		}
@@ -433,7 +434,7 @@ func adminMidEviction(t *testing.T, sc *scene) {
 	patchNode(t, cordoned, `{"spec":{"unschedulable":true}}`)
 	patchNode(t, uncordoned, `{"spec":{"unschedulable":false}}`)
 	t.Logf("mid-eviction of %s: the admin set %s=false on it, cordoned %s (%s), uncordoned %s", node, label, cordoned,
-		nodeOf(t, cordoned).Labels[nodestate.UpgradeStateLabel], uncordoned)
+		rollouttest.Node(t, kube.Client, cordoned).Labels[nodestate.UpgradeStateLabel], uncordoned)
 	relax(t, pdb)
 	sc.finish(t, rec, u, endState{adminCordoned: map[string]bool{cordoned: true}, labels: map[string]map[string]string{node: {label: "false"}}})
 }
@@ -445,11 +446,11 @@ func apiServerRestart(t *testing.T, sc *scene) {
 	u := sc.upgrade(t)
 	sc.helmCutOff = true
 	// once Helm has applied the release and waits on the post-upgrade gate, with a node in flight
-	waitFor(t, time.Minute, "the post-upgrade gate running", func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "the post-upgrade gate running", func() (bool, string) {
 		return stand.InFlight("validation-gate") > 0, "not yet"
 	})
 	mid := rec.firstIn(t, time.Minute, nodestate.PodDeletionRequired, nodestate.PodRestartRequired, nodestate.ValidationRequired)
-	t.Logf("restarting the API server and etcd while %s is %s", mid, nodeOf(t, mid).Labels[nodestate.UpgradeStateLabel])
+	t.Logf("restarting the API server and etcd while %s is %s", mid, rollouttest.Node(t, kube.Client, mid).Labels[nodestate.UpgradeStateLabel])
 	began := time.Now()
 	if err := kube.Restart(t.Context(), 3*time.Second); err != nil {
 		t.Fatal(err)

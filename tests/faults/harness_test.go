@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -61,42 +63,10 @@ func target() install.Target {
 	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: 4 * time.Minute, NoWait: true}
 }
 
-func gpuNodeNames() []string {
-	var out []string
-	for _, n := range nodes {
-		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; ok {
-			out = append(out, n.Name)
-		}
-	}
-	return out
-}
-
-func nodeOf(t *testing.T, name string) *corev1.Node {
-	t.Helper()
-	n, err := kube.Client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func patchNode(t *testing.T, name, patch string) {
 	t.Helper()
 	if _, err := kube.Client.CoreV1().Nodes().Patch(context.Background(), name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patch node %s: %v", name, err)
-	}
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, why := cond()
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last: %s", what, err, last)
 	}
 }
 
@@ -123,24 +93,6 @@ func (u *upgrade) wait(timeout time.Duration) error {
 	case <-time.After(timeout):
 		return fmt.Errorf("helm upgrade still running after %s more", timeout)
 	}
-}
-
-// driverDigest is the DRIVER_CONFIG_DIGEST of the driver DaemonSet's current pod template.
-func driverDigest(t *testing.T) string {
-	t.Helper()
-	ds, err := kube.Client.AppsV1().DaemonSets(namespace).Get(t.Context(), driverDaemonSet, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range ds.Spec.Template.Spec.InitContainers {
-		for _, e := range c.Env {
-			if e.Name == "DRIVER_CONFIG_DIGEST" {
-				return e.Value
-			}
-		}
-	}
-	t.Fatal("the driver DaemonSet's pod template has no DRIVER_CONFIG_DIGEST")
-	return ""
 }
 
 // settle waits until every GPU node is upgrade-done with a Ready driver pod of the DaemonSet's current template
@@ -205,7 +157,7 @@ func rolledOut(t *testing.T) (done bool, why, states string, failed bool) {
 	}
 	done = true
 	var st []string
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		node, ok := byName[n]
 		if !ok {
 			t.Fatalf("node %s is gone", n) // as the get per node it replaces failed
@@ -226,8 +178,8 @@ func rolledOut(t *testing.T) (done bool, why, states string, failed bool) {
 // nodeTable is every GPU node's state, cordon and reason, for failure messages.
 func nodeTable(t *testing.T) string {
 	var b strings.Builder
-	for _, n := range gpuNodeNames() {
-		node := nodeOf(t, n)
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		node := rollouttest.Node(t, kube.Client, n)
 		fmt.Fprintf(&b, "  %s: %s unschedulable=%v ours=%v reason=%q\n", n, node.Labels[nodestate.UpgradeStateLabel],
 			node.Spec.Unschedulable, nodestate.CordonedByUs(node), node.Annotations[nodestate.UpgradeReasonAnnotation])
 	}
@@ -247,20 +199,20 @@ type endState struct {
 // where the admin did not cordon the node. It logs one line per node (the measured end state).
 func assertEndState(t *testing.T, hosts map[string]*kmodtest.Fixture, want endState) {
 	t.Helper()
-	digest := driverDigest(t)
+	digest := rollouttest.DriverDigest(t, kube.Client, namespace, driverDaemonSet)
 	// the evicted GPU workloads come back where the nodes are schedulable (a node left cordoned is reported below)
 	_ = wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		running := runningGPU(t)
-		for _, n := range gpuNodeNames() {
-			if !want.adminCordoned[n] && !running[n] && !nodeOf(t, n).Spec.Unschedulable {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if !want.adminCordoned[n] && !running[n] && !rollouttest.Node(t, kube.Client, n).Spec.Unschedulable {
 				return false, nil
 			}
 		}
 		return true, nil
 	})
 	running := runningGPU(t)
-	for _, n := range gpuNodeNames() {
-		node := nodeOf(t, n)
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		node := rollouttest.Node(t, kube.Client, n)
 		var problems []string
 		st := node.Labels[nodestate.UpgradeStateLabel]
 		if st != string(nodestate.UpgradeDone) {
@@ -313,8 +265,8 @@ func assertEndState(t *testing.T, hosts map[string]*kmodtest.Fixture, want endSt
 func retryFailed(t *testing.T) []string {
 	t.Helper()
 	var retried []string
-	for _, n := range gpuNodeNames() {
-		if nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		if rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeFailed) {
 			continue
 		}
 		var out bytes.Buffer
@@ -414,15 +366,6 @@ func (r *recorder) observe(old, n *corev1.Node) {
 	}
 }
 
-func keys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 func (r *recorder) states(node string) []nodestate.UpgradeState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -433,9 +376,9 @@ func (r *recorder) states(node string) []nodestate.UpgradeState {
 func (r *recorder) firstIn(t *testing.T, timeout time.Duration, states ...nodestate.UpgradeState) string {
 	t.Helper()
 	var found string
-	waitFor(t, timeout, fmt.Sprintf("a node in %v", states), func() (bool, string) {
-		for _, n := range gpuNodeNames() {
-			if slices.Contains(states, nodestate.UpgradeState(nodeOf(t, n).Labels[nodestate.UpgradeStateLabel])) {
+	rollouttest.WaitFor(t, timeout, fmt.Sprintf("a node in %v", states), func() (bool, string) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if slices.Contains(states, nodestate.UpgradeState(rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel])) {
 				found = n
 				return true, ""
 			}
@@ -467,9 +410,9 @@ func (r *recorder) outOfService() (most int, which []string, led []string) {
 			delete(out, v.name)
 		}
 		lines = append(lines, fmt.Sprintf("rv %d (seen %s) %s %s cordoned-by-us=%v unschedulable=%v: out %v",
-			v.rv, v.seen.Format("15:04:05.000"), v.name, v.state, v.cordonedByUs, v.unsched, keys(out)))
+			v.rv, v.seen.Format("15:04:05.000"), v.name, v.state, v.cordonedByUs, v.unsched, slices.Sorted(maps.Keys(out))))
 		if len(out) > most {
-			most, which, worstAt = len(out), keys(out), len(lines)-1
+			most, which, worstAt = len(out), slices.Sorted(maps.Keys(out)), len(lines)-1
 		}
 	}
 	if worstAt >= 0 {
@@ -512,7 +455,7 @@ func startWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	c := kube.Client
-	if err := workloads.Deploy(ctx, c, workloadNS, gpuNodeNames()); err != nil {
+	if err := workloads.Deploy(ctx, c, workloadNS, rollouttest.GPUNodeNames(nodes)); err != nil {
 		t.Fatal(err)
 	}
 }

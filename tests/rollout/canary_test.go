@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestCanaryThenWidenAndTheFailureThreshold installs the chart on the ten GPU nodes of one pool with a canary of
@@ -63,7 +65,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		logRuns(t, time.Time{})
 		t.Fatal(err)
 	}
-	names := gpuNodeNames()
+	names := rollouttest.GPUNodeNames(nodes)
 	slices.Sort(names)
 	canaryNode := names[0]
 	oldDigest := recordedDigests(t, hosts)[canaryNode]
@@ -77,7 +79,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	tg := target()
 	tg.NoWait = true
 	_, _ = tg.Upgrade(ctx, profile(), set("driver.image.tag="+brokenTag)...)
-	waitFor(t, 2*time.Minute, "the canary upgrade-failed by its gate's timeout", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, "the canary upgrade-failed by its gate's timeout", func() (bool, string) {
 		failed := nodesIn(t, nodestate.UpgradeFailed)
 		return slices.Contains(failed, canaryNode) && gateTimedOut(canaryNode, start), fmt.Sprintf("upgrade-failed: %v", failed)
 	})
@@ -94,7 +96,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		ready := driverPodsReady(t)
 		digests := recordedDigests(t, hosts)
 		for _, n := range names[1:] {
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if got := rec.states(n); slices.ContainsFunc(got, func(s nodestate.UpgradeState) bool {
 				return s != nodestate.UpgradeDone && s != nodestate.UpgradeRequired
 			}) {
@@ -136,19 +138,19 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	stand.SetDriverFault(brokenTag, "")
 	retried := time.Now()
 	kubeGPUStack(t, "upgrade", "retry", canaryNode)
-	waitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver)", func() (bool, string) {
-		st := nodeOf(t, busy).Labels[nodestate.UpgradeStateLabel]
+	rollouttest.WaitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver)", func() (bool, string) {
+		st := rollouttest.Node(t, kube.Client, busy).Labels[nodestate.UpgradeStateLabel]
 		return st == string(nodestate.UpgradeFailed), busy + " is " + st
 	})
 	for _, n := range waiting[1:] {
 		labelSkip(t, n, "")
 	}
-	waitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver) and the rollout settled", func() (bool, string) {
-		if st := nodeOf(t, busy).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
+	rollouttest.WaitFor(t, 3*time.Minute, busy+" upgrade-failed (busy driver) and the rollout settled", func() (bool, string) {
+		if st := rollouttest.Node(t, kube.Client, busy).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeFailed) {
 			return false, busy + " is " + st
 		}
 		for _, n := range names {
-			if st := nodestate.UpgradeState(nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]); st != nodestate.UpgradeDone &&
+			if st := nodestate.UpgradeState(rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]); st != nodestate.UpgradeDone &&
 				st != nodestate.UpgradeRequired && st != nodestate.UpgradeFailed {
 				return false, n + " is " + string(st)
 			}
@@ -168,7 +170,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 			if c := revs.first(n, nodestate.CordonRequired, retried); c != 0 && c < canaryDone {
 				t.Errorf("node %s cordon-required at revision %d, before the canary's upgrade-done at %d", n, c, canaryDone)
 			}
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeRequired) {
 				if node.Spec.Unschedulable || len(hosts[n].LoadedModules()) == 0 {
 					t.Errorf("held node %s: unschedulable=%v modules %v, want untouched", n, node.Spec.Unschedulable, hosts[n].LoadedModules())
@@ -186,7 +188,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		for _, n := range held {
-			if st := nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
+			if st := rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
 				t.Errorf("held node %s moved on to %s while the pool is at its threshold", n, st)
 			}
 		}
@@ -199,7 +201,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubeGPUStack(t, "upgrade", "retry", busy)
-	waitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
+	rollouttest.WaitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
 		return rolledOut(t, names)
 	})
 	rec.stop()
@@ -214,7 +216,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 			if digests[n] == oldDigest || digests[n] != digests[canaryNode] {
 				t.Errorf("node %s runs driver config %s, want the new %s", n, digests[n], digests[canaryNode])
 			}
-			if node := nodeOf(t, n); node.Spec.Unschedulable {
+			if node := rollouttest.Node(t, kube.Client, n); node.Spec.Unschedulable {
 				t.Errorf("node %s still cordoned", n)
 			}
 		}
@@ -225,7 +227,7 @@ func TestCanaryThenWidenAndTheFailureThreshold(t *testing.T) {
 	rec, revs = recordNodes(t), recordRevisions(t)
 	rolledBack := time.Now()
 	rbErr := target().Rollback(1)
-	waitFor(t, 3*time.Minute, "every node back on the old driver, upgrade-done", func() (bool, string) {
+	rollouttest.WaitFor(t, 3*time.Minute, "every node back on the old driver, upgrade-done", func() (bool, string) {
 		if ok, why := rolledOut(t, names); !ok {
 			return false, why
 		}
@@ -332,7 +334,7 @@ func (r *revisions) observe(n *corev1.Node) {
 		r.out[n.Name] = true
 	}
 	if len(r.out) > r.maxOut {
-		r.maxOut, r.worst = len(r.out), fmt.Sprintf("out: %v", keys(r.out))
+		r.maxOut, r.worst = len(r.out), fmt.Sprintf("out: %v", slices.Sorted(maps.Keys(r.out)))
 	}
 }
 

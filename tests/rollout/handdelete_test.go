@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -30,11 +31,11 @@ func TestDriverPodDeletedByHandStopsOnAnEmptiedNode(t *testing.T) {
 		}
 		_ = kube.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 	})
-	node := gpuNodeNames()[1]
+	node := rollouttest.GPUNodeNames(nodes)[1]
 	if err := workloads.Deploy(ctx, kube.Client, ns, []string{node}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the GPU workload running on "+node, func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "the GPU workload running on "+node, func() (bool, string) {
 		running, err := workloads.RunningGPU(ctx, kube.Client, ns)
 		return err == nil && running[node], fmt.Sprintf("running: %v (%v)", running, err)
 	})
@@ -51,7 +52,7 @@ func TestDriverPodDeletedByHandStopsOnAnEmptiedNode(t *testing.T) {
 	if err := kube.Client.CoreV1().Pods(namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, node+" taken over by a new driver pod, validated and uncordoned", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, node+" taken over by a new driver pod, validated and uncordoned", func() (bool, string) {
 		p := driverPodReady(t, node)
 		if p == nil || p.UID == old.UID {
 			return false, "the old pod, or none, is Ready"
@@ -69,17 +70,17 @@ func TestDriverPodDeletedByHandStopsOnAnEmptiedNode(t *testing.T) {
 	if stops != 1 {
 		t.Errorf("%d driver stops since the deletion, want the deleted pod's one", stops)
 	}
-	n := nodeOf(t, node)
+	n := rollouttest.Node(t, kube.Client, node)
 	if n.Spec.Unschedulable || n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeDone) {
 		t.Errorf("%s: unschedulable %v, state %q; want it back in service", node, n.Spec.Unschedulable, n.Labels[nodestate.UpgradeStateLabel])
 	}
 	assertNothingPaused(t, n)
-	waitFor(t, time.Minute, "the GPU workload running on "+node+" again", func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "the GPU workload running on "+node+" again", func() (bool, string) {
 		running, err := workloads.RunningGPU(ctx, kube.Client, ns)
 		return err == nil && running[node], fmt.Sprintf("running: %v (%v)", running, err)
 	})
-	for _, other := range gpuNodeNames() {
-		if other != node && nodeOf(t, other).Spec.Unschedulable {
+	for _, other := range rollouttest.GPUNodeNames(nodes) {
+		if other != node && rollouttest.Node(t, kube.Client, other).Spec.Unschedulable {
 			t.Errorf("%s cordoned: a hand deletion on %s touched another node", other, node)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestHookPodEvictedMidRunIsRunAgain: `kubectl drain` of the node that runs the release's validation gate while the
@@ -41,7 +42,7 @@ func TestHookPodEvictedMidRunIsRunAgain(t *testing.T) {
 		upgraded <- err
 	}()
 	var evicted *corev1.Pod
-	waitFor(t, 2*time.Minute, "the validation gate's pod running", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, "the validation gate's pod running", func() (bool, string) {
 		pods, err := kube.Client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: kubelet.ComponentLabel + "=" + gate})
 		if err != nil {
 			return false, err.Error()
@@ -80,5 +81,5 @@ func TestHookPodEvictedMidRunIsRunAgain(t *testing.T) {
 	if len(gates) != 2 || gates[1].Pod == evicted.Name || gates[1].ExitCode != 0 {
 		t.Errorf("gate runs since the upgrade %+v, want the evicted one, then one on a new pod that passed", gates)
 	}
-	waitFor(t, 3*time.Minute, "the change rolled out", func() (bool, string) { return rolledOut(t, gpuNodeNames()) })
+	rollouttest.WaitFor(t, 3*time.Minute, "the change rolled out", func() (bool, string) { return rolledOut(t, rollouttest.GPUNodeNames(nodes)) })
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/gpuhealth"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/nodecondition"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // optOutKey is the opt-out label of the release in this test, outside the stack's own prefixes.
@@ -40,12 +41,12 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus := map[string]*xidMonitor{}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		gpus[n] = &xidMonitor{}
 		stand.SetGPUMonitor(n, gpus[n])
 	}
 	t.Cleanup(func() {
-		for _, n := range gpuNodeNames() {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
 			stand.SetGPUMonitor(n, nil)
 		}
 	})
@@ -68,9 +69,9 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 			logRuns(t, start)
 		}
 	})
-	waitFor(t, time.Minute, "every node's GPU health agent reporting healthy", func() (bool, string) {
-		for _, n := range gpuNodeNames() {
-			if c, _ := nodecondition.Find(nodeOf(t, n), gpuhealth.DefaultConditionType); c.Reason != gpuhealth.ReasonHealthy {
+	rollouttest.WaitFor(t, time.Minute, "every node's GPU health agent reporting healthy", func() (bool, string) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if c, _ := nodecondition.Find(rollouttest.Node(t, kube.Client, n), gpuhealth.DefaultConditionType); c.Reason != gpuhealth.ReasonHealthy {
 				return false, fmt.Sprintf("%s: %s %s", n, c.Status, c.Reason)
 			}
 		}
@@ -85,9 +86,9 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 	}()
 	// the first node done with its change, its agent back: a real fault there
 	var faulty string
-	waitFor(t, 3*time.Minute, "a node upgrade-done with the new driver and its agent healthy again", func() (bool, string) {
-		for _, n := range gpuNodeNames() {
-			node := nodeOf(t, n)
+	rollouttest.WaitFor(t, 3*time.Minute, "a node upgrade-done with the new driver and its agent healthy again", func() (bool, string) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			node := rollouttest.Node(t, kube.Client, n)
 			c, _ := nodecondition.Find(node, gpuhealth.DefaultConditionType)
 			if stub.changed(n) && node.Labels[nodestate.UpgradeStateLabel] == string(nodestate.UpgradeDone) && c.Reason == gpuhealth.ReasonHealthy {
 				faulty = n
@@ -98,13 +99,13 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 	})
 	gpus[faulty].fatal.Store(true)
 	t.Logf("fatal Xid on %s after its driver change, %s into the upgrade", faulty, time.Since(start).Round(100*time.Millisecond))
-	waitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
-		return rolledOut(t, gpuNodeNames())
+	rollouttest.WaitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
+		return rolledOut(t, rollouttest.GPUNodeNames(nodes))
 	})
 	if err := <-upgraded; err != nil {
 		t.Errorf("helm upgrade: %v", err)
 	}
-	waitFor(t, 30*time.Second, faulty+" quarantined", func() (bool, string) {
+	rollouttest.WaitFor(t, 30*time.Second, faulty+" quarantined", func() (bool, string) {
 		q := stub.report()
 		return q.quarantined[faulty] != "", fmt.Sprintf("%+v", q.quarantined)
 	})
@@ -116,14 +117,14 @@ func TestRemediationLeavesAPlannedDriverChangeAlone(t *testing.T) {
 		t.Errorf("quarantined %v, want %v: a planned driver change was taken for a fault, or the real fault was missed", q.quarantined, want)
 	}
 	// the proof is only as good as the stub's view: it must have seen every node without its driver
-	if len(q.sawDown) != len(gpuNodeNames()) {
-		t.Errorf("the stub saw the driver unloaded on %v only, want every GPU node", keys(q.sawDown))
+	if len(q.sawDown) != len(rollouttest.GPUNodeNames(nodes)) {
+		t.Errorf("the stub saw the driver unloaded on %v only, want every GPU node", slices.Sorted(maps.Keys(q.sawDown)))
 	}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		if !q.optedOut[n] {
 			t.Errorf("%s never carried %s while its driver was unloaded", n, optOutKey)
 		}
-		node := nodeOf(t, n)
+		node := rollouttest.Node(t, kube.Client, n)
 		if _, ok := node.Labels[optOutKey]; ok {
 			t.Errorf("%s still carries %s after its change", n, optOutKey)
 		}
@@ -182,7 +183,7 @@ func watchRemediation(t *testing.T) *remediationStub {
 	}}
 	go func() {
 		defer close(s.done)
-		gpu := gpuNodeNames()
+		gpu := rollouttest.GPUNodeNames(nodes)
 		for ctx.Err() == nil {
 			// one list a look, each node's driver read right after it
 			list, err := kube.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})

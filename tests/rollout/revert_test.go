@@ -13,6 +13,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/revertset"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestFailedCanaryGoesBackToItsLastValidatedDriver installs the chart on the ten GPU nodes of one pool with the
@@ -50,7 +51,7 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 		logRuns(t, time.Time{})
 		t.Fatal(err)
 	}
-	names := gpuNodeNames()
+	names := rollouttest.GPUNodeNames(nodes)
 	slices.Sort(names)
 	canaryNode := names[0]
 	oldDigest := recordedDigests(t, hosts)[canaryNode]
@@ -68,8 +69,8 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 		_, err := tg.Upgrade(ctx, profile(), set("driver.image.tag="+brokenTag)...)
 		released <- err
 	}()
-	waitFor(t, 3*time.Minute, "the canary back on its old driver, validated and in service", func() (bool, string) {
-		n := nodeOf(t, canaryNode)
+	rollouttest.WaitFor(t, 3*time.Minute, "the canary back on its old driver, validated and in service", func() (bool, string) {
+		n := rollouttest.Node(t, kube.Client, canaryNode)
 		st := n.Labels[nodestate.UpgradeStateLabel]
 		return nodestate.Reverted(n) && st == string(nodestate.UpgradeDone) && !n.Spec.Unschedulable,
 			fmt.Sprintf("%s is %s, reverted %v, unschedulable %v", canaryNode, st, nodestate.Reverted(n), n.Spec.Unschedulable)
@@ -94,7 +95,7 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 	})
 
 	t.Run("the canary validates its old driver before it is uncordoned", func(t *testing.T) {
-		n := nodeOf(t, canaryNode)
+		n := rollouttest.Node(t, kube.Client, canaryNode)
 		r, err := nodestate.ReadRevert(n)
 		if err != nil || r == nil || r.To != oldDigest || r.DaemonSet != revertset.Name(driverDaemonSet, oldDigest) {
 			t.Fatalf("revert record %+v (%v), want back to %s by %s", r, err, nodestate.ShortDigest(oldDigest), revertset.Name(driverDaemonSet, oldDigest))
@@ -140,7 +141,7 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 	t.Run("the pool holds at the reverted canary", func(t *testing.T) {
 		digests := recordedDigests(t, hosts)
 		for _, n := range names[1:] {
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if got := rec.states(n); slices.ContainsFunc(got, func(s nodestate.UpgradeState) bool {
 				return s != nodestate.UpgradeDone && s != nodestate.UpgradeRequired
 			}) {
@@ -163,9 +164,9 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 	stand.SetDriverFault(brokenTag, "")
 	retried := time.Now()
 	kubeGPUStack(t, "upgrade", "retry", canaryNode)
-	waitFor(t, 4*time.Minute, "every node upgrade-done with the new driver", func() (bool, string) {
+	rollouttest.WaitFor(t, 4*time.Minute, "every node upgrade-done with the new driver", func() (bool, string) {
 		for _, n := range names {
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if st := node.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) || node.Labels[nodestate.RevertLabel] != "" || node.Spec.Unschedulable {
 				return false, fmt.Sprintf("%s is %s (revert label %q, unschedulable %v)", n, st, node.Labels[nodestate.RevertLabel], node.Spec.Unschedulable)
 			}
@@ -202,7 +203,7 @@ func TestFailedCanaryGoesBackToItsLastValidatedDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("uninstall leaves every node as before and no revert DaemonSet", func(t *testing.T) {
-		waitFor(t, time.Minute, "the release's DaemonSets gone", func() (bool, string) {
+		rollouttest.WaitFor(t, time.Minute, "the release's DaemonSets gone", func() (bool, string) {
 			dss, err := client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return false, err.Error()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/node/drivermanager"
@@ -29,6 +29,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -67,16 +68,6 @@ func target() install.Target {
 	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: 3 * time.Minute}
 }
 
-func gpuNodeNames() []string {
-	var out []string
-	for _, n := range nodes {
-		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; ok {
-			out = append(out, n.Name)
-		}
-	}
-	return out
-}
-
 // killPlan kills the driver manager of one node right after each of its steps, once, during the upgrade.
 func killPlan() map[string]string {
 	plan := map[string]string{}
@@ -102,7 +93,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 	ctx := t.Context()
 	client := kube.Client
 	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		hosts[n] = kmodtest.New(t)
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n]})
 	}
@@ -124,8 +115,8 @@ func TestRollingDriverUpgrade(t *testing.T) {
 			t.Fatalf("after install node %s runs driver config %q, want %q on every node", node, d, oldDigest)
 		}
 	}
-	for _, n := range gpuNodeNames() {
-		if st := nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		if st := rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) {
 			t.Errorf("after install node %s is %q, want upgrade-done", n, st)
 		}
 	}
@@ -194,8 +185,8 @@ func TestRollingDriverUpgrade(t *testing.T) {
 	tg := target()
 	tg.NoWait = true // Helm's own wait would only say "timed out"; the gate says which node failed and why
 	_, upErr := tg.Upgrade(ctx, profile(), settings("driver.image.tag="+newDriverTag, "hooks.preUpgrade.force=true")...)
-	upgraded := slices.DeleteFunc(gpuNodeNames(), func(n string) bool { return n == pdbNode })
-	waitFor(t, 3*time.Minute, "every node but the PDB node upgrade-done with its driver pod Ready", func() (bool, string) {
+	upgraded := slices.DeleteFunc(rollouttest.GPUNodeNames(nodes), func(n string) bool { return n == pdbNode })
+	rollouttest.WaitFor(t, 3*time.Minute, "every node but the PDB node upgrade-done with its driver pod Ready", func() (bool, string) {
 		return rolledOut(t, upgraded)
 	})
 	rec.stop()
@@ -243,7 +234,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 			if d := recordedDigests(t, hosts)[n]; d != newDigest || d == oldDigest {
 				t.Errorf("node %s runs driver config %s, want the new %s", n, d, newDigest)
 			}
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if node.Spec.Unschedulable != (n == adminNode) || nodestate.CordonedByUs(node) {
 				t.Errorf("node %s: unschedulable=%v cordoned-by-us=%v, want unschedulable only on the admin's node %s",
 					n, node.Spec.Unschedulable, nodestate.CordonedByUs(node), adminNode)
@@ -253,7 +244,7 @@ func TestRollingDriverUpgrade(t *testing.T) {
 	})
 
 	t.Run("the PDB node failed alone, restored, with its reason", func(t *testing.T) {
-		node := nodeOf(t, pdbNode)
+		node := rollouttest.Node(t, kube.Client, pdbNode)
 		want := []nodestate.UpgradeState{nodestate.UpgradeRequired, nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.UpgradeFailed}
 		if got := rec.states(pdbNode); !subsequence(want, got) {
 			t.Errorf("node %s went through %v, want %v in that order", pdbNode, got, want)
@@ -293,9 +284,9 @@ func TestRollingDriverUpgrade(t *testing.T) {
 			}
 		}
 		// the evicted GPU pods come back on their nodes, except on the node the admin keeps cordoned
-		waitFor(t, time.Minute, "GPU workloads back on their uncordoned nodes", func() (bool, string) {
+		rollouttest.WaitFor(t, time.Minute, "GPU workloads back on their uncordoned nodes", func() (bool, string) {
 			running := runningGPU(t)
-			for _, n := range gpuNodeNames() {
+			for _, n := range rollouttest.GPUNodeNames(nodes) {
 				if running[n] != (n != adminNode) {
 					return false, fmt.Sprintf("GPU workload running on %s: %v", n, running[n])
 				}
@@ -334,11 +325,11 @@ func TestRollingDriverUpgrade(t *testing.T) {
 		if err := cmd.ExecuteContext(ctx); err != nil {
 			t.Fatalf("upgrade retry: %v\n%s", err, out.String())
 		}
-		waitFor(t, time.Minute, pdbNode+" upgrade-done", func() (bool, string) { return rolledOut(t, []string{pdbNode}) })
+		rollouttest.WaitFor(t, time.Minute, pdbNode+" upgrade-done", func() (bool, string) { return rolledOut(t, []string{pdbNode}) })
 		if d := recordedDigests(t, hosts)[pdbNode]; d != newDigest {
 			t.Errorf("after retry %s runs driver config %s, want %s", pdbNode, d, newDigest)
 		}
-		if n := nodeOf(t, pdbNode); n.Spec.Unschedulable {
+		if n := rollouttest.Node(t, kube.Client, pdbNode); n.Spec.Unschedulable {
 			t.Error("still cordoned after retry")
 		}
 	})
@@ -378,15 +369,6 @@ func killOnce(step string) func(string) error {
 	}
 }
 
-func nodeOf(t *testing.T, name string) *corev1.Node {
-	t.Helper()
-	n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 func cordon(t *testing.T, name string) {
 	t.Helper()
 	patch := []byte(`{"spec":{"unschedulable":true}}`)
@@ -394,8 +376,8 @@ func cordon(t *testing.T, name string) {
 		t.Fatal(err)
 	}
 	// the node lifecycle controller follows with the unschedulable taint: part of the state before the install
-	waitFor(t, 30*time.Second, "the unschedulable taint on "+name, func() (bool, string) {
-		for _, taint := range nodeOf(t, name).Spec.Taints {
+	rollouttest.WaitFor(t, 30*time.Second, "the unschedulable taint on "+name, func() (bool, string) {
+		for _, taint := range rollouttest.Node(t, kube.Client, name).Spec.Taints {
 			if taint.Key == corev1.TaintNodeUnschedulable {
 				return true, ""
 			}
@@ -462,25 +444,12 @@ func rolledOut(t *testing.T, names []string) (bool, string) {
 		}
 	}
 	for _, n := range names {
-		node := nodeOf(t, n)
+		node := rollouttest.Node(t, kube.Client, n)
 		if st := node.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) || !ready[n] {
 			return false, fmt.Sprintf("node %s: %s, new driver pod ready %v", n, st, ready[n])
 		}
 	}
 	return true, ""
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, why := cond()
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last: %s", what, err, last)
-	}
 }
 
 func lastRun(t *testing.T, component string, since time.Time) kubelet.Run {
@@ -644,7 +613,7 @@ func (r *recorder) observe(n *corev1.Node) {
 	}
 	if len(r.inFlight) > r.maxInFlight || len(r.cordoned) > r.maxCordoned {
 		r.maxInFlight, r.maxCordoned = max(r.maxInFlight, len(r.inFlight)), max(r.maxCordoned, len(r.cordoned))
-		r.worst = fmt.Sprintf("in flight %v, cordoned %v, after these node changes:\n%s", keys(r.inFlight), keys(r.cordoned),
+		r.worst = fmt.Sprintf("in flight %v, cordoned %v, after these node changes:\n%s", slices.Sorted(maps.Keys(r.inFlight)), slices.Sorted(maps.Keys(r.cordoned)),
 			strings.Join(r.history, "\n"))
 	}
 }
@@ -656,15 +625,6 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-func keys(m map[string]bool) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 func (r *recorder) states(node string) []nodestate.UpgradeState {
@@ -683,7 +643,7 @@ func startWorkloads(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
 	c := kube.Client
-	if err := workloads.Deploy(ctx, c, workloadNS, gpuNodeNames()); err != nil {
+	if err := workloads.Deploy(ctx, c, workloadNS, rollouttest.GPUNodeNames(nodes)); err != nil {
 		t.Fatal(err)
 	}
 	one := intstr.FromInt32(1)
@@ -695,9 +655,9 @@ func startWorkloads(t *testing.T) {
 	if _, err := c.PolicyV1().PodDisruptionBudgets(workloadNS).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "workloads running and the PDB observed", func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "workloads running and the PDB observed", func() (bool, string) {
 		running := runningGPU(t)
-		for _, n := range gpuNodeNames() {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
 			if !running[n] {
 				return false, "no GPU workload running on " + n
 			}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestOldDriverPodGoingUnReadyTakesNoExtraSlot: mid-rollout, with maxUnavailable nodes in flight, the old driver pod
@@ -52,13 +53,13 @@ func TestOldDriverPodGoingUnReadyTakesNoExtraSlot(t *testing.T) {
 		upgraded <- err
 	}()
 	var victim, victimPod string
-	waitFor(t, 2*time.Minute, fmt.Sprintf("%d nodes in flight and an old driver pod Ready on another", maxUnavailable), func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d nodes in flight and an old driver pod Ready on another", maxUnavailable), func() (bool, string) {
 		out := nodesInFlight(t)
 		if len(out) < maxUnavailable {
 			return false, fmt.Sprintf("in flight: %v", out)
 		}
-		for _, n := range gpuNodeNames() {
-			if slices.Contains(out, n) || nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if slices.Contains(out, n) || rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
 				continue
 			}
 			if p := driverPodReady(t, n); p != nil && !strings.HasSuffix(p.Spec.Containers[0].Image, ":"+tag+"-ubuntu22.04") {
@@ -76,14 +77,14 @@ func TestOldDriverPodGoingUnReadyTakesNoExtraSlot(t *testing.T) {
 	// slots, starts a third change: the recorder's bound below says so)
 	waited := false
 	for deadline := time.Now().Add(time.Minute); !waited && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		n := nodeOf(t, victim)
+		n := rollouttest.Node(t, kube.Client, victim)
 		waited = strings.Contains(n.Annotations[nodestate.UpgradeReasonAnnotation], "waiting for a slot of pool")
 		if n.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeRequired) {
 			break
 		}
 	}
-	waitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
-		return rolledOut(t, gpuNodeNames())
+	rollouttest.WaitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
+		return rolledOut(t, rollouttest.GPUNodeNames(nodes))
 	})
 	rec.stop()
 	if err := <-upgraded; err != nil {
@@ -107,8 +108,8 @@ func TestOldDriverPodGoingUnReadyTakesNoExtraSlot(t *testing.T) {
 func nodesInFlight(t *testing.T) []string {
 	t.Helper()
 	var out []string
-	for _, n := range gpuNodeNames() {
-		switch nodestate.UpgradeState(nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]) {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		switch nodestate.UpgradeState(rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]) {
 		case nodestate.CordonRequired, nodestate.PodDeletionRequired, nodestate.DrainRequired, nodestate.PodRestartRequired,
 			nodestate.ValidationRequired, nodestate.UncordonRequired:
 			out = append(out, n)

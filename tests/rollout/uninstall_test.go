@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestUninstallAfterARefusedUpgradeLeavesNothing: Helm uninstalls from the last revision's manifest, and a refused
@@ -28,7 +29,7 @@ func TestUninstallAfterARefusedUpgradeLeavesNothing(t *testing.T) {
 	if left := releaseObjects(t); len(left) == 0 {
 		t.Fatal("no object carries the release's label after the install: the check below would prove nothing")
 	}
-	failed := nodeOf(t, gpuNodeNames()[0])
+	failed := rollouttest.Node(t, kube.Client, rollouttest.GPUNodeNames(nodes)[0])
 	failed.Labels[nodestate.UpgradeStateLabel] = string(nodestate.UpgradeFailed)
 	if failed.Annotations == nil {
 		failed.Annotations = map[string]string{}

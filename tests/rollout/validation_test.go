@@ -18,6 +18,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/hooks/upgrade/nodestate"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/cluster"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 )
 
 // TestDriverThatNeverValidatesStopsTheRollout installs the chart on the ten GPU nodes with a short
@@ -55,9 +56,9 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 		logRuns(t, time.Time{})
 		t.Fatal(err)
 	}
-	oldDigest := recordedDigests(t, hosts)[gpuNodeNames()[0]]
-	for _, n := range gpuNodeNames() {
-		if st := nodeOf(t, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) {
+	oldDigest := recordedDigests(t, hosts)[rollouttest.GPUNodeNames(nodes)[0]]
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		if st := rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeDone) {
 			t.Fatalf("after install node %s is %q, want upgrade-done", n, st)
 		}
 	}
@@ -71,7 +72,7 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 	tg.NoWait = true
 	_, upErr := tg.Upgrade(ctx, profile(), set("driver.image.tag="+brokenTag)...)
 	var failed []string
-	waitFor(t, 2*time.Minute, fmt.Sprintf("%d nodes upgrade-failed by their upgrade gate's timeout", maxUnavailable), func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d nodes upgrade-failed by their upgrade gate's timeout", maxUnavailable), func() (bool, string) {
 		failed = nodesIn(t, nodestate.UpgradeFailed)
 		if len(failed) < maxUnavailable {
 			return false, fmt.Sprintf("upgrade-failed: %v", failed)
@@ -93,7 +94,7 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 		}
 		ready := driverPodsReady(t)
 		for _, n := range failed {
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if reason := node.Annotations[nodestate.UpgradeReasonAnnotation]; !strings.Contains(reason, fmt.Sprintf("within %ds", validationTimeout)) {
 				t.Errorf("node %s: reason %q does not name the validation timeout", n, reason)
 			}
@@ -109,11 +110,11 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 	t.Run("no other node touched", func(t *testing.T) {
 		ready := driverPodsReady(t)
 		digests := recordedDigests(t, hosts)
-		for _, n := range gpuNodeNames() {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
 			if slices.Contains(failed, n) {
 				continue
 			}
-			node := nodeOf(t, n)
+			node := rollouttest.Node(t, kube.Client, n)
 			if st := node.Labels[nodestate.UpgradeStateLabel]; st != string(nodestate.UpgradeRequired) {
 				t.Errorf("node %s is %q, want still upgrade-required (marked by the plan, not started)", n, st)
 			}
@@ -169,8 +170,8 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 	for _, n := range failed {
 		kubeGPUStack(t, "upgrade", "retry", n)
 	}
-	waitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
-		return rolledOut(t, gpuNodeNames())
+	rollouttest.WaitFor(t, 3*time.Minute, "every node upgrade-done with the new driver pod Ready", func() (bool, string) {
+		return rolledOut(t, rollouttest.GPUNodeNames(nodes))
 	})
 	rec.stop()
 	t.Logf("after the fix and retry every node upgrade-done in %s", time.Since(retried).Round(100*time.Millisecond))
@@ -183,8 +184,8 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 	t.Run("fixed and retried, every node converges", func(t *testing.T) {
 		digests := recordedDigests(t, hosts)
 		newDigest := digests[failed[0]]
-		for _, n := range gpuNodeNames() {
-			node := nodeOf(t, n)
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			node := rollouttest.Node(t, kube.Client, n)
 			if node.Spec.Unschedulable || nodestate.CordonedByUs(node) {
 				t.Errorf("node %s still cordoned", n)
 			}
@@ -221,8 +222,8 @@ func TestDriverThatNeverValidatesStopsTheRollout(t *testing.T) {
 func nodesIn(t *testing.T, state nodestate.UpgradeState) []string {
 	t.Helper()
 	var out []string
-	for _, n := range gpuNodeNames() {
-		if nodeOf(t, n).Labels[nodestate.UpgradeStateLabel] == string(state) {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		if rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel] == string(state) {
 			out = append(out, n)
 		}
 	}
@@ -304,16 +305,16 @@ func kubeGPUStack(t *testing.T, args ...string) string {
 func freshNodes(t *testing.T, install time.Duration) map[string]*kmodtest.Fixture {
 	t.Helper()
 	hosts := map[string]*kmodtest.Fixture{}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		hosts[n] = kmodtest.New(t)
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: hosts[n], Install: install})
-		if nodeOf(t, n).Spec.Unschedulable {
+		if rollouttest.Node(t, kube.Client, n).Spec.Unschedulable {
 			uncordon(t, n)
 		}
 	}
 	if install != 0 {
 		t.Cleanup(func() {
-			for _, n := range gpuNodeNames() {
+			for _, n := range rollouttest.GPUNodeNames(nodes) {
 				stand.SetDriverHost(n, kubelet.DriverHost{Fixture: kmodtest.New(t)})
 			}
 		})

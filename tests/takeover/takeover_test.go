@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
@@ -33,6 +32,7 @@ import (
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/chartrender"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/install"
 	"github.com/kube-gpu-stack/kube-gpu-stack/internal/kubelet"
+	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/rollouttest"
 	"github.com/kube-gpu-stack/kube-gpu-stack/tests/internal/workloads"
 )
 
@@ -51,16 +51,6 @@ const (
 
 func target() install.Target {
 	return install.Target{Kubeconfig: kube.Kubeconfig, Release: release, Namespace: namespace, Timeout: 3 * time.Minute}
-}
-
-func gpuNodeNames() []string {
-	var out []string
-	for _, n := range nodes {
-		if _, ok := n.Status.Capacity["nvidia.com/gpu"]; ok {
-			out = append(out, n.Name)
-		}
-	}
-	return out
 }
 
 // operatorLabels are what the GPU Operator and its labeller leave on a GPU node: every operand switch true (its
@@ -179,7 +169,7 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 			t.Fatal(err)
 		}
 	}
-	for _, n := range gpuNodeNames() {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
 		labels := map[string]any{}
 		for k, v := range operatorLabels {
 			labels[k] = v
@@ -200,12 +190,12 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 		hosts[n] = f
 		stand.SetDriverHost(n, kubelet.DriverHost{Fixture: f})
 	}
-	poll(t, time.Minute, "the operator's driver pods running", func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "the operator's driver pods running", func() (bool, string) {
 		pods, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app=nvidia-driver-daemonset"})
 		if err != nil {
 			return false, err.Error()
 		}
-		return len(pods.Items) == len(gpuNodeNames()), fmt.Sprintf("%d driver pods", len(pods.Items))
+		return len(pods.Items) == len(rollouttest.GPUNodeNames(nodes)), fmt.Sprintf("%d driver pods", len(pods.Items))
 	})
 }
 
@@ -214,7 +204,7 @@ func operator(t *testing.T, hosts map[string]*kmodtest.Fixture) {
 func startWorkloads(t *testing.T, workloadNS string) map[string]types.UID {
 	t.Helper()
 	ctx := t.Context()
-	if err := workloads.Deploy(ctx, kube.Client, workloadNS, gpuNodeNames()); err != nil {
+	if err := workloads.Deploy(ctx, kube.Client, workloadNS, rollouttest.GPUNodeNames(nodes)); err != nil {
 		t.Fatal(err)
 	}
 	one := intstr.FromInt32(1)
@@ -223,9 +213,9 @@ func startWorkloads(t *testing.T, workloadNS string) map[string]types.UID {
 	if _, err := kube.Client.PolicyV1().PodDisruptionBudgets(workloadNS).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, time.Minute, "GPU workloads running", func() (bool, string) {
+	rollouttest.WaitFor(t, time.Minute, "GPU workloads running", func() (bool, string) {
 		running, err := workloads.RunningGPU(ctx, kube.Client, workloadNS)
-		return err == nil && len(running) == len(gpuNodeNames()), fmt.Sprintf("running on %v (%v)", running, err)
+		return err == nil && len(running) == len(rollouttest.GPUNodeNames(nodes)), fmt.Sprintf("running on %v (%v)", running, err)
 	})
 	t.Cleanup(func() {
 		_ = kube.Client.CoreV1().Namespaces().Delete(context.Background(), workloadNS, metav1.DeleteOptions{})
@@ -347,7 +337,7 @@ func removeOperator(t *testing.T) {
 	if err := kube.Client.AppsV1().Deployments(namespace).Delete(ctx, "gpu-operator", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, 2*time.Minute, "the operator's DaemonSets and pods gone", func() (bool, string) {
+	rollouttest.WaitFor(t, 2*time.Minute, "the operator's DaemonSets and pods gone", func() (bool, string) {
 		ds, err := kube.Client.AppsV1().DaemonSets(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -381,9 +371,9 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = target().Uninstall() }) // for the next test, when this one stops early
 	// the gate finished every node
-	poll(t, time.Minute, "every GPU node upgrade-done", func() (bool, string) {
-		for _, n := range gpuNodeNames() {
-			if s := node(t, n).Labels[nodestate.UpgradeStateLabel]; s != string(nodestate.UpgradeDone) {
+	rollouttest.WaitFor(t, time.Minute, "every GPU node upgrade-done", func() (bool, string) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			if s := rollouttest.Node(t, kube.Client, n).Labels[nodestate.UpgradeStateLabel]; s != string(nodestate.UpgradeDone) {
 				return false, n + " is " + s
 			}
 		}
@@ -407,7 +397,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 	})
 
 	t.Run("the driver pods adopted the operator's driver", func(t *testing.T) {
-		digest := driverDigest(t)
+		digest := rollouttest.DriverDigest(t, kube.Client, namespace, "nvidia-driver-daemonset-ubuntu2204")
 		for n, f := range hosts {
 			adopted := false
 			for _, r := range stand.Runs() {
@@ -426,7 +416,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 			if d, _, _ := f.Host().RecordedDigest(); d != digest {
 				t.Errorf("%s: host records %q, want the driver DaemonSet's %s", n, d, digest)
 			}
-			if got := node(t, n).Annotations[nodestate.DriverDigestAnnotation]; got != digest {
+			if got := rollouttest.Node(t, kube.Client, n).Annotations[nodestate.DriverDigestAnnotation]; got != digest {
 				t.Errorf("%s: node records %q", n, got)
 			}
 		}
@@ -438,8 +428,8 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 		if err != nil || len(pods.Items) > 0 {
 			t.Errorf("dcgm-exporter pods %d (%v), want none", len(pods.Items), err)
 		}
-		for _, n := range gpuNodeNames() {
-			nd := node(t, n)
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			nd := rollouttest.Node(t, kube.Client, n)
 			if nd.Labels["nvidia.com/gpu.deploy.dcgm-exporter"] != "true" {
 				t.Errorf("%s: the operator's dcgm-exporter switch was changed to %q", n, nd.Labels["nvidia.com/gpu.deploy.dcgm-exporter"])
 			}
@@ -470,10 +460,10 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 			logRuns(t, start)
 			t.Fatal(err)
 		}
-		poll(t, 3*time.Minute, "every GPU node upgrade-done with the new driver", func() (bool, string) {
-			for _, n := range gpuNodeNames() {
-				nd := node(t, n)
-				if nd.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeDone) || nd.Annotations[nodestate.DriverDigestAnnotation] != driverDigest(t) {
+		rollouttest.WaitFor(t, 3*time.Minute, "every GPU node upgrade-done with the new driver", func() (bool, string) {
+			for _, n := range rollouttest.GPUNodeNames(nodes) {
+				nd := rollouttest.Node(t, kube.Client, n)
+				if nd.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeDone) || nd.Annotations[nodestate.DriverDigestAnnotation] != rollouttest.DriverDigest(t, kube.Client, namespace, "nvidia-driver-daemonset-ubuntu2204") {
 					return false, n + " not done"
 				}
 			}
@@ -487,7 +477,7 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 			t.Error("no node was ever cordoned: the rollout was not observed")
 		}
 		after := gpuPodUIDs(t, workloadNS)
-		for _, n := range gpuNodeNames() {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
 			if uids[n] == after[n] {
 				t.Errorf("the GPU pod on %s was not moved off for the driver change", n)
 			}
@@ -509,8 +499,8 @@ func TestTakeoverFromTheGPUOperator(t *testing.T) {
 	if err := target().Uninstall(); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range gpuNodeNames() {
-		if got := node(t, n).Labels["nvidia.com/mig.config"]; got != "all-disabled" {
+	for _, n := range rollouttest.GPUNodeNames(nodes) {
+		if got := rollouttest.Node(t, kube.Client, n).Labels["nvidia.com/mig.config"]; got != "all-disabled" {
 			t.Errorf("%s: uninstall changed the operator's nvidia.com/mig.config to %q", n, got)
 		}
 	}
@@ -536,9 +526,9 @@ func TestTakeoverWithAnotherDriverVersion(t *testing.T) {
 		t.Fatalf("install: %v", err)
 	}
 	t.Cleanup(func() { _ = target().Uninstall() })
-	poll(t, 2*time.Minute, "every GPU node upgrade-done with the new driver", func() (bool, string) {
-		for _, n := range gpuNodeNames() {
-			nd := node(t, n)
+	rollouttest.WaitFor(t, 2*time.Minute, "every GPU node upgrade-done with the new driver", func() (bool, string) {
+		for _, n := range rollouttest.GPUNodeNames(nodes) {
+			nd := rollouttest.Node(t, kube.Client, n)
 			if nd.Labels[nodestate.UpgradeStateLabel] != string(nodestate.UpgradeDone) || nd.Spec.Unschedulable {
 				return false, n + " is " + nd.Labels[nodestate.UpgradeStateLabel]
 			}
@@ -548,7 +538,7 @@ func TestTakeoverWithAnotherDriverVersion(t *testing.T) {
 	w.end()
 	t.Logf("takeover with driver %s of %d nodes in %s; %d nodes cordoned at once at most", newVersion, len(hosts),
 		time.Since(start).Round(100*time.Millisecond), w.maxCordoned)
-	digest := driverDigest(t)
+	digest := rollouttest.DriverDigest(t, kube.Client, namespace, "nvidia-driver-daemonset-ubuntu2204")
 	after := gpuPodUIDs(t, workloadNS)
 	for n, f := range hosts {
 		unloaded, evicted := false, false
@@ -579,46 +569,6 @@ func TestTakeoverWithAnotherDriverVersion(t *testing.T) {
 	}
 	if err := target().Uninstall(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// driverDigest is the DRIVER_CONFIG_DIGEST of the chart's driver DaemonSet for the fixtures' OS.
-func driverDigest(t *testing.T) string {
-	t.Helper()
-	ds, err := kube.Client.AppsV1().DaemonSets(namespace).Get(t.Context(), "nvidia-driver-daemonset-ubuntu2204", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range ds.Spec.Template.Spec.InitContainers {
-		for _, e := range c.Env {
-			if e.Name == "DRIVER_CONFIG_DIGEST" {
-				return e.Value
-			}
-		}
-	}
-	t.Fatal("no DRIVER_CONFIG_DIGEST on the driver manager")
-	return ""
-}
-
-func node(t *testing.T, name string) *corev1.Node {
-	t.Helper()
-	n, err := kube.Client.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, why := cond()
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("%s: not after %s: %s", what, timeout, last)
 	}
 }
 
