@@ -328,37 +328,9 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		if pod != nil {
 			row.FromVersion = upgradeplan.DriverVersion(pod.Spec)
 		}
-		switch {
-		case !c.PodsKnown && hasDriver:
-			row.DriverChange = DriverUnknown
-		case pod == nil && hasDriver:
-			row.DriverChange = DriverInstall
-		case pod == nil:
-			row.DriverChange = DriverNone
-		case !hasDriver:
-			row.DriverChange, row.From = DriverRemove, upgradeplan.PodDigest(pod)
-		case n.Labels[nodestate.UpgradeSkipLabel] == "true":
-			row.DriverChange, row.From, row.Allocation = DriverSkip, upgradeplan.PodDigest(pod), ""
-		default:
-			row.From = upgradeplan.PodDigest(pod)
-			row.DriverChange = DriverSame
-			if row.From != row.To {
-				row.DriverChange = DriverChange
-			}
-		}
-		if row.DriverChange == DriverChange || (row.Allocation != "" && row.DriverChange != DriverSkip) {
-			if row.Evicts, err = evictions(ctx, c, podsOn[n.Name], r.Evict); err != nil {
-				return nil, err
-			}
-		}
-		if row.DriverChange == DriverRemove {
-			running, err := evictions(ctx, c, podsOn[n.Name], false)
-			if err != nil {
-				return nil, err
-			}
-			for _, e := range running {
-				row.Unguarded = append(row.Unguarded, e.Pod)
-			}
+		row.setDriverChange(n, pod, hasDriver, c.PodsKnown)
+		if err := row.gpuPods(ctx, c, podsOn[n.Name], r.Evict); err != nil {
+			return nil, err
 		}
 		if c.PodsKnown {
 			row.Cordon = cordon(row, n)
@@ -378,6 +350,50 @@ func Evaluate(ctx context.Context, r *Rendered, c *Cluster, release, namespace s
 		}
 	}
 	return plan, nil
+}
+
+// setDriverChange says what happens to the node's driver, from its running driver pod (nil: none) and whether a
+// driver DaemonSet will run there (the row's To already set from it); podsKnown false when no pods were given.
+func (row *Node) setDriverChange(n *corev1.Node, pod *corev1.Pod, hasDriver, podsKnown bool) {
+	switch {
+	case !podsKnown && hasDriver:
+		row.DriverChange = DriverUnknown
+	case pod == nil && hasDriver:
+		row.DriverChange = DriverInstall
+	case pod == nil:
+		row.DriverChange = DriverNone
+	case !hasDriver:
+		row.DriverChange, row.From = DriverRemove, upgradeplan.PodDigest(pod)
+	case n.Labels[nodestate.UpgradeSkipLabel] == "true":
+		row.DriverChange, row.From, row.Allocation = DriverSkip, upgradeplan.PodDigest(pod), ""
+	default:
+		row.From = upgradeplan.PodDigest(pod)
+		row.DriverChange = DriverSame
+		if row.From != row.To {
+			row.DriverChange = DriverChange
+		}
+	}
+}
+
+// gpuPods fills in the GPU pods among the node's pods that its driver change concerns: those a change or an
+// allocation switch evicts first (Evicts), and those still running where the driver stops at once (Unguarded).
+func (row *Node) gpuPods(ctx context.Context, c *Cluster, pods []*corev1.Pod, evict bool) error {
+	var err error
+	if row.DriverChange == DriverChange || (row.Allocation != "" && row.DriverChange != DriverSkip) {
+		if row.Evicts, err = evictions(ctx, c, pods, evict); err != nil {
+			return err
+		}
+	}
+	if row.DriverChange == DriverRemove {
+		running, err := evictions(ctx, c, pods, false)
+		if err != nil {
+			return err
+		}
+		for _, e := range running {
+			row.Unguarded = append(row.Unguarded, e.Pod)
+		}
+	}
+	return nil
 }
 
 // roleOperands are the operands (component labels) that run on one role's nodes alone: a node running one of the
