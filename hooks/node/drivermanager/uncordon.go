@@ -206,33 +206,7 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 				o.NodeName, context.Cause(ctx), nodestate.ValidationRequired)
 		}
 		if err != nil {
-			after := "the driver change"
-			if o.DriverStartup > 0 && o.PodName != "" {
-				after = fmt.Sprintf("the driver container started (its build allowed %s)", o.DriverStartup)
-			}
-			reason := fmt.Sprintf("no %s pod on the node became Ready within %s after %s (%v)", o.Component, o.Timeout, after, err)
-			reverted, notReverted := o.revert(ctx, log, reason)
-			if reverted {
-				// the node leaves this DaemonSet for the revert DaemonSet: this pod is deleted, and its stop finds the
-				// node emptied (letDriverStop)
-				<-ctx.Done()
-				return "", fmt.Errorf("node %s: %s: going back to the driver that last validated on it", o.NodeName, reason)
-			}
-			reason += "; the node stays cordoned: check the driver and validator pods' logs"
-			if notReverted != "" {
-				reason += " (not reverted: " + notReverted + ")"
-			}
-			failed := func(n *corev1.Node) (nodestate.Patch, error) {
-				p, err := setState(nodestate.UpgradeFailed, reason)(n)
-				return nodestate.Merge(p, nodestate.EndMaintenanceLabel(n)), err
-			}
-			if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, failed); perr != nil {
-				return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
-			}
-			if perr := o.Maintenance.failed(context.WithoutCancel(ctx), o.Client, o.NodeName, apiretry.DefaultTimeout, reason); perr != nil {
-				return "", fmt.Errorf("%s (and %v)", reason, perr)
-			}
-			return "", errors.New(reason)
+			return o.failValidation(ctx, log, err, setState)
 		}
 		log.Info("validator ready", "pod", pod)
 		if node, err = o.advance(ctx, nodestate.ValidationRequired, setState(nodestate.UncordonRequired, "")); err != nil {
@@ -262,6 +236,40 @@ func (o *UncordonOptions) run(ctx context.Context, log *slog.Logger) (string, er
 		return fmt.Sprintf("node %s validated with the new driver: uncordoned, upgrade-done", o.NodeName), nil
 	}
 	return fmt.Sprintf("node %s validated with the new driver: upgrade-done (no cordon of ours to lift)", o.NodeName), nil
+}
+
+// failValidation ends the gate's wait when no validator turned Ready in time (waitErr): the node goes back to the
+// driver that last validated on it (the revert DaemonSet), or is upgrade-failed and stays cordoned, the reason
+// naming what it waited for.
+func (o *UncordonOptions) failValidation(ctx context.Context, log *slog.Logger, waitErr error,
+	setState func(nodestate.UpgradeState, string) func(*corev1.Node) (nodestate.Patch, error)) (string, error) {
+	after := "the driver change"
+	if o.DriverStartup > 0 && o.PodName != "" {
+		after = fmt.Sprintf("the driver container started (its build allowed %s)", o.DriverStartup)
+	}
+	reason := fmt.Sprintf("no %s pod on the node became Ready within %s after %s (%v)", o.Component, o.Timeout, after, waitErr)
+	reverted, notReverted := o.revert(ctx, log, reason)
+	if reverted {
+		// the node leaves this DaemonSet for the revert DaemonSet: this pod is deleted, and its stop finds the
+		// node emptied (letDriverStop)
+		<-ctx.Done()
+		return "", fmt.Errorf("node %s: %s: going back to the driver that last validated on it", o.NodeName, reason)
+	}
+	reason += "; the node stays cordoned: check the driver and validator pods' logs"
+	if notReverted != "" {
+		reason += " (not reverted: " + notReverted + ")"
+	}
+	failed := func(n *corev1.Node) (nodestate.Patch, error) {
+		p, err := setState(nodestate.UpgradeFailed, reason)(n)
+		return nodestate.Merge(p, nodestate.EndMaintenanceLabel(n)), err
+	}
+	if _, perr := nodestate.Update(context.WithoutCancel(ctx), o.Client, o.NodeName, failed); perr != nil {
+		return "", fmt.Errorf("%s (and marking the node failed: %v)", reason, perr)
+	}
+	if perr := o.Maintenance.failed(context.WithoutCancel(ctx), o.Client, o.NodeName, apiretry.DefaultTimeout, reason); perr != nil {
+		return "", fmt.Errorf("%s (and %v)", reason, perr)
+	}
+	return "", errors.New(reason)
 }
 
 // advance writes compute's patch only while the node is still in state from (compute sees the fresh read, and the
