@@ -129,24 +129,9 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bundle %s: %w", o.Bundle, err)
 	}
-	var nameOpts []name.Option
-	if o.Insecure {
-		nameOpts = append(nameOpts, name.Insecure)
-	}
-	plan := make([]planned, 0, len(index.Manifests))
-	for _, desc := range index.Manifests {
-		img, err := ParseImage(desc.Annotations[refNameAnnotation])
-		if err != nil {
-			return fmt.Errorf("bundle %s: layout entry %s: %w", o.Bundle, desc.Digest, err)
-		}
-		if err := lay.check(desc); err != nil {
-			return fmt.Errorf("image %s: %w; nothing pushed", img.Ref, err)
-		}
-		dst, err := img.In(o.Registry, nameOpts...)
-		if err != nil {
-			return err
-		}
-		plan = append(plan, planned{img: img, desc: desc, dst: dst})
+	plan, err := o.plan(lay, index)
+	if err != nil {
+		return err
 	}
 
 	base, err := baseTransport(o.CAFile)
@@ -228,6 +213,31 @@ func (o *MirrorOptions) Run(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "helm install %s %s --namespace %s --create-namespace -f %s\n",
 		installRelease, shellQuote(chartFile), installNamespace, shellQuote(valuesFile))
 	return nil
+}
+
+// plan is each image of the bundle's layout with where it goes in the registry, every one checked against the
+// bundle before anything is pushed.
+func (o *MirrorOptions) plan(lay bundleLayout, index *v1.IndexManifest) ([]planned, error) {
+	var nameOpts []name.Option
+	if o.Insecure {
+		nameOpts = append(nameOpts, name.Insecure)
+	}
+	plan := make([]planned, 0, len(index.Manifests))
+	for _, desc := range index.Manifests {
+		img, err := ParseImage(desc.Annotations[refNameAnnotation])
+		if err != nil {
+			return nil, fmt.Errorf("bundle %s: layout entry %s: %w", o.Bundle, desc.Digest, err)
+		}
+		if err := lay.check(desc); err != nil {
+			return nil, fmt.Errorf("image %s: %w; nothing pushed", img.Ref, err)
+		}
+		dst, err := img.In(o.Registry, nameOpts...)
+		if err != nil {
+			return nil, err
+		}
+		plan = append(plan, planned{img: img, desc: desc, dst: dst})
+	}
+	return plan, nil
 }
 
 // refuseDowngrade fails when the registry holds the project's own image at a newer version than the bundle's (a
