@@ -399,13 +399,8 @@ func upstreamRuntime(t *testing.T, ctx context.Context, toolkitDir, root, cdiHoo
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := testNode.RestartContainerd(ctx, map[string]string{"nvidia": wrapper}); err != nil {
-		t.Fatal(err)
-	}
+	withRuntimes(t, ctx, map[string]string{"nvidia": wrapper})
 	t.Cleanup(func() {
-		if err := testNode.RestartContainerd(context.Background(), testNode.Runtimes); err != nil {
-			t.Errorf("give containerd the harness's runtimes back: %v", err)
-		}
 		if t.Failed() {
 			if log, err := os.ReadFile(filepath.Join(dir, "runtime.log")); err == nil {
 				t.Logf("nvidia-container-runtime's log:\n%s", log)

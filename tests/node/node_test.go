@@ -159,3 +159,17 @@ func TestNoPull(t *testing.T) {
 		t.Fatalf("pull of a missing image: %v %q, want a refused connection to 127.0.0.1:9", err, msg)
 	}
 }
+
+// withRuntimes restarts the node's containerd with these runtime handlers in place of the harness's for the time of
+// t, and gives it the harness's back at t's end.
+func withRuntimes(t *testing.T, ctx context.Context, runtimes map[string]string) {
+	t.Helper()
+	if err := testNode.RestartContainerd(ctx, runtimes); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := testNode.RestartContainerd(context.Background(), testNode.Runtimes); err != nil {
+			t.Errorf("give containerd the harness's runtimes back: %v", err)
+		}
+	})
+}

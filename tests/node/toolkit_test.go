@@ -59,14 +59,7 @@ func TestToolkitConfiguresContainerd(t *testing.T) {
 		time.Since(start).Round(100*time.Millisecond))
 
 	// Only the installer may give containerd an nvidia handler here: the harness's goes for this test.
-	if err := testNode.RestartContainerd(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := testNode.RestartContainerd(context.Background(), testNode.Runtimes); err != nil {
-			t.Errorf("give containerd the harness's runtimes back: %v", err)
-		}
-	})
+	withRuntimes(t, ctx, nil)
 	root := filepath.Join(testNode.Dir, "host-toolkit")
 	if err := HostTree(root, false); err != nil {
 		t.Fatal(err)
